@@ -1,0 +1,135 @@
+"""The only module that talks to the API server: create-if-absent, delete, status patches,
+events and reads. Everything else is pure and testable without a cluster.
+
+Calls are synchronous (the official client); handlers run them in threads."""
+
+from __future__ import annotations
+
+import logging
+import random
+import string
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from .constants import FIELD_MANAGER, GROUP, PLURAL, VERSION
+from .status import Event, format_time
+
+log = logging.getLogger("accelerate_operator.kube")
+
+
+class ConfigMapMissing(LookupError):
+    """The ConfigMap or key named by spec.accelerateConfigFrom does not exist."""
+
+
+class Kube:
+    """A thin wrapper of the clients the operator needs."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient):
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def from_environment(cls, pool_size: int = 32) -> Kube:
+        """In-cluster credentials when running in a pod, else the current kubeconfig."""
+        configuration = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=configuration)
+        # Pods of many jobs are created in parallel; urllib3's default pool of 4 would serialise them.
+        configuration.connection_pool_maxsize = pool_size
+        return cls(kubernetes.client.ApiClient(configuration))
+
+    def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a child; an existing one (a restarted operator, a repeated event) is kept.
+        Returns whether it was created."""
+        namespace = manifest["metadata"]["namespace"]
+        create = {
+            "ConfigMap": self.core.create_namespaced_config_map,
+            "Service": self.core.create_namespaced_service,
+            "Pod": self.core.create_namespaced_pod,
+        }[manifest["kind"]]
+        try:
+            create(namespace, manifest, field_manager=FIELD_MANAGER)
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def read_configmap_key(self, namespace: str, name: str, key: str) -> str:
+        try:
+            configmap = self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                raise ConfigMapMissing(
+                    f"spec.accelerateConfigFrom.configMapKeyRef names ConfigMap {name!r}, which does "
+                    f"not exist in namespace {namespace!r}; create it with `kubectl create configmap "
+                    f"{name} --from-file=<accelerate config>`"
+                ) from None
+            raise
+        data = configmap.data or {}
+        if key not in data:
+            raise ConfigMapMissing(
+                f"ConfigMap {name!r} has no key {key!r} (it has: {', '.join(sorted(data)) or 'none'}); "
+                "fix spec.accelerateConfigFrom.configMapKeyRef.key"
+            )
+        return data[key]
+
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)},
+                field_manager=FIELD_MANAGER,
+            )
+        except ApiException as error:
+            if error.status != 404:  # the job was deleted meanwhile: nothing to report on
+                raise
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def post_event(self, job: Mapping[str, Any], event: Event, now) -> None:
+        """Events are best effort: failing to post one must not fail the reconcile."""
+        metadata = job["metadata"]
+        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=10))
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{metadata['name']}.{suffix}", "namespace": metadata["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "AccelerateJob",
+                "name": metadata["name"],
+                "namespace": metadata["namespace"],
+                "uid": metadata.get("uid"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "firstTimestamp": format_time(now),
+            "lastTimestamp": format_time(now),
+            "count": 1,
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+        }
+        try:
+            self.core.create_namespaced_event(metadata["namespace"], body)
+        except ApiException as error:
+            log.warning("could not post event %s on %s: %s", event.reason, metadata["name"], error.reason)

@@ -1,0 +1,106 @@
+"""Pod `<job>-<index>`: the user's template plus hostname, the topology env, the config mount,
+and restricted-profile security defaults the template does not override."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ..api import JobSpec
+from ..constants import (
+    CONFIG_KEY,
+    CONFIG_MOUNT_PATH,
+    CONFIG_VOLUME,
+    ENV_CHECKPOINT_DIR,
+    ENV_CONFIG_FILE,
+    ENV_JOB_NAME,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_NODE_RANK,
+    ENV_NPROC_PER_NODE,
+    ENV_NUM_NODES,
+    ENV_WORLD_SIZE,
+    SHM_VOLUME,
+)
+from ..labels import pod_labels
+from ..naming import configmap_name, master_address, pod_name, service_name
+
+RESTRICTED_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def build_topology_env(job: JobSpec, index: int) -> list[dict[str, str]]:
+    """The env that tells `accelerate-trainer` where this pod sits. No PET_* names: torchrun
+    reads those as defaults and they would leak into the launch."""
+    env = {
+        ENV_MASTER_ADDR: master_address(job.name),
+        ENV_MASTER_PORT: str(job.master_port),
+        ENV_NODE_RANK: str(index),
+        ENV_NUM_NODES: str(job.num_nodes),
+        ENV_NPROC_PER_NODE: str(job.nproc_per_node),
+        ENV_WORLD_SIZE: str(job.world_size),
+        ENV_CONFIG_FILE: f"{CONFIG_MOUNT_PATH}/{CONFIG_KEY}",
+        ENV_JOB_NAME: job.name,
+        "PYTHONUNBUFFERED": "1",
+    }
+    if job.checkpoint:
+        env[ENV_CHECKPOINT_DIR] = job.checkpoint.mount_path
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def _with_defaults(current: dict[str, Any] | None, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The template's own settings win; defaults fill only what it leaves out."""
+    return {**copy.deepcopy(defaults), **(current or {})}
+
+
+def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
+    template = copy.deepcopy(dict(job.template))
+    spec = template.get("spec", {})
+    metadata = template.get("metadata") or {}
+
+    spec["hostname"] = pod_name(job.name, index)
+    spec["subdomain"] = service_name(job.name)
+    spec["restartPolicy"] = "Never"
+    spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
+
+    volumes = spec.setdefault("volumes", [])
+    volumes.append({
+        "name": CONFIG_VOLUME,
+        "configMap": {"name": configmap_name(job.name), "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]},
+    })
+
+    containers = spec["containers"]
+    for container in containers:
+        container["securityContext"] = _with_defaults(
+            container.get("securityContext"), RESTRICTED_CONTAINER_SECURITY
+        )
+    trainer = containers[0]
+    # The trainer writes config errors to /dev/termination-log; anything else (a traceback from a
+    # training process) reaches the job's status through the last lines of the log.
+    trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    trainer["env"] = build_topology_env(job, index) + list(trainer.get("env") or [])
+    mounts = trainer.setdefault("volumeMounts", [])
+    mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True})
+    mounted_paths = {mount.get("mountPath") for mount in mounts}
+    if "/dev/shm" not in mounted_paths:
+        # Docker's default 64 MiB /dev/shm breaks NCCL and DataLoader workers.
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    if job.checkpoint and job.checkpoint.mount_path not in mounted_paths:
+        mounts.append({"name": job.checkpoint.volume_name, "mountPath": job.checkpoint.mount_path})
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(job.name, index),
+            "namespace": job.namespace,
+            "labels": {**(metadata.get("labels") or {}), **pod_labels(job.name, index, attempt)},
+            "annotations": dict(metadata.get("annotations") or {}),
+            "ownerReferences": [job.owner_reference],
+        },
+        "spec": spec,
+    }

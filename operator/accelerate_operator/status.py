@@ -1,0 +1,338 @@
+"""Decide, from the job and its pods alone, what the job's status is and what must change.
+
+Pure: `plan_reconcile(job, status, pods, now)` takes everything as arguments (the clock too) and
+returns a Plan; kube.py carries it out. Running it twice on the same input gives the same plan,
+so a restarted operator, or two events arriving together, never double-count a restart.
+
+The group is the unit: one failed, evicted or deleted pod stops and recreates every pod under a
+new attempt number, so all ranks meet in a fresh rendezvous (a lone restarted rank never rejoins
+a torchrun static rendezvous)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .api import JobSpec
+from .constants import (
+    ATTEMPT_LABEL,
+    CONFIG_ERROR_EXIT_CODE,
+    CREATED,
+    FAILED,
+    FINISHED_PHASES,
+    NODE_INDEX_LABEL,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    SUSPENDED,
+)
+
+CONDITION_TYPES = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+
+
+@dataclass(frozen=True)
+class PodState:
+    """What the planner needs to know of one pod."""
+
+    name: str
+    index: int
+    attempt: int
+    phase: str
+    ready: bool = False
+    deleting: bool = False
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (SUCCEEDED, FAILED)
+
+
+@dataclass(frozen=True)
+class Failure:
+    pod: str
+    reason: str
+    exit_code: int | None = None
+    message: str | None = None
+
+    def describe(self) -> str:
+        text = f"pod {self.pod} {self.reason}"
+        if self.exit_code is not None:
+            text += f" with exit code {self.exit_code}"
+        if self.message:
+            text += f": {self.message.strip()}"
+        return text
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: dict[str, Any]
+    attempt: int
+    create: tuple[int, ...] = ()
+    delete: tuple[str, ...] = ()
+    events: tuple[Event, ...] = ()
+    delete_job: bool = False
+    requeue_after: float | None = None
+
+
+def read_pod_state(pod: Mapping[str, Any]) -> PodState:
+    """Summarise a Pod manifest: phase, readiness, and the trainer's exit code and message."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    status = pod.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    exit_code = reason = message = None
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated and (exit_code is None or terminated.get("exitCode", 0) != 0):
+            exit_code = terminated.get("exitCode")
+            reason = terminated.get("reason")
+            message = terminated.get("message")
+    if status.get("reason"):  # Evicted, DeadlineExceeded, NodeLost... set on the pod itself
+        reason = status["reason"]
+        message = status.get("message") or message
+    return PodState(
+        name=metadata.get("name", ""),
+        index=int(labels.get(NODE_INDEX_LABEL, -1)),
+        attempt=int(labels.get(ATTEMPT_LABEL, 0)),
+        phase=status.get("phase") or PENDING,
+        ready=ready,
+        deleting=bool(metadata.get("deletionTimestamp")),
+        exit_code=exit_code,
+        reason=reason,
+        message=message,
+    )
+
+
+def format_time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=None)
+
+
+class _StatusBuilder:
+    """Accumulates the new status and the events its transitions deserve."""
+
+    def __init__(self, job: JobSpec, status: Mapping[str, Any], now: datetime):
+        self.job = job
+        self.now = now
+        self.status = copy.deepcopy(dict(status))
+        self.status["observedGeneration"] = job.generation
+        self.previous_phase = status.get("phase")
+        self.events: list[Event] = []
+        self.conditions = {c["type"]: dict(c) for c in status.get("conditions") or []}
+
+    def condition(self, type_: str, value: bool, reason: str, message: str) -> bool:
+        """Set a condition; returns whether its status changed."""
+        wanted = "True" if value else "False"
+        current = self.conditions.get(type_)
+        if current is None and not value:
+            return False  # a condition that never happened is simply absent
+        changed = current is None or current.get("status") != wanted
+        if changed:
+            transition = format_time(self.now)
+        else:
+            transition = current.get("lastTransitionTime", format_time(self.now))
+        self.conditions[type_] = {
+            "type": type_,
+            "status": wanted,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": transition,
+            "observedGeneration": self.job.generation,
+        }
+        return changed
+
+    def phase(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
+        """Enter `phase`: set its condition True, clear the other live ones, emit an event."""
+        self.status["phase"] = phase
+        if phase != PENDING:
+            self.condition(phase, True, reason, message)
+        for other in (RUNNING, RESTARTING, SUSPENDED):
+            if other != phase and other in self.conditions:
+                self.condition(other, False, reason, message)
+        if phase != self.previous_phase or (
+            warning and self.status.get("lastFailure") != message
+        ):
+            self.events.append(Event("Warning" if warning else "Normal", reason, message))
+
+    def counts(self, pods: Sequence[PodState]) -> None:
+        active = [p for p in pods if not p.finished and not p.deleting]
+        ready = [p for p in active if p.phase == RUNNING and p.ready]
+        self.status["nodes"] = {
+            "active": len(active),
+            "ready": len(ready),
+            "succeeded": sum(p.phase == SUCCEEDED for p in pods),
+            "failed": sum(p.phase == FAILED for p in pods),
+        }
+        self.status["readyNodes"] = f"{len(ready)}/{self.job.num_nodes}"
+
+    def finish(self) -> dict[str, Any]:
+        self.status["conditions"] = [
+            self.conditions[t] for t in CONDITION_TYPES if t in self.conditions
+        ]
+        self.status.setdefault("restarts", 0)
+        return self.status
+
+
+def _failures(job: JobSpec, current: Sequence[PodState], was_running: bool) -> list[Failure]:
+    failures = [
+        Failure(p.name, "failed" if not p.reason or p.reason == "Error" else f"failed ({p.reason})",
+                p.exit_code, p.message)
+        for p in sorted(current, key=lambda p: p.index)
+        if p.phase == FAILED
+    ]
+    if was_running:
+        # Once the group runs, a pod that disappears (deleted, evicted, its node gone) takes its
+        # ranks with it: the others would wait in their collectives forever.
+        present = {p.index for p in current if not p.deleting or p.finished}
+        for index in range(job.num_nodes):
+            if index not in present:
+                failures.append(Failure(f"{job.name}-{index}", "was deleted"))
+    return failures
+
+
+def _cleanup(job: JobSpec, pods: Sequence[PodState]) -> tuple[str, ...]:
+    policy = job.run_policy.clean_pod_policy
+    if policy == "None":
+        return ()
+    return tuple(
+        p.name for p in pods
+        if not p.deleting and (policy == "All" or not p.finished)
+    )
+
+
+def plan_reconcile(
+    job: JobSpec,
+    status: Mapping[str, Any],
+    pods: Sequence[PodState],
+    now: datetime,
+    *,
+    config_error: str | None = None,
+) -> Plan:
+    """The whole decision for one pass; `config_error` is set when the accelerate config (or
+    anything else only the operator can check) means the job cannot run."""
+    out = _StatusBuilder(job, status, now)
+    attempt = int(status.get("attempt") or 0)
+    restarts = int(status.get("restarts") or 0)
+    policy = job.run_policy
+
+    def done(create=(), delete=(), delete_job=False, requeue_after=None) -> Plan:
+        out.status["attempt"] = attempt
+        return Plan(out.finish(), attempt, tuple(create), tuple(delete), tuple(out.events),
+                    delete_job, requeue_after)
+
+    def fail(reason: str, message: str) -> Plan:
+        out.phase(FAILED, reason, message, warning=True)
+        out.status["completionTime"] = format_time(now)
+        out.counts(pods)
+        return done(delete=_cleanup(job, pods))
+
+    # A finished job only cleans up, and deletes itself when its TTL has passed.
+    if out.previous_phase in FINISHED_PHASES:
+        out.counts(pods)
+        delete_job, requeue = False, None
+        finished_at = parse_time(status.get("completionTime"))
+        if policy.ttl_seconds_after_finished is not None and finished_at:
+            expires = finished_at + timedelta(seconds=policy.ttl_seconds_after_finished)
+            delete_job = now >= expires
+            requeue = None if delete_job else (expires - now).total_seconds()
+        return done(delete=_cleanup(job, pods), delete_job=delete_job, requeue_after=requeue)
+
+    if config_error:
+        return fail("InvalidConfig", config_error)
+
+    if policy.suspend:
+        out.counts(pods)
+        out.phase(SUSPENDED, "Suspended",
+                  "spec.runPolicy.suspend is true: pods deleted; set it to false to resume")
+        return done(delete=[p.name for p in pods if not p.deleting])
+    if out.previous_phase == SUSPENDED:
+        # A fresh group: pods of the suspended attempt may still be terminating.
+        attempt += 1
+        out.condition(SUSPENDED, False, "Resumed", "spec.runPolicy.suspend is false: starting a fresh group")
+        out.events.append(Event("Normal", "Resumed", f"starting a fresh group (attempt {attempt})"))
+        out.status["phase"] = PENDING
+        out.previous_phase = PENDING
+
+    started = parse_time(status.get("startTime"))
+    if policy.active_deadline_seconds and started:
+        deadline = started + timedelta(seconds=policy.active_deadline_seconds)
+        if now >= deadline:
+            return fail("DeadlineExceeded",
+                        f"the job ran longer than spec.runPolicy.activeDeadlineSeconds "
+                        f"({policy.active_deadline_seconds}s)")
+
+    current = [p for p in pods if p.attempt == attempt]
+    stale = [p for p in pods if p.attempt != attempt]
+    failures = _failures(job, current, out.previous_phase == RUNNING)
+
+    if failures:
+        first = failures[0]
+        out.status["lastFailure"] = first.describe()
+        if first.exit_code == CONFIG_ERROR_EXIT_CODE:
+            return fail("InvalidConfig", first.describe())
+        if first.exit_code is not None and first.exit_code in policy.permanent_exit_codes:
+            return fail("PermanentFailure",
+                        f"{first.describe()} (listed in spec.runPolicy.permanentExitCodes)")
+        if restarts >= policy.backoff_limit:
+            return fail("BackoffLimitExceeded",
+                        f"{first.describe()}; no restarts left "
+                        f"(spec.runPolicy.backoffLimit={policy.backoff_limit})")
+        restarts += 1
+        attempt += 1
+        out.status["restarts"] = restarts
+        out.counts(pods)
+        out.phase(RESTARTING, "PodFailed",
+                  f"{first.describe()}; restarting all {job.num_nodes} node(s) "
+                  f"(restart {restarts} of {policy.backoff_limit})", warning=True)
+        return done(delete=[p.name for p in pods if not p.deleting])
+
+    if stale:
+        # Wait until the previous attempt's pods are gone: the new ones reuse their names.
+        out.counts(current)
+        return done(delete=[p.name for p in stale if not p.deleting])
+
+    present = {p.index for p in current}
+    create = [i for i in range(job.num_nodes) if i not in present]
+    out.counts(current)
+    if create and not present:
+        out.status.setdefault("startTime", format_time(now))
+    if create or current:
+        message = f"ConfigMap, headless Service and {job.num_nodes} pod(s) created"
+        if out.condition(CREATED, True, "PodsCreated", message):
+            out.events.append(Event("Normal", "PodsCreated", message))
+
+    succeeded = sum(p.phase == SUCCEEDED for p in current)
+    running = sum(p.phase in (RUNNING, SUCCEEDED) for p in current)
+    if succeeded == job.num_nodes:
+        out.phase(SUCCEEDED, "AllNodesSucceeded",
+                  f"all {job.num_nodes} node(s) finished training successfully")
+        out.status["completionTime"] = format_time(now)
+        return done(delete=_cleanup(job, current))
+    if running == job.num_nodes and not create:
+        out.phase(RUNNING, "AllNodesRunning",
+                  f"all {job.num_nodes} node(s) running, {job.world_size} process(es) in total")
+        return done()
+    if out.previous_phase not in (RESTARTING,):
+        out.status["phase"] = PENDING
+    return done(create=create)

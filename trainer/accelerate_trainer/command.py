@@ -1,0 +1,59 @@
+"""Build the `accelerate launch` command line and its env. Pure: no probes, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import distributed_type, is_cpu_job
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What to exec: argv and the env variables to add to the pod's own."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def build_launch_plan(
+    topology: Topology,
+    config: Mapping[str, Any],
+    script: Sequence[str],
+    *,
+    resume_from: str | None = None,
+) -> LaunchPlan:
+    """Every topology flag is passed explicitly: accelerate reads none of MASTER_ADDR, RANK or
+    PET_* for itself, and a value on the command line wins over the YAML."""
+    argv = [
+        "accelerate", "launch",
+        "--config_file", topology.config_file,
+        "--num_machines", str(topology.num_nodes),
+        "--num_processes", str(topology.world_size),
+        "--machine_rank", str(topology.node_rank),
+        "--main_process_ip", topology.master_addr,
+        "--main_process_port", str(topology.master_port),
+    ]
+    env: dict[str, str] = {}
+    if is_cpu_job(config):
+        # MULTI_CPU (or --cpu) goes to accelerate's simple launcher: one process, no mpirun. The
+        # torchrun path with ACCELERATE_USE_CPU=1 gives real gloo ranks on CPU.
+        env["ACCELERATE_USE_CPU"] = "1"
+        if topology.world_size > 1:
+            argv.append("--multi_gpu")
+    # accelerate ignores these two in the YAML (their CLI defaults are not None): pass them here.
+    if config.get("rdzv_backend"):
+        argv += ["--rdzv_backend", str(config["rdzv_backend"])]
+    if config.get("same_network"):
+        argv.append("--same_network")
+    if distributed_type(config) == "DEEPSPEED" and topology.num_nodes > 1:
+        argv += ["--deepspeed_multinode_launcher", "standard"]
+    if resume_from:
+        env["ACCELERATE_RESUME_FROM"] = resume_from
+    if script and script[0] == "-m":
+        argv.append("--module")
+        script = script[1:]
+    argv += list(script)
+    return LaunchPlan(argv=tuple(argv), env=env)
