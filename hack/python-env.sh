@@ -22,7 +22,7 @@ stamp="$VENV/.pyproject.sha256"
 want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   echo ">> installing Python dependencies into $VENV" >&2
-  "$VENV/bin/pip" install -q -e "$ROOT[dev]" >&2
+  "$VENV/bin/pip" install -q -e "${ROOT}[dev]" >&2
   echo "$want" > "$stamp"
 elif ! "$VENV/bin/python" - "$ROOT" >/dev/null 2>&1 <<'PY'
 import importlib.util, pathlib, sys

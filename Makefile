@@ -1,0 +1,71 @@
+# accelerate-operator: the commands everyone relies on. `make help` lists them.
+# Everything installs what it needs on first use (Go-built control plane, Python venv, helm),
+# caching outside the repository in $(CACHE) so the second run is fast.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+CACHE ?= $(HOME)/.cache/accelerate-operator
+export ACCELERATE_OPERATOR_CACHE := $(CACHE)
+PYTEST_ARGS ?=
+
+VENV = $(shell hack/python-env.sh | tail -n1)
+PY = $(VENV)/bin/python
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: demo
+demo: ## The main job: local cluster + operator, then the CPU example trained to Succeeded
+	hack/demo.sh
+
+.PHONY: test
+test: ## Everything CI runs: lint, unit, integration and end-to-end tests on the local cluster
+	$(MAKE) lint
+	$(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: ## Unit tests only (seconds, no cluster)
+	$(PY) -m pytest tests/unit -p no:cacheprovider $(PYTEST_ARGS)
+
+.PHONY: test-integration
+test-integration: ## Integration tests against the real local API server
+	$(PY) -m pytest tests/integration -p no:cacheprovider $(PYTEST_ARGS)
+
+.PHONY: test-e2e
+test-e2e: ## End-to-end: real training through the operator
+	$(PY) -m pytest tests/e2e -p no:cacheprovider $(PYTEST_ARGS)
+
+.PHONY: cluster-up
+cluster-up: ## Start (idempotent) the local cluster with the operator; prints the kubeconfig path last
+	@kubeconfig=$$(hack/local-cluster.sh up | tail -n1); \
+	  KUBECONFIG=$$kubeconfig hack/deploy-operator.sh >&2; \
+	  echo "$$kubeconfig"
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local cluster (keeps the built binaries)
+	hack/local-cluster.sh down
+
+.PHONY: lint
+lint: ## ruff, helm lint and the chart/CRD drift check
+	$(PY) -m ruff check operator trainer tests examples bench hack
+	hack/sync-chart-crd.sh --check
+	$$(hack/install-tools.sh | tail -n1)/helm lint --strict charts/accelerate-operator
+
+.PHONY: manifests
+manifests: ## Regenerate the chart's CRD from crds/
+	hack/sync-chart-crd.sh
+
+.PHONY: verify
+verify: ## Fail when generated files drift from their sources
+	hack/sync-chart-crd.sh --check
+
+.PHONY: images
+images: ## Build the operator and trainer images (docker, podman or buildah)
+	hack/build-images.sh
+
+.PHONY: bench
+bench: ## Benchmarks on the local cluster; numbers and ratios go to stdout
+	bench/run.sh

@@ -1,0 +1,99 @@
+{{/*
+Names and labels shared by every template. Kubernetes names are limited to 63 characters.
+*/}}
+
+{{/* The chart's name. */}}
+{{- define "accelerate-operator.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The release's full name: the release name alone when it already contains the chart name
+(`helm install accelerate-operator ...`), else "<release>-<chart>".
+*/}}
+{{- define "accelerate-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* "<chart>-<version>" for the helm.sh/chart label. */}}
+{{- define "accelerate-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that select the operator pod; never change them after a release (selectors are immutable). */}}
+{{- define "accelerate-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "accelerate-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of every object the chart renders. */}}
+{{- define "accelerate-operator.labels" -}}
+helm.sh/chart: {{ include "accelerate-operator.chart" . }}
+{{ include "accelerate-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: accelerate-operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The ServiceAccount the operator runs as. */}}
+{{- define "accelerate-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "accelerate-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image, tagged with the chart's appVersion unless image.tag is set. */}}
+{{- define "accelerate-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+RBAC rules the operator needs in every namespace it watches (least privilege; kopf runs standalone,
+without peering, so no kopf peering resources). No Secret access: the operator never reads one.
+*/}}
+{{- define "accelerate-operator.namespacedRules" -}}
+- apiGroups: ["accelerate-operator.io"]
+  resources: ["acceleratejobs"]
+  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+- apiGroups: ["accelerate-operator.io"]
+  resources: ["acceleratejobs/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/*
+RBAC rules that only exist cluster-wide: kopf scans CRDs to resolve the resources it serves, and
+lists namespaces when it watches several of them.
+*/}}
+{{- define "accelerate-operator.clusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}

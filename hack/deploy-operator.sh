@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install or upgrade the operator in the cluster of $KUBECONFIG with the Helm chart, and wait until
+# it runs. On the local cluster the pod runs this checkout's code (the local node agent runs the
+# host's environment, not the image), so a hash of the code is a pod annotation: a code change
+# rolls the operator, an unchanged checkout leaves it alone.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+: "${KUBECONFIG:?set KUBECONFIG to the kubeconfig of the cluster}"
+export KUBECONFIG
+
+NAMESPACE="${ACCELERATE_OPERATOR_NAMESPACE:-accelerate-system}"
+RELEASE="${ACCELERATE_OPERATOR_RELEASE:-accelerate-operator}"
+HELM="$(hack/install-tools.sh | tail -n1)/helm"
+CRD=acceleratejobs.accelerate-operator.io
+
+code_files() {
+  find operator trainer crds charts pyproject.toml -type f \
+    \( -name '*.py' -o -name '*.yaml' -o -name '*.toml' -o -name '*.tpl' -o -name '*.json' \) -print0
+}
+code_hash=$(code_files | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+
+# A CRD applied by hand before (kubectl apply -f crds/) is adopted rather than refused.
+owner_path='{.metadata.annotations.meta\.helm\.sh/release-name}'
+if kubectl get crd "$CRD" >/dev/null 2>&1; then
+  owner=$(kubectl get crd "$CRD" -o jsonpath="$owner_path")
+  if [[ -z "$owner" ]]; then
+    kubectl label crd "$CRD" app.kubernetes.io/managed-by=Helm --overwrite >/dev/null
+    kubectl annotate crd "$CRD" meta.helm.sh/release-name="$RELEASE" \
+      meta.helm.sh/release-namespace="$NAMESPACE" --overwrite >/dev/null
+  fi
+fi
+
+echo ">> helm upgrade --install $RELEASE (namespace $NAMESPACE, code $code_hash)" >&2
+"$HELM" upgrade --install "$RELEASE" charts/accelerate-operator \
+  --namespace "$NAMESPACE" --create-namespace \
+  --set-string "podAnnotations.accelerate-operator\.io/code-hash=$code_hash" \
+  ${ACCELERATE_OPERATOR_HELM_ARGS:-} \
+  --wait --timeout 180s >&2
+kubectl wait --for=condition=Established "crd/$CRD" --timeout=60s >/dev/null
+kubectl -n "$NAMESPACE" rollout status deployment -l app.kubernetes.io/name=accelerate-operator --timeout=120s >&2

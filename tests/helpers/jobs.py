@@ -1,0 +1,131 @@
+"""Fluent factories for AccelerateJob bodies and pod states (model: jobset's testing wrappers)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from accelerate_operator.constants import API_VERSION, KIND
+from accelerate_operator.status import PodState
+
+
+class JobBuilder:
+    """`JobBuilder("train").nodes(2).procs(2).build()` -> an AccelerateJob body."""
+
+    def __init__(self, name: str = "train", namespace: str = "ml"):
+        self.body: dict[str, Any] = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
+                         "generation": 1},
+            "spec": {
+                "numNodes": 2,
+                "numProcPerNode": 2,
+                "masterPort": 29500,
+                "accelerateConfig": {"distributed_type": "MULTI_CPU", "use_cpu": True},
+                "runPolicy": {"backoffLimit": 3, "cleanPodPolicy": "Running", "suspend": False},
+                "template": {"spec": {"containers": [{
+                    "name": "trainer", "image": "trainer:cpu",
+                    "command": ["accelerate-trainer"], "args": ["train.py"],
+                }]}},
+            },
+        }
+
+    def nodes(self, n: int) -> JobBuilder:
+        self.body["spec"]["numNodes"] = n
+        return self
+
+    def procs(self, n: int | str) -> JobBuilder:
+        self.body["spec"]["numProcPerNode"] = n
+        return self
+
+    def config(self, **values: Any) -> JobBuilder:
+        self.body["spec"]["accelerateConfig"] = dict(values)
+        return self
+
+    def config_from(self, name: str, key: str) -> JobBuilder:
+        self.body["spec"].pop("accelerateConfig", None)
+        self.body["spec"]["accelerateConfigFrom"] = {"configMapKeyRef": {"name": name, "key": key}}
+        return self
+
+    def run_policy(self, **values: Any) -> JobBuilder:
+        self.body["spec"]["runPolicy"].update(values)
+        return self
+
+    def container(self, **values: Any) -> JobBuilder:
+        self.body["spec"]["template"]["spec"]["containers"][0].update(values)
+        return self
+
+    def pod_spec(self, **values: Any) -> JobBuilder:
+        self.body["spec"]["template"]["spec"].update(values)
+        return self
+
+    def checkpoint(self, volume: str, mount_path: str = "/checkpoints") -> JobBuilder:
+        self.body["spec"]["checkpoint"] = {"volumeName": volume, "mountPath": mount_path}
+        return self
+
+    def build(self) -> dict[str, Any]:
+        return copy.deepcopy(self.body)
+
+
+def pod(job: str, index: int, phase: str = "Running", *, attempt: int = 0,
+        ready: bool | None = None,
+        exit_code: int | None = None, reason: str | None = None, message: str | None = None,
+        deleting: bool = False) -> PodState:
+    return PodState(
+        name=f"{job}-{index}", index=index, attempt=attempt, phase=phase,
+        ready=(phase == "Running") if ready is None else ready, deleting=deleting,
+        exit_code=exit_code, reason=reason, message=message,
+    )
+
+
+def command_job(name: str, script: str, *, nodes: int = 2) -> JobBuilder:
+    """A job whose pods run a cheap Python snippet instead of training: for tests of the
+    operator's behaviour, where real training would only cost time."""
+    return (JobBuilder(name).nodes(nodes).procs(1)
+            .container(command=["python3", "-c", script], args=[]))
+
+
+def apply_job(kubeconfig: str, namespace: str, body: dict) -> None:
+    from tests.helpers.cluster import kubectl
+
+    body = copy.deepcopy(body)
+    body["metadata"] = {"name": body["metadata"]["name"], "namespace": namespace}
+    kubectl("-n", namespace, "apply", "-f", "-", kubeconfig=kubeconfig, input=json.dumps(body))
+
+
+def get_job(kubeconfig: str, namespace: str, name: str) -> dict:
+    from tests.helpers.cluster import kubectl
+
+    out = kubectl("-n", namespace, "get", "acceleratejob", name, "-o", "json",
+                  kubeconfig=kubeconfig, check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def wait_for_job(kubeconfig: str, namespace: str, name: str, predicate, *, timeout: float = 120,
+                 description: str = "") -> dict:
+    """Poll the job until `predicate(job)` holds; the failure message shows the last status."""
+    from tests.helpers.cluster import wait_for
+
+    last: dict = {}
+
+    def check():
+        nonlocal last
+        last = get_job(kubeconfig, namespace, name)
+        return last if last and predicate(last) else None
+
+    try:
+        return wait_for(check, timeout=timeout, interval=0.5,
+                        description=description or f"job {name}")
+    except AssertionError as error:
+        raise AssertionError(
+            f"{error}; last status: {json.dumps(last.get('status'), indent=1)}") from None
+
+
+def phase_is(*phases: str):
+    return lambda job: job.get("status", {}).get("phase") in phases
+
+
+def condition(job: dict, type_: str) -> dict:
+    return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == type_), {})

@@ -1,0 +1,319 @@
+"""The Helm chart, checked with the real `helm` binary: lint, schema, and the rendered objects.
+
+These tests render templates only; they never talk to a cluster. `helm` comes from
+hack/install-tools.sh (installed on first use, so the tests never skip for a missing binary).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "accelerate-operator"
+CRD_SOURCE = ROOT / "crds" / "accelerate-operator.io_acceleratejobs.yaml"
+RELEASE = "accelerate-operator"
+NAMESPACE = "accelerate-system"
+
+# What the operator may do, and nothing more (kopf standalone, no peering, no Secrets).
+READ = {"get", "list", "watch"}
+NAMESPACED_RULES = {
+    ("accelerate-operator.io", "acceleratejobs"): READ | {"patch", "update", "delete"},
+    ("accelerate-operator.io", "acceleratejobs/status"): {"get", "patch", "update"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    ("", "pods/log"): {"get"},  # progress lines and the logs archived before a restart
+    ("", "services"): {"get", "list", "watch", "create"},
+    ("", "configmaps"): {"get", "list", "watch", "create"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CLUSTER_ONLY_RULES = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
+}
+
+
+def _helm_ok(path: str | None) -> bool:
+    if not path or not os.access(path, os.X_OK):
+        return False
+    return subprocess.run([path, "version", "--short"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The pinned helm: $HELM, else the tools cache, installed there by install-tools.sh if missing.
+
+    A helm found on PATH is not used: CI runners ship their own, of another major version.
+    """
+    default_cache = Path.home() / ".cache/accelerate-operator"
+    cache = Path(os.environ.get("ACCELERATE_OPERATOR_CACHE", default_cache))
+    for candidate in (os.environ.get("HELM"), str(cache / "tools/bin/helm")):
+        if _helm_ok(candidate):
+            return candidate
+    done = subprocess.run(
+        ["bash", str(ROOT / "hack/install-tools.sh")],
+        env={**os.environ, "INSTALL_TOOLS": "helm"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"hack/install-tools.sh failed:\n{done.stderr}"
+    path = str(Path(done.stdout.strip().splitlines()[-1]) / "helm")
+    assert _helm_ok(path), f"hack/install-tools.sh did not leave a working helm at {path}"
+    return path
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
+
+
+@functools.cache
+def _render(helm: str, sets: tuple[str, ...]) -> tuple[dict, ...]:
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    for s in sets:
+        args += ["--set", s]
+    done = run_helm(helm, *args)
+    assert done.returncode == 0, f"helm template {' '.join(sets)} failed:\n{done.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def render(helm: str, *sets: str) -> list[dict]:
+    return list(_render(helm, sets))
+
+
+def only(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
+    """Flatten RBAC rules to {(apiGroup, resource): verbs}, merging rules that repeat a pair."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role.get("rules", []):
+        assert not rule.get("resourceNames"), "rules are per resource, not per object name"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def operator_container(docs: list[dict]) -> dict:
+    return only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_chart_passes_helm_lint_strict(helm):
+    for sets in ([], ["watchNamespaces={team-a,team-b}", "crds.enabled=false"]):
+        args = ["lint", "--strict", str(CHART)]
+        for s in sets:
+            args += ["--set", s]
+        done = run_helm(helm, *args)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, f"helm lint --strict {sets} failed:\n{output}"
+
+
+def test_default_render_has_exactly_the_expected_kinds(helm):
+    kinds = Counter(d["kind"] for d in render(helm))
+    assert kinds == Counter(
+        {
+            "CustomResourceDefinition": 1,
+            "ServiceAccount": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
+            "Deployment": 1,
+        }
+    )
+
+
+def test_every_object_carries_the_standard_labels(helm):
+    for doc in render(helm):
+        if doc["kind"] == "CustomResourceDefinition":
+            continue  # verbatim from crds/, checked against the source below
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "accelerate-operator", doc["kind"]
+        assert labels["app.kubernetes.io/instance"] == RELEASE, doc["kind"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm", doc["kind"]
+
+
+def test_deployment_runs_one_replica_recreated_never_rolled(helm):
+    deployment = only(render(helm), "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+
+
+def test_deployment_sets_the_command_explicitly_with_liveness_probe(helm):
+    container = operator_container(render(helm))
+    assert container["command"] == ["accelerate-operator"]
+    assert container["args"] == ["--liveness-port", "8080"]
+    assert container["image"] == "ghcr.io/accelerate-operator/operator:0.1.0"
+    assert {"name": "ACCELERATE_OPERATOR_LOG_LEVEL", "value": "info"} in container["env"]
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    assert probe["port"] in (8080, "health")
+    assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+
+
+def test_deployment_security_context_is_restricted_with_writable_tmp(helm):
+    docs = render(helm)
+    pod = only(docs, "Deployment")["spec"]["template"]["spec"]
+    container = operator_container(docs)
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    tmp = next(v for v in pod["volumes"] if v["name"] == "tmp")
+    assert "emptyDir" in tmp
+    assert pod["serviceAccountName"] == only(docs, "ServiceAccount")["metadata"]["name"]
+
+
+def test_values_reach_the_deployment(helm):
+    docs = render(
+        helm,
+        "image.tag=dev",
+        "logLevel=debug",
+        "priorityClassName=system-cluster-critical",
+        "podLabels.team=ml",
+        "extraEnv[0].name=HTTPS_PROXY",
+        "extraEnv[0].value=http://proxy:3128",
+    )
+    pod = only(docs, "Deployment")["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["image"].endswith(":dev")
+    assert {"name": "ACCELERATE_OPERATOR_LOG_LEVEL", "value": "debug"} in container["env"]
+    assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in container["env"]
+    assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+    assert pod["metadata"]["labels"]["team"] == "ml"
+
+
+@pytest.mark.parametrize(
+    "mistyped, key",
+    [
+        ("imagee.tag=x", "imagee"),
+        ("image.tagg=x", "tagg"),
+        ("securityContext.runAsNonroot=true", "runAsNonroot"),
+        ("crds.keeep=false", "keeep"),
+        ("replicaCount=2", "replicaCount"),
+    ],
+)
+def test_mistyped_value_key_fails_schema_validation_naming_the_key(helm, mistyped, key):
+    done = run_helm(helm, "template", RELEASE, str(CHART), "--set", mistyped)
+    assert done.returncode != 0, f"--set {mistyped} was accepted"
+    assert key in done.stderr
+    assert "not allowed" in done.stderr
+
+
+def test_invalid_value_types_fail_schema_validation(helm):
+    for bad in ("logLevel=loud", "watchNamespaces={Team_A}", "image.pullPolicy=Sometimes"):
+        done = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad)
+        assert done.returncode != 0, f"--set {bad} was accepted"
+
+
+def test_watch_namespaces_get_a_role_each_and_no_cluster_wide_pod_access(helm):
+    docs = render(helm, "watchNamespaces={team-a,team-b}")
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    for ns in ("team-a", "team-b"):
+        assert rules_of(roles[ns]) == NAMESPACED_RULES
+        subject = bindings[ns]["subjects"][0]
+        assert (subject["kind"], subject["namespace"]) == ("ServiceAccount", NAMESPACE)
+        assert bindings[ns]["roleRef"]["name"] == roles[ns]["metadata"]["name"]
+    cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    for role in cluster_roles:
+        assert ("", "pods") not in rules_of(role)
+        assert rules_of(role) == CLUSTER_ONLY_RULES
+    container = operator_container(docs)
+    assert container["args"] == "--liveness-port 8080 --namespace team-a --namespace team-b".split()
+
+
+def test_cluster_role_grants_exactly_the_operator_verbs_and_no_secrets(helm):
+    docs = render(helm)
+    role = only(docs, "ClusterRole")
+    rules = rules_of(role)
+    assert not any(resource == "secrets" or resource == "*" for _, resource in rules)
+    assert not any("*" in verbs for verbs in rules.values())
+    assert rules == {**NAMESPACED_RULES, **CLUSTER_ONLY_RULES}
+    binding = only(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    sa = only(docs, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+
+
+def test_no_rendering_mentions_secrets_in_rbac(helm):
+    for sets in ((), ("watchNamespaces={team-a}",)):
+        for doc in render(helm, *sets):
+            if doc["kind"] in ("Role", "ClusterRole"):
+                assert "secrets" not in yaml.safe_dump(doc["rules"]), doc["kind"]
+
+
+def test_crds_disabled_renders_no_crd(helm):
+    kinds = [d["kind"] for d in render(helm, "crds.enabled=false")]
+    assert "CustomResourceDefinition" not in kinds
+    assert "Deployment" in kinds
+
+
+def test_crd_is_kept_on_uninstall_unless_told_otherwise(helm):
+    crd = only(render(helm), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    crd = only(render(helm, "crds.keep=false"), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+def test_chart_crd_is_generated_from_crds_source(helm):
+    done = subprocess.run(
+        ["bash", str(ROOT / "hack/sync-chart-crd.sh"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    # And what Helm renders is the source object itself, plus only the keep annotation.
+    rendered = only(render(helm, "crds.keep=false"), "CustomResourceDefinition")
+    assert rendered == yaml.safe_load(CRD_SOURCE.read_text())
+
+
+def test_sync_check_reports_drift(tmp_path):
+    # A copy of the two inputs the script reads, with the chart's CRD edited by hand.
+    (tmp_path / "hack").mkdir()
+    shutil.copy(ROOT / "hack/sync-chart-crd.sh", tmp_path / "hack")
+    shutil.copytree(ROOT / "crds", tmp_path / "crds")
+    chart_crds = tmp_path / "charts/accelerate-operator/templates/crds"
+    shutil.copytree(CHART / "templates/crds", chart_crds)
+    copy = chart_crds / CRD_SOURCE.name
+    copy.write_text(copy.read_text().replace("shortNames: [ajob, ajobs]", "shortNames: [ajob]"))
+    script = str(tmp_path / "hack/sync-chart-crd.sh")
+    done = subprocess.run(["bash", script, "--check"], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "drifted" in done.stderr
+    # The unified diff shows the hand-edited line.
+    assert re.search(r"^-\s+shortNames: \[ajob\]$", done.stderr, re.MULTILINE), done.stderr
+    subprocess.run(["bash", script], check=True, capture_output=True)
+    assert subprocess.run(["bash", script, "--check"], capture_output=True).returncode == 0
+
+
+def test_notes_tell_the_user_what_to_do_next(helm):
+    done = run_helm(
+        helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "kubectl get ajob" in done.stdout
+    assert "kubectl apply -f examples/cpu-ddp.yaml" in done.stdout
+    assert (ROOT / "examples/cpu-ddp.yaml").is_file(), "NOTES.txt names an example that is gone"

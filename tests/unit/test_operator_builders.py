@@ -1,0 +1,190 @@
+"""The builders turn a job into whole manifests; compared as whole objects."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from accelerate_operator.api import SpecError, parse_job
+from accelerate_operator.resources.configmap import build_configmap, render_accelerate_config
+from accelerate_operator.resources.pods import build_pod
+from accelerate_operator.resources.service import build_service
+from accelerate_trainer.config import ConfigError
+
+from tests.helpers.jobs import JobBuilder
+
+OWNER = {
+    "apiVersion": "accelerate-operator.io/v1alpha1",
+    "kind": "AccelerateJob",
+    "name": "train",
+    "uid": "uid-train",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+LABELS = {
+    "app.kubernetes.io/name": "accelerate-job",
+    "app.kubernetes.io/instance": "train",
+    "app.kubernetes.io/managed-by": "accelerate-operator",
+    "accelerate-operator.io/job-name": "train",
+}
+
+
+def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
+    job = parse_job(JobBuilder().build())
+    assert build_pod(job, 1, attempt=2) == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "train-1",
+            "namespace": "ml",
+            "labels": {**LABELS, "accelerate-operator.io/node-index": "1",
+                       "accelerate-operator.io/attempt": "2"},
+            "annotations": {},
+            "ownerReferences": [OWNER],
+        },
+        "spec": {
+            "hostname": "train-1",
+            "subdomain": "train",
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "trainer",
+                "image": "trainer:cpu",
+                "command": ["accelerate-trainer"],
+                "args": ["train.py"],
+                "securityContext": {"allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]}},
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "env": [
+                    {"name": "MASTER_ADDR", "value": "train-0.train"},
+                    {"name": "MASTER_PORT", "value": "29500"},
+                    {"name": "NODE_RANK", "value": "1"},
+                    {"name": "NUM_NODES", "value": "2"},
+                    {"name": "NPROC_PER_NODE", "value": "2"},
+                    {"name": "WORLD_SIZE", "value": "4"},
+                    {"name": "ACCELERATE_CONFIG_FILE", "value": "/etc/accelerate/config.yaml"},
+                    {"name": "ACCELERATE_JOB_NAME", "value": "train"},
+                    {"name": "PYTHONUNBUFFERED", "value": "1"},
+                ],
+                "volumeMounts": [
+                    {"name": "accelerate-config", "mountPath": "/etc/accelerate", "readOnly": True},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                ],
+            }],
+            "volumes": [
+                {"name": "accelerate-config", "configMap": {
+                    "name": "train-accelerate-config",
+                    "items": [{"key": "config.yaml", "path": "config.yaml"}]}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            ],
+        },
+    }
+
+
+def test_pods_get_machine_rank_from_index_and_share_the_master_address():
+    job = parse_job(JobBuilder().nodes(3).build())
+    envs = [{e["name"]: e["value"] for e in build_pod(job, i, 0)["spec"]["containers"][0]["env"]}
+            for i in range(3)]
+    assert [e["NODE_RANK"] for e in envs] == ["0", "1", "2"]
+    assert {e["MASTER_ADDR"] for e in envs} == {"train-0.train"}
+    assert {e["WORLD_SIZE"] for e in envs} == {"6"}
+    assert not any(name.startswith("PET_") for e in envs for name in e)
+
+
+def test_user_env_volumes_and_security_settings_are_kept():
+    job = parse_job(
+        JobBuilder()
+        .container(env=[{"name": "HF_HOME", "value": "/cache"}],
+                   securityContext={"runAsUser": 0, "allowPrivilegeEscalation": True},
+                   volumeMounts=[{"name": "data", "mountPath": "/data"}])
+        .pod_spec(volumes=[{"name": "data", "emptyDir": {}}], securityContext={"runAsNonRoot": False})
+        .build()
+    )
+    pod = build_pod(job, 0, 0)
+    container = pod["spec"]["containers"][0]
+    assert container["env"][-1] == {"name": "HF_HOME", "value": "/cache"}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": True, "runAsUser": 0,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert pod["spec"]["securityContext"] == {"runAsNonRoot": False,
+                                              "seccompProfile": {"type": "RuntimeDefault"}}
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "accelerate-config", "dshm"]
+
+
+def test_builders_do_not_mutate_the_job():
+    body = JobBuilder().build()
+    job = parse_job(body)
+    before = repr(job.template)
+    build_pod(job, 0, 0)
+    build_pod(job, 1, 0)
+    assert repr(job.template) == before
+
+
+def test_checkpoint_volume_is_mounted_and_announced():
+    job = parse_job(JobBuilder().checkpoint("ckpt", "/ckpt")
+                    .pod_spec(volumes=[{"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}}])
+                    .build())
+    container = build_pod(job, 0, 0)["spec"]["containers"][0]
+    assert {"name": "ckpt", "mountPath": "/ckpt"} in container["volumeMounts"]
+    assert {"name": "ACCELERATE_CHECKPOINT_DIR", "value": "/ckpt"} in container["env"]
+
+
+def test_auto_processes_follow_the_gpu_limit():
+    with_gpus = JobBuilder().procs("auto").container(resources={"limits": {"nvidia.com/gpu": 8}})
+    assert parse_job(with_gpus.build()).nproc_per_node == 8
+    assert parse_job(JobBuilder().procs("auto").build()).nproc_per_node == 1
+    with pytest.raises(SpecError, match="numProcPerNode"):
+        parse_job(JobBuilder().procs(0).build())
+
+
+def test_service_is_headless_and_publishes_not_ready_pods():
+    job = parse_job(JobBuilder().build())
+    assert build_service(job) == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "train", "namespace": "ml", "labels": LABELS,
+                     "ownerReferences": [OWNER]},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"accelerate-operator.io/job-name": "train"},
+            "ports": [{"name": "rendezvous", "port": 29500, "protocol": "TCP"}],
+        },
+    }
+
+
+def test_configmap_renders_the_topology_into_the_users_config():
+    job = parse_job(JobBuilder().build())
+    user = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_CPU",
+            "use_cpu": True, "machine_rank": 0, "main_process_ip": "10.0.0.1",
+            "mixed_precision": "bf16"}
+    manifest = build_configmap(job, render_accelerate_config(job, user))
+    assert manifest["metadata"] == {"name": "train-accelerate-config", "namespace": "ml",
+                                    "labels": LABELS, "ownerReferences": [OWNER]}
+    assert yaml.safe_load(manifest["data"]["config.yaml"]) == {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "MULTI_CPU",
+        "use_cpu": True,
+        "mixed_precision": "bf16",
+        "num_machines": 2,
+        "num_processes": 4,
+        "main_process_port": 29500,
+    }
+
+
+def test_multinode_deepspeed_gets_the_standard_launcher():
+    job = parse_job(JobBuilder().build())
+    rendered = render_accelerate_config(
+        job, {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2}})
+    assert rendered["deepspeed_config"] == {"zero_stage": 2,
+                                            "deepspeed_multinode_launcher": "standard"}
+
+
+@pytest.mark.parametrize("key,value,owner", [
+    ("num_machines", 4, "spec.numNodes"),
+    ("num_processes", 8, "spec.numNodes x spec.numProcPerNode"),
+    ("main_process_port", 1234, "spec.masterPort"),
+])
+def test_topology_contradictions_name_the_key_and_the_winner(key, value, owner):
+    job = parse_job(JobBuilder().build())
+    with pytest.raises(ConfigError) as error:
+        render_accelerate_config(job, {"distributed_type": "MULTI_GPU", key: value})
+    assert key in str(error.value) and owner in str(error.value)

@@ -1,0 +1,222 @@
+"""plan_reconcile over fabricated pods: every transition of the job, and what it creates,
+deletes and reports."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from accelerate_operator.api import parse_job
+from accelerate_operator.status import plan_reconcile, read_pod_state
+
+from tests.helpers.jobs import JobBuilder, pod
+
+NOW = datetime(2026, 1, 1, 12, 0, 0)
+STAMP = "2026-01-01T12:00:00Z"
+
+
+def job(**policy):
+    return parse_job(JobBuilder().run_policy(**policy).build())
+
+
+def conditions(plan):
+    return {c["type"]: (c["status"], c["reason"]) for c in plan.status["conditions"]}
+
+
+def step(job_, status, pods, now=NOW, **kwargs):
+    return plan_reconcile(job_, status, pods, now, **kwargs)
+
+
+def running_status(attempt=0, **extra):
+    """The status of a group that really went Pending -> Running, conditions included."""
+    created = step(job(), {"attempt": attempt}, []).status
+    running = step(job(), created, [pod("train", 0, attempt=attempt),
+                                    pod("train", 1, attempt=attempt)]).status
+    return {**running, **extra}
+
+
+def test_new_job_creates_every_pod_and_is_pending():
+    plan = step(job(), {}, [])
+    assert plan.create == (0, 1)
+    assert plan.delete == ()
+    assert plan.attempt == 0
+    assert plan.status["phase"] == "Pending"
+    assert plan.status["startTime"] == STAMP
+    assert conditions(plan) == {"Created": ("True", "PodsCreated")}
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "PodsCreated")]
+
+
+def test_job_runs_only_when_every_node_runs():
+    j = job()
+    pending = step(j, {"phase": "Pending"}, [pod("train", 0), pod("train", 1, "Pending")])
+    assert pending.status["phase"] == "Pending"
+    assert pending.create == ()
+    assert pending.status["readyNodes"] == "1/2"
+    running = step(j, pending.status, [pod("train", 0), pod("train", 1)])
+    assert running.status["phase"] == "Running"
+    assert running.status["readyNodes"] == "2/2"
+    assert conditions(running)["Running"] == ("True", "AllNodesRunning")
+    assert [e.reason for e in running.events] == ["AllNodesRunning"]
+
+
+def test_job_is_not_succeeded_while_a_worker_still_runs():
+    plan = step(job(), {"phase": "Running"}, [pod("train", 0, "Succeeded"), pod("train", 1)])
+    assert plan.status["phase"] == "Running"
+    assert "completionTime" not in plan.status
+
+
+def test_job_succeeds_when_every_node_succeeded():
+    plan = step(job(), running_status(),
+                [pod("train", 0, "Succeeded"), pod("train", 1, "Succeeded")])
+    assert plan.status["phase"] == "Succeeded"
+    assert plan.status["completionTime"] == STAMP
+    assert conditions(plan)["Succeeded"] == ("True", "AllNodesSucceeded")
+    assert conditions(plan)["Running"][0] == "False"
+    assert plan.status["nodes"] == {"active": 0, "ready": 0, "succeeded": 2, "failed": 0}
+
+
+def test_a_failed_pod_restarts_the_whole_group_under_a_new_attempt():
+    plan = step(job(), running_status(),
+                [pod("train", 0), pod("train", 1, "Failed", exit_code=1, message="NCCL timeout")])
+    assert plan.delete == ("train-0", "train-1")
+    assert plan.create == ()
+    assert plan.attempt == 1
+    assert plan.status["restarts"] == 1
+    assert plan.status["phase"] == "Restarting"
+    assert plan.status["lastFailure"] == "pod train-1 failed with exit code 1: NCCL timeout"
+    assert conditions(plan)["Restarting"] == ("True", "PodFailed")
+    assert conditions(plan)["Running"] == ("False", "PodFailed")
+    [event] = plan.events
+    assert event.type == "Warning"
+    assert "pod train-1 failed with exit code 1" in event.message
+    assert "restart 1 of 3" in event.message
+
+
+def test_new_group_waits_until_the_old_pods_are_gone():
+    old = [pod("train", 0, attempt=0), pod("train", 1, "Failed", attempt=0)]
+    restarting = step(job(), running_status(), old).status
+    old = [pod("train", 0, attempt=0, deleting=True), pod("train", 1, "Failed", attempt=0)]
+    waiting = step(job(), restarting, old)
+    assert waiting.create == ()
+    assert waiting.delete == ("train-1",)
+    assert waiting.status["phase"] == "Restarting"
+    fresh = step(job(), waiting.status, [])
+    assert fresh.create == (0, 1)
+    assert fresh.attempt == 1
+    assert fresh.status["phase"] == "Restarting"
+    running = step(job(), fresh.status, [pod("train", 0, attempt=1), pod("train", 1, attempt=1)])
+    assert running.status["phase"] == "Running"
+    assert conditions(running)["Restarting"] == ("False", "AllNodesRunning")
+    assert running.status["restarts"] == 1
+
+
+def test_planning_twice_on_the_same_input_does_not_double_count_a_restart():
+    status = {"phase": "Running", "restarts": 0, "attempt": 0}
+    pods = [pod("train", 0, "Failed", exit_code=1), pod("train", 1)]
+    first = step(job(), status, pods)
+    again = step(job(), status, pods)
+    assert first.status == again.status
+    # The pods of attempt 0 seen again after the status moved on only get deleted.
+    after = step(job(), first.status, pods)
+    assert after.status["restarts"] == 1
+    assert after.create == ()
+
+
+def test_a_deleted_pod_of_a_running_group_counts_as_a_failure():
+    plan = step(job(), {"phase": "Running"}, [pod("train", 0)])
+    assert plan.status["phase"] == "Restarting"
+    assert plan.status["lastFailure"] == "pod train-1 was deleted"
+    evicted = step(job(), {"phase": "Running"},
+                   [pod("train", 0), pod("train", 1, "Failed", reason="Evicted",
+                                         message="The node was low on memory.")])
+    assert evicted.status["lastFailure"] == ("pod train-1 failed (Evicted): "
+                                             "The node was low on memory.")
+
+
+def test_backoff_limit_fails_the_job_naming_the_last_failure():
+    plan = step(job(backoffLimit=2), {"phase": "Running", "restarts": 2, "attempt": 2},
+                [pod("train", 0, attempt=2), pod("train", 1, "Failed", attempt=2, exit_code=137)])
+    assert plan.status["phase"] == "Failed"
+    assert conditions(plan)["Failed"][1] == "BackoffLimitExceeded"
+    failed_message = next(c["message"] for c in plan.status["conditions"] if c["type"] == "Failed")
+    assert failed_message.startswith("pod train-1 failed with exit code 137; no restarts left")
+    assert plan.delete == ("train-0",)  # the survivor would wait in its collectives forever
+    assert plan.status["restarts"] == 2
+
+
+def test_config_errors_and_permanent_exit_codes_fail_at_once():
+    config = step(job(), {"phase": "Running"},
+                  [pod("train", 0, "Failed", exit_code=78, message="invalid configuration: x"),
+                   pod("train", 1)])
+    assert config.status["phase"] == "Failed"
+    assert conditions(config)["Failed"][1] == "InvalidConfig"
+    assert config.status.get("restarts", 0) == 0
+    permanent = step(job(permanentExitCodes=[42]), {"phase": "Running"},
+                     [pod("train", 0, "Failed", exit_code=42), pod("train", 1)])
+    assert conditions(permanent)["Failed"][1] == "PermanentFailure"
+
+
+def test_operator_side_config_error_fails_without_creating_pods():
+    plan = step(job(), {}, [], config_error="ConfigMap 'cfg' does not exist")
+    assert plan.create == ()
+    assert plan.status["phase"] == "Failed"
+    assert conditions(plan)["Failed"] == ("True", "InvalidConfig")
+    assert plan.events[0].type == "Warning"
+
+
+def test_deadline_stops_the_pods_and_fails_the_job():
+    started = (NOW - timedelta(seconds=61)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    plan = step(job(activeDeadlineSeconds=60), {"phase": "Running", "startTime": started},
+                [pod("train", 0), pod("train", 1)])
+    assert plan.status["phase"] == "Failed"
+    assert conditions(plan)["Failed"][1] == "DeadlineExceeded"
+    assert plan.delete == ("train-0", "train-1")
+
+
+def test_clean_pod_policy_decides_which_pods_go_when_finished():
+    pods = [pod("train", 0, "Succeeded"), pod("train", 1)]
+    status = {"phase": "Failed", "completionTime": STAMP}
+    assert step(job(cleanPodPolicy="Running"), status, pods).delete == ("train-1",)
+    assert step(job(cleanPodPolicy="All"), status, pods).delete == ("train-0", "train-1")
+    assert step(job(cleanPodPolicy="None"), status, pods).delete == ()
+
+
+def test_ttl_deletes_the_job_once_expired():
+    status = {"phase": "Succeeded", "completionTime": STAMP}
+    early = step(job(ttlSecondsAfterFinished=30), status, [], now=NOW + timedelta(seconds=10))
+    assert not early.delete_job and early.requeue_after == 20
+    late = step(job(ttlSecondsAfterFinished=30), status, [], now=NOW + timedelta(seconds=30))
+    assert late.delete_job
+
+
+def test_suspend_deletes_pods_and_resume_starts_a_fresh_group():
+    suspended = step(job(suspend=True), {"phase": "Running", "attempt": 0},
+                     [pod("train", 0), pod("train", 1)])
+    assert suspended.status["phase"] == "Suspended"
+    assert suspended.delete == ("train-0", "train-1")
+    assert conditions(suspended)["Suspended"] == ("True", "Suspended")
+    resumed = step(job(), suspended.status, [])
+    assert resumed.attempt == 1
+    assert resumed.create == (0, 1)
+    assert conditions(resumed)["Suspended"] == ("False", "Resumed")
+    assert resumed.status["restarts"] == 0
+
+
+def test_condition_transition_time_only_moves_on_a_change():
+    first = step(job(), {}, [])
+    later = step(job(), first.status, [pod("train", 0, "Pending"), pod("train", 1, "Pending")],
+                 now=NOW + timedelta(minutes=5))
+    created = next(c for c in later.status["conditions"] if c["type"] == "Created")
+    assert created["lastTransitionTime"] == STAMP
+    assert later.events == ()
+
+
+def test_pod_state_is_read_from_a_real_pod_manifest():
+    manifest = {
+        "metadata": {"name": "train-1", "labels": {"accelerate-operator.io/node-index": "1",
+                                                   "accelerate-operator.io/attempt": "3"}},
+        "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
+            "exitCode": 1, "reason": "Error", "message": "Traceback: boom"}}}]},
+    }
+    state = read_pod_state(manifest)
+    assert (state.index, state.attempt, state.phase, state.exit_code, state.message) == (
+        1, 3, "Failed", 1, "Traceback: boom")
