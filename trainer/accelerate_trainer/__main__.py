@@ -32,7 +32,8 @@ from .topology import Topology, TopologyError, parse_topology
 log = logging.getLogger("accelerate_trainer")
 
 TERMINATION_LOG = Path("/dev/termination-log")
-USAGE = "usage: accelerate-trainer [--] SCRIPT [ARGS...]   or   accelerate-trainer -m MODULE [ARGS...]"
+USAGE = ("usage: accelerate-trainer [--] SCRIPT [ARGS...]   or   "
+         "accelerate-trainer -m MODULE [ARGS...]")
 
 
 def read_config(topology: Topology) -> dict:
@@ -129,8 +130,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(plan.argv[0], plan.argv, {**environ, **plan.env})
-    return 0  # not reached
+    try:
+        os.execvpe(plan.argv[0], plan.argv, {**environ, **plan.env})
+    except OSError as error:
+        message = (f"cannot run {plan.argv[0]!r} ({error.strerror}); is accelerate installed "
+                   "and on PATH?")
+        log.error("%s", message)
+        write_termination_message(message)
+        return 127
+    return 0  # not reached: exec replaced this process
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import yaml
 # multi_gpu_launcher), the only launcher that works between pods without SSH.
 SHARDED_TYPES = frozenset({"FSDP", "DEEPSPEED", "MEGATRON_LM"})
 CPU_TYPES = frozenset({"MULTI_CPU"})
+LEGACY_KEYS = frozenset({"fp16", "dynamo_backend"})
 
 
 class ConfigError(ValueError):
@@ -95,7 +96,8 @@ def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.utils import DistributedType, PrecisionType
 
-    known = {field.name for field in dataclasses.fields(ClusterConfig)}
+    # Older `accelerate config` files still load: accelerate converts these two on read.
+    known = {field.name for field in dataclasses.fields(ClusterConfig)} | LEGACY_KEYS
     unknown = sorted(set(config) - known)
     if unknown:
         raise ConfigError(
@@ -108,8 +110,15 @@ def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"distributed_type {dtype!r} is not one of {', '.join(valid_types)}"
         )
-    precision = str(config.get("mixed_precision", "no")).lower()
+    raw_precision = config.get("mixed_precision")
     valid_precisions = [member.value for member in PrecisionType]
+    if isinstance(raw_precision, bool):
+        # YAML 1.1 reads a bare `no` as false; accelerate then crashes on `False.lower()`.
+        raise ConfigError(
+            f"mixed_precision is the boolean {raw_precision} (YAML reads a bare no/off as false); "
+            f"quote it: mixed_precision: 'no' (one of {', '.join(valid_precisions)})"
+        )
+    precision = "no" if raw_precision is None else str(raw_precision).lower()
     if precision not in valid_precisions:
         raise ConfigError(
             f"mixed_precision {config.get('mixed_precision')!r} is not one of "

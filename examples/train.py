@@ -1,0 +1,386 @@
+"""Fine-tune a causal language model with transformers + accelerate: the example an AccelerateJob
+runs, and the script the trainer image ships.
+
+By default it trains a tiny Llama built from a config (no download) on a synthetic, learnable
+dataset, so it runs anywhere, CPU included: `accelerate launch examples/train.py`. GPU users pass
+`--model-name-or-path` and `--dataset` to fine-tune a real model on a real dataset.
+
+Checkpoints go to `$ACCELERATE_CHECKPOINT_DIR/checkpoints/checkpoint_<n>` every `--checkpoint-every`
+optimizer steps, marked COMPLETE once every rank has written them. The trainer sets
+`ACCELERATE_RESUME_FROM` to the newest complete one after a restart; the run then continues
+mid-epoch and still stops after exactly `--max-steps` optimizer steps.
+
+The lines below are a contract: the tests (and people reading pod logs) parse them.
+  RANK_INFO rank=<global> local_rank=<local> world_size=<w> node_rank=<n>    every rank, at start
+  RESUMED from=<path> step=<n>                                             rank 0, on resume
+  STEP step=<n> loss=<float> epoch=<e>            rank 0, step 1, every --log-every, and the last
+  FINAL rank=<r> param_checksum=<float, 8 decimals> steps=<n>              every rank, at the end
+  TRAINING_DONE steps=<n> first_loss=<f> last_loss=<f>                     rank 0, at the end
+`loss` is the mean over the step's accumulated micro-batches and over all ranks; `first_loss` is
+the first loss this process logged (after a resume, the first step after the checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedType,
+    ProjectConfiguration,
+    broadcast_object_list,
+    set_seed,
+)
+from accelerate_trainer.checkpoints import resume_from_checkpoint, save_checkpoint
+from torch.utils.data import DataLoader
+from transformers import get_scheduler
+
+try:  # reports progress to the operator; absent in older trainer images
+    from accelerate_trainer import progress as progress_reporter
+except ImportError:
+    progress_reporter = None
+
+FAIL_ONCE_MARKER_ENV = "ACCELERATE_FAIL_ONCE_MARKER"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    data = parser.add_argument_group("model and data")
+    data.add_argument("--model-name-or-path", default=None,
+                      help="a Hugging Face model id or local path; default: a tiny Llama built "
+                           "from a config")
+    data.add_argument("--dataset", default=None,
+                      help="a dataset for datasets.load_dataset (needs --model-name-or-path for "
+                           "its tokenizer); default: synthetic token sequences")
+    data.add_argument("--dataset-config", default=None)
+    data.add_argument("--dataset-split", default="train")
+    data.add_argument("--text-column", default="text")
+    data.add_argument("--seq-len", type=int, default=32, help="tokens per training sequence")
+    data.add_argument("--num-samples", type=int, default=512,
+                      help="size of the synthetic dataset (ignored with --dataset)")
+
+    train = parser.add_argument_group("training")
+    train.add_argument("--max-steps", type=int, default=40, help="optimizer steps to train")
+    train.add_argument("--batch-size", type=int, default=8, help="per process, per micro-batch")
+    train.add_argument("--gradient-accumulation-steps", type=int, default=2)
+    train.add_argument("--learning-rate", type=float, default=1e-2)
+    train.add_argument("--weight-decay", type=float, default=0.0)
+    train.add_argument("--warmup-steps", type=int, default=2)
+    train.add_argument("--max-grad-norm", type=float, default=1.0)
+    train.add_argument("--seed", type=int, default=42)
+    train.add_argument("--log-every", type=int, default=5, help="print a STEP line every N steps")
+    train.add_argument("--report-to", default=None,
+                       help="an accelerate tracker (tensorboard, wandb, ...) for accelerator.log; "
+                            "default: none")
+
+    ckpt = parser.add_argument_group("checkpoints")
+    ckpt.add_argument("--checkpoint-dir", default=os.environ.get("ACCELERATE_CHECKPOINT_DIR"),
+                      help="project dir for checkpoints (default: $ACCELERATE_CHECKPOINT_DIR)")
+    ckpt.add_argument("--checkpoint-every", type=int, default=0,
+                      help="save a checkpoint every N optimizer steps (0: never)")
+    ckpt.add_argument("--checkpoints-to-keep", type=int, default=3)
+    ckpt.add_argument("--resume-from", default=os.environ.get("ACCELERATE_RESUME_FROM") or None,
+                      help="checkpoint folder to resume from (default: $ACCELERATE_RESUME_FROM)")
+
+    debug = parser.add_argument_group("debugging (restart and timing tests)")
+    debug.add_argument("--fail-at-step", type=int, default=None,
+                       help="exit(1) once optimizer step K is done, before it is logged or "
+                            "checkpointed; only while the $ACCELERATE_FAIL_ONCE_MARKER file does "
+                            "not exist (it is created first). Without that variable: every time")
+    debug.add_argument("--fail-rank", type=int, default=0, help="the global rank that fails")
+    debug.add_argument("--sleep-per-step", type=float, default=0.0,
+                       help="seconds to sleep after each optimizer step")
+
+    args = parser.parse_args(argv)
+    if args.dataset and not args.model_name_or_path:
+        parser.error("--dataset needs --model-name-or-path (its tokenizer encodes the text)")
+    if args.checkpoint_every and not args.checkpoint_dir:
+        parser.error("--checkpoint-every needs --checkpoint-dir or $ACCELERATE_CHECKPOINT_DIR")
+    for name in ("max_steps", "batch_size", "gradient_accumulation_steps", "log_every", "seq_len"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+class TrainingState:
+    """Where the loop is; saved in every checkpoint through `register_for_checkpointing`."""
+
+    def __init__(self) -> None:
+        self.step = 0  # optimizer steps done
+        self.epoch = 0
+        self.batch_in_epoch = 0  # micro-batches of `epoch` already consumed by this process
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.batch_in_epoch = int(state["batch_in_epoch"])
+
+
+def build_model(args: argparse.Namespace):
+    if args.model_name_or_path:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max(64, args.seq_len),
+        )
+    )
+
+
+def build_synthetic_dataset(num_samples: int, seq_len: int, vocab_size: int, seed: int):
+    """Arithmetic progressions modulo the vocabulary, each with its own stride (1, 2 or 3): the
+    next token follows from the previous two, so the loss falls fast from log(vocab_size)."""
+    from datasets import Dataset
+
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, vocab_size, (num_samples, 1), generator=generator)
+    strides = torch.randint(1, 4, (num_samples, 1), generator=generator)
+    positions = torch.arange(seq_len).unsqueeze(0)
+    input_ids = (starts + strides * positions) % vocab_size
+    return Dataset.from_dict({"input_ids": input_ids.tolist()})
+
+
+def build_text_dataset(args: argparse.Namespace, accelerator: Accelerator):
+    """Tokenize a real dataset and pack it into blocks of --seq-len tokens (no padding)."""
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    raw = load_dataset(args.dataset, args.dataset_config, split=args.dataset_split)
+
+    def tokenize(batch):
+        return tokenizer(batch[args.text_column])
+
+    def pack(batch):
+        ids = [token for row in batch["input_ids"] for token in row]
+        usable = len(ids) // args.seq_len * args.seq_len
+        return {"input_ids": [ids[i:i + args.seq_len] for i in range(0, usable, args.seq_len)]}
+
+    # The main process tokenizes first and fills the cache; the others then read it.
+    with accelerator.main_process_first():
+        tokenized = raw.map(tokenize, batched=True, remove_columns=raw.column_names)
+        packed = tokenized.map(pack, batched=True, remove_columns=tokenized.column_names)
+    return packed
+
+
+def collate(rows):
+    input_ids = torch.tensor([row["input_ids"] for row in rows], dtype=torch.long)
+    return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+def param_checksum(accelerator: Accelerator, model) -> float:
+    """The sum of every parameter, the same on all ranks when they hold the same model. Sharded
+    models (FSDP, DeepSpeed) are gathered first and rank 0's sum is shared with the others."""
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        state = accelerator.get_state_dict(model)  # a collective: every rank calls it
+        total = [sum(t.double().sum().item() for t in (state or {}).values()
+                     if torch.is_floating_point(t))]
+        broadcast_object_list(total, from_process=0)
+        return total[0]
+    return sum(p.detach().double().sum().item() for p in model.parameters())
+
+
+def emit(line: str) -> None:
+    """Write one whole log line in a single write: the processes of a machine share one stdout,
+    and `print` (two writes when PYTHONUNBUFFERED is set) could interleave their lines."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def print_main(accelerator: Accelerator, line: str) -> None:
+    """Print on global rank 0 only. `accelerator.print` prints on the local main process of every
+    machine, so a 2-node job would log each STEP line twice."""
+    if accelerator.is_main_process:
+        emit(line)
+
+
+def maybe_fail(args: argparse.Namespace, accelerator: Accelerator, step: int) -> None:
+    """Crash on purpose (no cleanup, like a killed process) to test restarts."""
+    if args.fail_at_step != step or accelerator.process_index != args.fail_rank:
+        return
+    marker = os.environ.get(FAIL_ONCE_MARKER_ENV)
+    if marker:
+        if Path(marker).exists():
+            return
+        Path(marker).parent.mkdir(parents=True, exist_ok=True)
+        Path(marker).write_text(f"rank {accelerator.process_index} failed at step {step}\n")
+    emit(f"FAILING on purpose rank={accelerator.process_index} step={step}")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        project_config=ProjectConfiguration(
+            project_dir=args.checkpoint_dir,
+            automatic_checkpoint_naming=True,
+            total_limit=args.checkpoints_to_keep,
+        ),
+        # The data order depends only on the seed and the epoch, so a resumed run sees the same
+        # batches as an uninterrupted one.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        log_with=args.report_to,
+    )
+    # Every rank says where it is: a world size of 1 here means the job silently did not
+    # distribute (see the trainer's checks).
+    emit(
+        f"RANK_INFO rank={accelerator.process_index} local_rank={accelerator.local_process_index} "
+        f"world_size={accelerator.num_processes} node_rank={os.environ.get('NODE_RANK', '0')}"
+    )
+    if accelerator.gradient_accumulation_steps != args.gradient_accumulation_steps:
+        # accelerate lets $ACCELERATE_GRADIENT_ACCUMULATION_STEPS (set from a DeepSpeed config's
+        # gradient_accumulation_steps) win over the value passed to Accelerator().
+        print_main(
+            accelerator,
+            f"NOTE gradient_accumulation_steps={accelerator.gradient_accumulation_steps} from the "
+            f"accelerate config overrides --gradient-accumulation-steps "
+            f"{args.gradient_accumulation_steps}",
+        )
+    set_seed(args.seed)
+
+    model = build_model(args)
+    if args.dataset:
+        dataset = build_text_dataset(args, accelerator)
+    else:
+        dataset = build_synthetic_dataset(
+            args.num_samples, args.seq_len, model.config.vocab_size, args.seed
+        )
+    dataloader = DataLoader(
+        dataset, batch_size=args.batch_size, shuffle=True, collate_fn=collate, drop_last=True
+    )
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay
+    )
+    # accelerate steps a prepared scheduler once per process for every optimizer step (unless
+    # split_batches), so its horizon is counted in process-steps.
+    scheduler = get_scheduler(
+        "linear",
+        optimizer,
+        num_warmup_steps=args.warmup_steps * accelerator.num_processes,
+        num_training_steps=args.max_steps * accelerator.num_processes,
+    )
+    model, optimizer, dataloader, scheduler = accelerator.prepare(
+        model, optimizer, dataloader, scheduler
+    )
+    if len(dataloader) == 0:
+        raise SystemExit(
+            f"the dataset has {len(dataset)} samples: too few for batch size {args.batch_size} on "
+            f"{accelerator.num_processes} processes"
+        )
+    state = TrainingState()
+    accelerator.register_for_checkpointing(state)
+    if args.report_to:
+        accelerator.init_trackers("accelerate-job", config=vars(args))
+
+    # Also moves the checkpoint counter past any folder already there (a half-written one
+    # included), so the next save cannot collide with it.
+    if resume_from_checkpoint(accelerator, args.resume_from):
+        print_main(accelerator, f"RESUMED from={args.resume_from} step={state.step}")
+
+    global_batch = (
+        args.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes
+    )
+    first_loss = last_loss = None
+    started, steps_this_run = time.perf_counter(), 0
+    accumulated_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
+    model.train()
+    while state.step < args.max_steps:
+        dataloader.set_epoch(state.epoch)
+        batches = (
+            accelerator.skip_first_batches(dataloader, state.batch_in_epoch)
+            if state.batch_in_epoch
+            else dataloader
+        )
+        for batch in batches:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and args.max_grad_norm:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            state.batch_in_epoch += 1
+            accumulated_loss += loss.detach().float()
+            micro_batches += 1
+            if not accelerator.sync_gradients:
+                continue
+
+            state.step += 1
+            steps_this_run += 1
+            maybe_fail(args, accelerator, state.step)
+            if state.step == 1 or state.step % args.log_every == 0 or state.step == args.max_steps:
+                # A collective: every rank reaches it at the same steps.
+                step_loss = accelerator.reduce(accumulated_loss / micro_batches, "mean").item()
+                first_loss = step_loss if first_loss is None else first_loss
+                last_loss = step_loss
+                print_main(
+                    accelerator,
+                    f"STEP step={state.step} loss={step_loss:.6f} epoch={state.epoch}",
+                )
+                accelerator.log(
+                    {"loss": step_loss, "lr": scheduler.get_last_lr()[0], "epoch": state.epoch},
+                    step=state.step,
+                )
+                if progress_reporter is not None and accelerator.is_main_process:
+                    elapsed = max(time.perf_counter() - started, 1e-9)
+                    progress_reporter.report(
+                        step=state.step,
+                        total_steps=args.max_steps,
+                        epoch=state.epoch,
+                        loss=step_loss,
+                        samples_per_second=steps_this_run * global_batch / elapsed,
+                    )
+            accumulated_loss.zero_()
+            micro_batches = 0
+            if args.checkpoint_every and state.step % args.checkpoint_every == 0:
+                save_checkpoint(accelerator)
+            if args.sleep_per_step:
+                time.sleep(args.sleep_per_step)
+            if state.step >= args.max_steps:
+                break
+        else:  # the epoch ran out before max_steps
+            state.epoch += 1
+            state.batch_in_epoch = 0
+
+    checksum = param_checksum(accelerator, model)
+    emit(f"FINAL rank={accelerator.process_index} param_checksum={checksum:.8f} steps={state.step}")
+    print_main(
+        accelerator,
+        f"TRAINING_DONE steps={state.step} first_loss={_fmt(first_loss)} "
+        f"last_loss={_fmt(last_loss)}",
+    )
+    # Without these, gloo can abort at interpreter exit ("terminate called without an active
+    # exception") and turn a finished run into exit code 1.
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return 0
+
+
+def _fmt(loss: float | None) -> str:
+    return "nan" if loss is None or math.isnan(loss) else f"{loss:.6f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Kill one rank in the middle of real training: the whole group restarts, resumes from the last
+complete checkpoint, and finishes exactly the planned steps, losing at most one checkpoint
+interval."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from tests.helpers.cluster import ROOT, kubectl
+from tests.helpers.jobs import apply_job, phase_is, wait_for_job
+
+MAX_STEPS, CHECKPOINT_EVERY, FAIL_AT = 30, 10, 25
+
+
+def resumable_job(checkpoint_host_dir: str) -> dict:
+    body = yaml.safe_load((ROOT / "examples" / "cpu-ddp.yaml").read_text())
+    body = copy.deepcopy(body)
+    body["metadata"] = {"name": "resume"}
+    spec = body["spec"]
+    spec["runPolicy"] = {"backoffLimit": 2, "cleanPodPolicy": "None"}
+    spec["checkpoint"] = {"volumeName": "checkpoints", "mountPath": "/checkpoints"}
+    pod = spec["template"]["spec"]
+    pod["volumes"] = [{"name": "checkpoints",
+                       "hostPath": {"path": checkpoint_host_dir, "type": "DirectoryOrCreate"}}]
+    trainer = pod["containers"][0]
+    trainer["args"] = [
+        "/opt/accelerate/examples/train.py", f"--max-steps={MAX_STEPS}", "--log-every=1",
+        f"--checkpoint-every={CHECKPOINT_EVERY}", f"--fail-at-step={FAIL_AT}", "--fail-rank=3",
+    ]
+    trainer["env"].append({"name": "ACCELERATE_FAIL_ONCE_MARKER",
+                           "value": "/checkpoints/failed-once"})
+    return body
+
+
+def recovery_seconds(kubeconfig: str, namespace: str) -> float:
+    """From the operator seeing the failure to the new group running, by the job's events."""
+    out = kubectl("-n", namespace, "get", "events", "--field-selector",
+                  "involvedObject.name=resume", "-o", "json", kubeconfig=kubeconfig)
+    events = sorted(json.loads(out.stdout)["items"], key=lambda e: e["lastTimestamp"])
+    stamp = lambda e: datetime.strptime(e["lastTimestamp"], "%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    failed = next(e for e in events if e["reason"] == "PodFailed")
+    running = next(e for e in events if e["reason"] == "AllNodesRunning"
+                   and stamp(e) >= stamp(failed) and e is not failed)
+    return (stamp(running) - stamp(failed)).total_seconds()
+
+
+def test_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint(
+        kubeconfig, namespace):
+    host_dir = Path("/tmp") / f"accelerate-operator-ckpt-{uuid.uuid4().hex[:8]}"
+    apply_job(kubeconfig, namespace, resumable_job(str(host_dir)))
+    done = wait_for_job(kubeconfig, namespace, "resume", phase_is("Succeeded", "Failed"),
+                        timeout=900, description="the resumed job to finish")
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 1
+    assert "resume-1 failed with exit code 1" in status["lastFailure"]
+
+    log = kubectl("-n", namespace, "logs", "resume-0", kubeconfig=kubeconfig).stdout
+    resumed = re.search(r"RESUMED from=(\S+) step=(\d+)", log)
+    assert resumed, log[-3000:]
+    resumed_step = int(resumed.group(2))
+    assert resumed.group(1).startswith("/checkpoints/checkpoints/checkpoint_")
+    steps_lost = FAIL_AT - resumed_step
+    assert 0 <= steps_lost <= CHECKPOINT_EVERY, (FAIL_AT, resumed_step)
+    assert re.search(rf"TRAINING_DONE steps={MAX_STEPS} ", log), log[-2000:]
+    # Every step after the resume point was trained exactly once in the second attempt.
+    steps = [int(s) for s in re.findall(r"STEP step=(\d+)", log)]
+    assert steps == list(range(resumed_step + 1, MAX_STEPS + 1))
+    checkpoints = sorted(p.name for p in (host_dir / "checkpoints").iterdir())
+    assert all((host_dir / "checkpoints" / c / "COMPLETE").exists() for c in checkpoints)
+    recovery = recovery_seconds(kubeconfig, namespace)
+    print(f"\nkill-a-rank: planned {MAX_STEPS} steps, failed at step {FAIL_AT}, resumed from "
+          f"step {resumed_step} (lost {steps_lost} steps), group running again "
+          f"{recovery:.0f}s after the failure was seen")

@@ -1,0 +1,84 @@
+"""Failures of the operator and of the control plane: the operator killed while it creates a
+job's pods, and the API server restarted under a running job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cluster import ROOT, kubectl, wait_for
+from tests.helpers.jobs import apply_job, command_job, phase_is, wait_for_job
+
+OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")
+EXTERNAL = os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1"
+
+
+def job_pods(kubeconfig: str, namespace: str, job: str) -> list[dict]:
+    out = kubectl("-n", namespace, "get", "pods", "-l", f"accelerate-operator.io/job-name={job}",
+                  "-o", "json", kubeconfig=kubeconfig)
+    return json.loads(out.stdout)["items"]
+
+
+def operator_pods(kubeconfig: str) -> list[str]:
+    out = kubectl("-n", OPERATOR_NAMESPACE, "get", "pods", "-l",
+                  "app.kubernetes.io/name=accelerate-operator", "-o",
+                  "jsonpath={range .items[*]}{.metadata.name}{' '}{.status.phase}{'\\n'}{end}",
+                  kubeconfig=kubeconfig)
+    return [line.split()[0] for line in out.stdout.splitlines()
+            if line.split()[1:] == ["Running"]]
+
+
+def test_operator_killed_while_creating_pods_creates_nothing_twice(kubeconfig, namespace):
+    nodes = 12
+    [old] = wait_for(lambda: operator_pods(kubeconfig), timeout=60, description="the operator")
+    apply_job(kubeconfig, namespace,
+              command_job("restart", "import time; time.sleep(600)", nodes=nodes).build())
+    # Kill it as soon as the first pods appear: some are created, some are not yet.
+    wait_for(lambda: job_pods(kubeconfig, namespace, "restart"), timeout=60, interval=0.05,
+             description="the first pod")
+    kubectl("-n", OPERATOR_NAMESPACE, "delete", "pod", old, "--grace-period=0", "--force",
+            kubeconfig=kubeconfig)
+    wait_for(lambda: (pods := operator_pods(kubeconfig)) and old not in pods, timeout=120,
+             description="the Deployment to start a new operator")
+    running = wait_for_job(kubeconfig, namespace, "restart", phase_is("Running"), timeout=180)
+    pods = job_pods(kubeconfig, namespace, "restart")
+    assert sorted(p["metadata"]["name"] for p in pods) == sorted(
+        f"restart-{i}" for i in range(nodes))
+    assert {p["metadata"]["labels"]["accelerate-operator.io/attempt"] for p in pods} == {"0"}
+    assert running["status"].get("restarts", 0) == 0
+    assert running["status"]["readyNodes"] == f"{nodes}/{nodes}"
+
+
+def apiserver_pid() -> int:
+    cache = Path(os.environ.get("ACCELERATE_OPERATOR_CACHE",
+                                Path.home() / ".cache" / "accelerate-operator"))
+    return int((cache / "cluster" / "run" / "kube-apiserver.pid").read_text())
+
+
+@pytest.mark.skipif(EXTERNAL, reason="restarts the local control plane; an external cluster's "
+                                     "API server is not ours to restart")
+def test_api_server_restart_during_a_running_job(kubeconfig, namespace):
+    script = "import time; time.sleep(25)"
+    apply_job(kubeconfig, namespace, command_job("survive", script).build())
+    wait_for_job(kubeconfig, namespace, "survive", phase_is("Running"), timeout=90)
+
+    pid = apiserver_pid()
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=60,
+             description="the API server to stop")
+    time.sleep(3)  # the job's pods finish meanwhile or soon after; nobody can report it yet
+    subprocess.run([str(ROOT / "hack" / "local-cluster.sh"), "up"], check=True,
+                   capture_output=True, timeout=300)
+
+    done = wait_for_job(kubeconfig, namespace, "survive", phase_is("Succeeded"), timeout=180,
+                        description="the job to succeed after the API server came back")
+    assert done["status"].get("restarts", 0) == 0
+    # A job submitted after the restart is served too: the operator's watches recovered.
+    apply_job(kubeconfig, namespace, command_job("after", "print('ok')").build())
+    wait_for_job(kubeconfig, namespace, "after", phase_is("Succeeded"), timeout=120)
