@@ -40,9 +40,7 @@ test-e2e: ## End-to-end: real training through the operator
 
 .PHONY: cluster-up
 cluster-up: ## Start (idempotent) the local cluster with the operator; prints the kubeconfig path last
-	@kubeconfig=$$(hack/local-cluster.sh up | tail -n1); \
-	  KUBECONFIG=$$kubeconfig hack/deploy-operator.sh >&2; \
-	  echo "$$kubeconfig"
+	@hack/cluster-up.sh
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local cluster (keeps the built binaries)

@@ -31,6 +31,21 @@ if kubectl get crd "$CRD" >/dev/null 2>&1; then
   fi
 fi
 
+# One deploy at a time on this machine (parallel test sessions share the local cluster).
+lock_dir="${ACCELERATE_OPERATOR_CACHE:-$HOME/.cache/accelerate-operator}"
+mkdir -p "$lock_dir"
+exec 9>"$lock_dir/deploy-operator.lock"
+flock 9
+
+# A release left pending by an interrupted helm (the API server restarted under it) blocks every
+# later upgrade with "another operation is in progress": roll it back, or remove a failed install.
+status=$("$HELM" status "$RELEASE" -n "$NAMESPACE" -o json 2>/dev/null \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["info"]["status"])' 2>/dev/null || true)
+case "$status" in
+  pending-install) "$HELM" uninstall "$RELEASE" -n "$NAMESPACE" --wait >&2 ;;
+  pending-*) "$HELM" rollback "$RELEASE" -n "$NAMESPACE" --wait >&2 ;;
+esac
+
 echo ">> helm upgrade --install $RELEASE (namespace $NAMESPACE, code $code_hash)" >&2
 "$HELM" upgrade --install "$RELEASE" charts/accelerate-operator \
   --namespace "$NAMESPACE" --create-namespace \

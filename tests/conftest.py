@@ -22,13 +22,15 @@ EXTERNAL = os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1"
 @pytest.fixture(scope="session")
 def kubeconfig() -> str:
     """A running cluster with the operator installed through the Helm chart."""
-    path = ensure_cluster()
-    os.environ["KUBECONFIG"] = path
-    if not EXTERNAL:
-        proc = subprocess.run([str(ROOT / "hack" / "deploy-operator.sh")], capture_output=True,
-                              text=True, env={**os.environ, "KUBECONFIG": path})
+    if EXTERNAL:
+        path = ensure_cluster()
+    else:
+        proc = subprocess.run([str(ROOT / "hack" / "cluster-up.sh")], capture_output=True,
+                              text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"hack/deploy-operator.sh failed:\n{proc.stderr[-4000:]}")
+            raise RuntimeError(f"hack/cluster-up.sh failed:\n{proc.stderr[-4000:]}")
+        path = proc.stdout.strip().splitlines()[-1]
+    os.environ["KUBECONFIG"] = path
     return path
 
 

@@ -55,6 +55,15 @@ def test_operator_killed_while_creating_pods_creates_nothing_twice(kubeconfig, n
     assert running["status"]["readyNodes"] == f"{nodes}/{nodes}"
 
 
+def alive(pid: int) -> bool:
+    """Running, not a zombie: a daemon whose parent exited is reaped late, or never, by the
+    container's init, so /proc/<pid> can outlive the process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def apiserver_pid() -> int:
     cache = Path(os.environ.get("ACCELERATE_OPERATOR_CACHE",
                                 Path.home() / ".cache" / "accelerate-operator"))
@@ -70,7 +79,7 @@ def test_api_server_restart_during_a_running_job(kubeconfig, namespace):
 
     pid = apiserver_pid()
     os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=60,
+    wait_for(lambda: not alive(pid), timeout=60,
              description="the API server to stop")
     time.sleep(3)  # the job's pods finish meanwhile or soon after; nobody can report it yet
     subprocess.run([str(ROOT / "hack" / "local-cluster.sh"), "up"], check=True,
