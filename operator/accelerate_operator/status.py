@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -228,6 +228,7 @@ def plan_reconcile(
     now: datetime,
     *,
     config_error: str | None = None,
+    config_error_reason: str = "InvalidConfig",
 ) -> Plan:
     """The whole decision for one pass; `config_error` is set when the accelerate config (or
     anything else only the operator can check) means the job cannot run."""
@@ -259,7 +260,7 @@ def plan_reconcile(
         return done(delete=_cleanup(job, pods), delete_job=delete_job, requeue_after=requeue)
 
     if config_error:
-        return fail("InvalidConfig", config_error)
+        return fail(config_error_reason, config_error)
 
     if policy.suspend:
         out.counts(pods)

@@ -220,3 +220,11 @@ def test_pod_state_is_read_from_a_real_pod_manifest():
     state = read_pod_state(manifest)
     assert (state.index, state.attempt, state.phase, state.exit_code, state.message) == (
         1, 3, "Failed", 1, "Traceback: boom")
+
+
+def test_a_pod_the_server_refuses_fails_the_job_with_the_servers_reason():
+    reason = 'the API server refused Pod train-0: violates PodSecurity "restricted:latest"'
+    plan = step(job(), {}, [], config_error=reason, config_error_reason="PodRejected")
+    assert plan.status["phase"] == "Failed"
+    assert conditions(plan)["Failed"] == ("True", "PodRejected")
+    assert plan.events[0].message == reason
