@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="watch only this namespace (repeatable); default: every namespace")
     parser.add_argument("--liveness-port", type=int, default=None,
                         help="serve kopf's health check on http://0.0.0.0:PORT/healthz")
-    parser.add_argument("--log-level", default=os.environ.get("ACCELERATE_OPERATOR_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level",
+                        default=os.environ.get("ACCELERATE_OPERATOR_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     namespaces = args.namespace or [
         ns for ns in os.environ.get("ACCELERATE_OPERATOR_NAMESPACES", "").split(",") if ns

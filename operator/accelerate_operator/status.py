@@ -270,7 +270,8 @@ def plan_reconcile(
     if out.previous_phase == SUSPENDED:
         # A fresh group: pods of the suspended attempt may still be terminating.
         attempt += 1
-        out.condition(SUSPENDED, False, "Resumed", "spec.runPolicy.suspend is false: starting a fresh group")
+        out.condition(SUSPENDED, False, "Resumed",
+                      "spec.runPolicy.suspend is false: starting a fresh group")
         out.events.append(Event("Normal", "Resumed", f"starting a fresh group (attempt {attempt})"))
         out.status["phase"] = PENDING
         out.previous_phase = PENDING

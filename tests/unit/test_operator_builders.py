@@ -96,7 +96,8 @@ def test_user_env_volumes_and_security_settings_are_kept():
         .container(env=[{"name": "HF_HOME", "value": "/cache"}],
                    securityContext={"runAsUser": 0, "allowPrivilegeEscalation": True},
                    volumeMounts=[{"name": "data", "mountPath": "/data"}])
-        .pod_spec(volumes=[{"name": "data", "emptyDir": {}}], securityContext={"runAsNonRoot": False})
+        .pod_spec(volumes=[{"name": "data", "emptyDir": {}}],
+                  securityContext={"runAsNonRoot": False})
         .build()
     )
     pod = build_pod(job, 0, 0)
@@ -120,7 +121,8 @@ def test_builders_do_not_mutate_the_job():
 
 def test_checkpoint_volume_is_mounted_and_announced():
     job = parse_job(JobBuilder().checkpoint("ckpt", "/ckpt")
-                    .pod_spec(volumes=[{"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}}])
+                    .pod_spec(volumes=[{"name": "ckpt",
+                                        "persistentVolumeClaim": {"claimName": "c"}}])
                     .build())
     container = build_pod(job, 0, 0)["spec"]["containers"][0]
     assert {"name": "ckpt", "mountPath": "/ckpt"} in container["volumeMounts"]

@@ -69,7 +69,10 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
     volumes = spec.setdefault("volumes", [])
     volumes.append({
         "name": CONFIG_VOLUME,
-        "configMap": {"name": configmap_name(job.name), "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]},
+        "configMap": {
+            "name": configmap_name(job.name),
+            "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
+        },
     })
 
     containers = spec["containers"]
