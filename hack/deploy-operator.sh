@@ -48,7 +48,7 @@ esac
 
 echo ">> helm upgrade --install $RELEASE (namespace $NAMESPACE, code $code_hash)" >&2
 "$HELM" upgrade --install "$RELEASE" charts/accelerate-operator \
-  --namespace "$NAMESPACE" --create-namespace \
+  --namespace "$NAMESPACE" --create-namespace --force-conflicts \
   --set-string "podAnnotations.accelerate-operator\.io/code-hash=$code_hash" \
   ${ACCELERATE_OPERATOR_HELM_ARGS:-} \
   --wait --timeout 180s >&2

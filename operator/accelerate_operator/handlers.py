@@ -10,13 +10,22 @@ from typing import Any
 
 import kopf
 
-from .constants import FIELD_MANAGER, FINISHED_PHASES, GROUP, JOB_NAME_LABEL, PLURAL, VERSION
+from .constants import (
+    FIELD_MANAGER,
+    FINISHED_PHASES,
+    GROUP,
+    JOB_NAME_LABEL,
+    PLURAL,
+    RUNNING,
+    VERSION,
+)
 from .kube import Kube
 from .reconciler import Reconciler
 from .status import PodState, read_pod_state
 
 log = logging.getLogger("accelerate_operator")
 RECONCILER: Reconciler | None = None
+PROGRESS_INTERVAL = 5.0
 
 
 @kopf.on.startup()
@@ -82,6 +91,17 @@ def _needs_clock(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
 async def on_clock(body: kopf.Body, namespace: str, name: str, pod_index: kopf.Index,
                    **_: Any) -> None:
     await RECONCILER.reconcile(body, _pods_of(pod_index, namespace, name))
+
+
+def _is_training(status: kopf.Status, **_: Any) -> bool:
+    return status.get("phase") == RUNNING
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=PROGRESS_INTERVAL, when=_is_training,
+            id="job-progress")
+async def on_progress(body: kopf.Body, **_: Any) -> None:
+    """Rank 0's progress, read from its log: training pods have no write access to anything."""
+    await RECONCILER.refresh_progress(body)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, id="job-delete")

@@ -5,6 +5,7 @@ Calls are synchronous (the official client); handlers run them in threads."""
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import string
@@ -18,6 +19,21 @@ from .constants import FIELD_MANAGER, GROUP, PLURAL, VERSION
 from .status import Event, format_time
 
 log = logging.getLogger("accelerate_operator.kube")
+
+# A node agent that does not answer must not hold a reconcile (or the progress timer) for long.
+LOG_REQUEST_TIMEOUT = 10
+
+
+class Rejected(ValueError):
+    """The API server refused a child for good (admission, Pod Security, quota, validation):
+    retrying the same manifest cannot succeed."""
+
+
+def _server_message(error: ApiException) -> str:
+    try:
+        return json.loads(error.body).get("message") or error.reason
+    except (TypeError, ValueError):
+        return str(error.reason)
 
 
 class ConfigMapMissing(LookupError):
@@ -57,6 +73,11 @@ class Kube:
         except ApiException as error:
             if error.status == 409:
                 return False
+            if error.status in (400, 403, 422):
+                raise Rejected(
+                    f"the API server refused {manifest['kind']} {manifest['metadata']['name']}: "
+                    f"{_server_message(error)}"
+                ) from None
             raise
         return True
 
@@ -66,6 +87,20 @@ class Kube:
         except ApiException as error:
             if error.status != 404:
                 raise
+
+    def read_pod_log(self, namespace: str, name: str, tail_lines: int, previous: bool = False,
+                     container: str | None = None) -> str:
+        """The last `tail_lines` lines of a pod's log; "" when the pod (or its log) is gone or
+        has not started (400: the container is still waiting)."""
+        try:
+            return self.core.read_namespaced_pod_log(
+                name, namespace, container=container, tail_lines=tail_lines, previous=previous,
+                _request_timeout=LOG_REQUEST_TIMEOUT,
+            ) or ""
+        except ApiException as error:
+            if error.status in (400, 404):
+                return ""
+            raise
 
     def read_configmap_key(self, namespace: str, name: str, key: str) -> str:
         try:

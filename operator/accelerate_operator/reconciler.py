@@ -3,7 +3,10 @@
 Holds the operator's only in-memory state: a lock per job (a job event and a pod event must not
 plan at once), the last status written per job (the job index may lag behind our own writes, and
 a stale attempt number must not recreate a deleted group), and which jobs already have their
-ConfigMap and Service (so a pod event costs no API call)."""
+ConfigMap and Service (so a pod event costs no API call).
+
+status.progress is not the planner's: only `refresh_progress` (the progress timer) writes it, from
+rank 0's log, so a reconcile pass never writes it and never compares it."""
 
 from __future__ import annotations
 
@@ -16,8 +19,12 @@ from typing import Any
 from accelerate_trainer.config import ConfigError, parse_accelerate_yaml
 
 from .api import JobSpec, SpecError, parse_job
-from .kube import ConfigMapMissing, Kube
+from .constants import FINISHED_PHASES
+from .kube import ConfigMapMissing, Kube, Rejected
+from .naming import pod_name
+from .progress import build_progress_status, parse_progress, progress_changed
 from .resources.configmap import build_configmap, render_accelerate_config
+from .resources.logs import ARCHIVED_LINES, build_logs_configmap
 from .resources.pods import build_pod
 from .resources.service import build_service
 from .status import PodState, plan_reconcile
@@ -26,6 +33,8 @@ log = logging.getLogger("accelerate_operator")
 
 # Bounded parallelism when creating many pods (JobSet uses 50): fast, without flooding the server.
 CREATE_PARALLELISM = 16
+# Rank 0 prints a progress line at most every ~2 s; other output between two of them fits here.
+PROGRESS_TAIL_LINES = 200
 
 
 def utcnow() -> datetime:
@@ -80,11 +89,34 @@ class Reconciler:
         plan = plan_reconcile(job, status, pods, now, config_error=config_error)
 
         namespace = job.namespace
+        previous_attempt = int(status.get("attempt") or 0)
+        if plan.attempt > previous_attempt and plan.delete:
+            await self._archive_logs(job, previous_attempt, pods, plan.delete)
+        finishing = status.get("phase") not in FINISHED_PHASES
+        if finishing and plan.status.get("phase") in FINISHED_PHASES:
+            # The progress timer runs only while the job is Running: catch the last report.
+            try:
+                await self.refresh_progress(body)
+            except Exception as error:  # best effort, like the timer
+                log.warning("could not read the final progress of %s/%s: %s",
+                            namespace, job.name, error)
         await asyncio.gather(*(asyncio.to_thread(self.kube.delete_pod, namespace, name)
                                for name in plan.delete))
         if plan.create:
-            await asyncio.gather(*(self._create(build_pod(job, index, plan.attempt))
-                                   for index in plan.create))
+            results = await asyncio.gather(
+                *(self._create(build_pod(job, index, plan.attempt)) for index in plan.create),
+                return_exceptions=True,
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            rejected = [r for r in errors if isinstance(r, Rejected)]
+            if len(rejected) < len(errors):
+                raise next(r for r in errors if not isinstance(r, Rejected))
+            if rejected:
+                # Pod Security or a quota refusing the template: fail the job with the server's
+                # reason rather than retrying the same pod forever.
+                log.warning("%s/%s: %s", namespace, job.name, rejected[0])
+                plan = plan_reconcile(job, status, pods, now, config_error=str(rejected[0]),
+                                      config_error_reason="PodRejected")
         public = {k: v for k, v in plan.status.items() if k != "progress"}
         previous = {k: v for k, v in status.items() if k != "progress"}
         if public != previous:
@@ -95,6 +127,45 @@ class Reconciler:
         if plan.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished has passed", namespace, job.name)
             await asyncio.to_thread(self.kube.delete_job, namespace, job.name)
+
+    async def _archive_logs(self, job: JobSpec, attempt: int, pods: list[PodState],
+                            deleting: Iterable[str]) -> None:
+        """Keep the last lines of the pods about to be deleted for a restart, in the ConfigMap
+        `<job>-logs-attempt-<attempt>`. Best effort: a restart never waits on a failed archive."""
+        names = sorted({p.name for p in pods if p.attempt == attempt} & set(deleting))
+        if not names:
+            return
+        try:
+            container = _trainer_container(job.template)
+            texts = await asyncio.gather(*(
+                asyncio.to_thread(self.kube.read_pod_log, job.namespace, name, ARCHIVED_LINES,
+                                  container=container)
+                for name in names))
+            manifest = build_logs_configmap(job, attempt, dict(zip(names, texts, strict=True)))
+            await self._create(manifest)
+        except Exception as error:  # best effort: the restart goes on
+            log.warning("could not archive the logs of %s/%s attempt %d: %s",
+                        job.namespace, job.name, attempt, error)
+
+    async def refresh_progress(self, body: Mapping[str, Any]) -> None:
+        """Copy rank 0's latest progress report from the tail of pod `<job>-0`'s log into
+        status.progress, only when it changed (every write is an event for every watcher)."""
+        metadata = body["metadata"]
+        namespace, name = metadata["namespace"], metadata["name"]
+        text = await asyncio.to_thread(
+            self.kube.read_pod_log, namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
+            container=_trainer_container((body.get("spec") or {}).get("template") or {}),
+        )
+        report = parse_progress(text)
+        if report is None:
+            return
+        current = (body.get("status") or {}).get("progress") or {}
+        new = build_progress_status(report, utcnow())
+        if not progress_changed(current, new):
+            return
+        # A merge patch keeps keys it does not name: null out those the new report lacks.
+        patch = {**{key: None for key in current if key not in new}, **new}
+        await asyncio.to_thread(self.kube.patch_job_status, namespace, name, {"progress": patch})
 
     async def _create(self, manifest: Mapping[str, Any]) -> None:
         async with self._create_slots:
@@ -111,8 +182,20 @@ class Reconciler:
             )
         else:
             user_config = dict(job.accelerate_config or {})
-        rendered = render_accelerate_config(job, user_config)
+        try:
+            rendered = render_accelerate_config(job, user_config)
+        except ConfigError as error:
+            if job.config_from:  # say which file the user has to fix
+                ref = job.config_from
+                raise ConfigError(f"ConfigMap {ref.name!r} key {ref.key!r}: {error}") from None
+            raise
         await asyncio.gather(
             self._create(build_configmap(job, rendered)),
             self._create(build_service(job)),
         )
+
+
+def _trainer_container(template: Mapping[str, Any]) -> str | None:
+    """The first container trains (as the pod builder assumes); its name picks its log."""
+    containers = (template.get("spec") or {}).get("containers") or [{}]
+    return containers[0].get("name")

@@ -32,6 +32,17 @@ RESTRICTED_CONTAINER_SECURITY = {
 }
 
 
+def _container_security_defaults(container: dict[str, Any]) -> dict[str, Any]:
+    """Restricted-profile defaults, except where the template asks for more: the API server
+    refuses allowPrivilegeEscalation false beside privileged or CAP_SYS_ADMIN."""
+    security = container.get("securityContext") or {}
+    added = (security.get("capabilities") or {}).get("add") or []
+    if security.get("privileged") or {"SYS_ADMIN", "CAP_SYS_ADMIN"} & set(added):
+        return {key: value for key, value in RESTRICTED_CONTAINER_SECURITY.items()
+                if key != "allowPrivilegeEscalation"}
+    return RESTRICTED_CONTAINER_SECURITY
+
+
 def build_topology_env(job: JobSpec, index: int) -> list[dict[str, str]]:
     """The env that tells `accelerate-trainer` where this pod sits. No PET_* names: torchrun
     reads those as defaults and they would leak into the launch."""
@@ -78,7 +89,7 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
     containers = spec["containers"]
     for container in containers:
         container["securityContext"] = _with_defaults(
-            container.get("securityContext"), RESTRICTED_CONTAINER_SECURITY
+            container.get("securityContext"), _container_security_defaults(container)
         )
     trainer = containers[0]
     # The trainer writes config errors to /dev/termination-log; anything else (a traceback from a

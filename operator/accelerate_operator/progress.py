@@ -1,0 +1,97 @@
+"""Turn rank 0's `ACCELERATE_PROGRESS {json}` log lines into the job's status.progress.
+
+Pure: text and a clock in, dicts out; reading the log is kube.py's job. The trainer side
+(accelerate_trainer.progress) prints the lines; a training pod has no write access to anything,
+so the log is the only channel. A malformed line is skipped, never an error: the log is the
+user's program's output."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from .status import format_time
+
+PREFIX = "ACCELERATE_PROGRESS"
+_LINE = re.compile(rf"^{PREFIX} (\{{.*\}})\s*$", re.M)
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _count(value: Any) -> int | None:
+    number = _finite(value)
+    return int(number) if number is not None and number >= 0 and number == int(number) else None
+
+
+def parse_progress(log_text: str) -> dict[str, Any] | None:
+    """The last valid progress report in `log_text` (a dict with at least an integer `step`),
+    or None when there is none."""
+    for match in reversed(list(_LINE.finditer(log_text))):
+        try:
+            report = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if isinstance(report, dict) and _count(report.get("step")) is not None:
+            return report
+    return None
+
+
+def format_duration(seconds: int) -> str:
+    """`45s`, `1m20s`, `2h05m`, `3d4h`: as short as kubectl's AGE column."""
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s" if seconds else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h" if hours else f"{days}d"
+
+
+def format_summary(step: int, total_steps: int | None) -> str:
+    if not total_steps:
+        return f"step {step}"
+    percent = min(100, step * 100 // total_steps)
+    return f"{step}/{total_steps} ({percent}%)"
+
+
+def build_progress_status(report: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """status.progress as the CRD documents it, from one parsed report; fields the report lacks
+    (or holds as nonsense) are left out. `updateTime` is when the operator read it."""
+    step = _count(report.get("step")) or 0
+    total = _count(report.get("total_steps")) or None
+    eta_seconds = _count(report.get("eta_seconds"))
+    if total is not None and step >= total:
+        eta_seconds = 0
+    progress: dict[str, Any] = {"step": step}
+    if total is not None:
+        progress["totalSteps"] = total
+    for key, name in (("epoch", "epoch"), ("loss", "loss"),
+                      ("samples_per_second", "samplesPerSecond")):
+        value = _finite(report.get(key))
+        if value is not None:
+            progress[name] = value
+    if eta_seconds is not None:
+        progress["etaSeconds"] = eta_seconds
+        progress["eta"] = format_duration(eta_seconds)
+    progress["summary"] = format_summary(step, total)
+    progress["updateTime"] = format_time(now)
+    return progress
+
+
+def progress_changed(current: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether writing `new` over `current` tells the user anything (updateTime aside)."""
+    def strip(progress: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {k: v for k, v in (progress or {}).items() if k != "updateTime"}
+    return strip(current) != strip(new)

@@ -1,0 +1,205 @@
+"""Tests of the local test cluster itself (control plane + local node agent), not of the operator.
+
+They pin down what the operator's tests rely on: pod phases and exit codes, logs through the API
+server, termination messages, per-pod networks with `<host>.<subdomain>` names, volumes, real
+garbage collection and in-cluster API access under RBAC.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.helpers.cluster import (  # noqa: E402
+    create_namespace,
+    delete_namespace,
+    ensure_cluster,
+    kubectl,
+    kubectl_json,
+    wait_for,
+    wait_for_phase,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def kubeconfig() -> str:
+    return ensure_cluster()
+
+
+@pytest.fixture
+def namespace(kubeconfig: str):
+    name = create_namespace(kubeconfig, "infra")
+    yield name
+    delete_namespace(kubeconfig, name)
+
+
+def create(kubeconfig: str, *objects: dict) -> None:
+    kubectl("create", "-f", "-", kubeconfig=kubeconfig,
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+
+
+def python_pod(name: str, namespace: str, code: str, **spec: object) -> dict:
+    container = {"name": "main", "image": "python:3.11", "command": ["python3", "-c", code]}
+    container.update(spec.pop("container", {}))  # type: ignore[arg-type]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                     "containers": [container], **spec}}
+
+
+def logs(kubeconfig: str, namespace: str, pod: str) -> str:
+    return kubectl("-n", namespace, "logs", pod, kubeconfig=kubeconfig).stdout
+
+
+def test_pod_that_exits_zero_succeeds_and_its_logs_are_served(kubeconfig: str, namespace: str):
+    code = "import os; print('hello from', os.environ['POD_NAME'], os.environ['POD_NS'])"
+    create(kubeconfig, python_pod("printer", namespace, code, container={"env": [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]}))
+
+    assert wait_for_phase(kubeconfig, namespace, "printer", ("Succeeded", "Failed")) == "Succeeded"
+    assert f"hello from printer {namespace}" in logs(kubeconfig, namespace, "printer")
+    status = kubectl_json("-n", namespace, "get", "pod", "printer", kubeconfig=kubeconfig)["status"]
+    terminated = status["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
+    assert status["podIP"].startswith("10.244.")
+
+
+def test_pod_exit_code_and_termination_message_are_reported(kubeconfig: str, namespace: str):
+    code = ("import sys; open('/dev/termination-log', 'w').write('boom'); "
+            "print('failing on purpose'); sys.exit(3)")
+    create(kubeconfig, python_pod("failer", namespace, code))
+
+    assert wait_for_phase(kubeconfig, namespace, "failer", ("Succeeded", "Failed")) == "Failed"
+    pod = kubectl_json("-n", namespace, "get", "pod", "failer", kubeconfig=kubeconfig)
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"], terminated["message"]) == \
+        (3, "Error", "boom")
+    assert "failing on purpose" in logs(kubeconfig, namespace, "failer")
+
+
+SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 29500)); s.listen(1)
+conn, _ = s.accept(); conn.sendall(sys.argv[1].encode()); conn.close()
+print('served')
+"""
+
+CLIENT = """
+import socket, sys, time
+for attempt in range(120):
+    try:
+        c = socket.create_connection((sys.argv[1], 29500), timeout=2)
+        break
+    except OSError as e:
+        last = e; time.sleep(0.5)
+else:
+    sys.exit(f'cannot connect to {sys.argv[1]}:29500: {last}')
+print('got', c.recv(100).decode(), 'from', socket.gethostbyname(sys.argv[1]))
+"""
+
+
+def rendezvous_pair(namespace: str) -> list[dict]:
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "job", "namespace": namespace},
+               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                        "selector": {"group": "job"}, "ports": [{"port": 29500}]}}
+    server = python_pod("job-0", namespace, SERVER, hostname="job-0", subdomain="job",
+                        container={"args": [f"token-{namespace}"]})
+    client = python_pod("job-1", namespace, CLIENT, hostname="job-1", subdomain="job",
+                        container={"args": ["job-0.job"]})
+    for pod in (server, client):  # `python3 -c CODE ARG` gives sys.argv == ['-c', ARG]
+        pod["metadata"]["labels"]["group"] = "job"
+    return [service, server, client]
+
+
+def test_pods_reach_each_other_by_hostname_while_another_namespace_uses_the_same_port(
+        kubeconfig: str, namespace: str):
+    other = create_namespace(kubeconfig, "infra-other")
+    try:
+        for ns in (namespace, other):
+            create(kubeconfig, *rendezvous_pair(ns))
+        for ns in (namespace, other):
+            for pod in ("job-0", "job-1"):
+                assert wait_for_phase(kubeconfig, ns, pod, ("Succeeded", "Failed"),
+                                      timeout=90) == "Succeeded", logs(kubeconfig, ns, pod)
+            assert f"got token-{ns} from 10.244." in logs(kubeconfig, ns, "job-1")
+            assert "served" in logs(kubeconfig, ns, "job-0")
+    finally:
+        delete_namespace(kubeconfig, other)
+
+
+def test_configmap_volume_appears_at_its_mount_path(kubeconfig: str, namespace: str):
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "settings", "namespace": namespace},
+                 "data": {"greeting": "hi there", "other": "x"}}
+    code = "print(open('/etc/infra-test-config/greeting.txt').read())"
+    pod = python_pod("reader", namespace, code, volumes=[
+        {"name": "cfg", "configMap": {"name": "settings",
+                                      "items": [{"key": "greeting", "path": "greeting.txt"}]}}],
+        container={"volumeMounts": [{"name": "cfg", "mountPath": "/etc/infra-test-config"}]})
+    create(kubeconfig, configmap, pod)
+
+    assert wait_for_phase(kubeconfig, namespace, "reader", ("Succeeded", "Failed")) == \
+        "Succeeded", logs(kubeconfig, namespace, "reader")
+    assert "hi there" in logs(kubeconfig, namespace, "reader")
+    assert not Path("/etc/infra-test-config/greeting.txt").exists(), "the bind mount leaked"
+
+
+def test_pod_owned_by_a_deleted_configmap_is_garbage_collected(kubeconfig: str, namespace: str):
+    kubectl("-n", namespace, "create", "configmap", "owner", kubeconfig=kubeconfig)
+    owner = kubectl_json("-n", namespace, "get", "configmap", "owner", kubeconfig=kubeconfig)
+    pod = python_pod("owned", namespace, "import time; time.sleep(600)")
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap",
+                                           "name": "owner", "uid": owner["metadata"]["uid"]}]
+    create(kubeconfig, pod)
+    wait_for_phase(kubeconfig, namespace, "owned", ("Running",))
+
+    kubectl("-n", namespace, "delete", "configmap", "owner", kubeconfig=kubeconfig)
+
+    wait_for(lambda: kubectl("-n", namespace, "get", "pod", "owned", kubeconfig=kubeconfig,
+                             check=False).returncode != 0,
+             timeout=60, description="the garbage collector to delete the owned pod")
+
+
+IN_CLUSTER = """
+from kubernetes import client, config
+config.load_incluster_config()
+try:
+    pods = client.CoreV1Api().list_namespaced_pod(open(
+        '/var/run/secrets/kubernetes.io/serviceaccount/namespace').read())
+    print('LISTED', len(pods.items))
+except client.ApiException as e:
+    print('STATUS', e.status)
+"""
+
+
+def test_in_cluster_client_is_allowed_or_forbidden_by_rbac(kubeconfig: str, namespace: str):
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "pod-reader", "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "pod-reader", "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                           "name": "pod-reader"},
+               "subjects": [{"kind": "ServiceAccount", "name": "reader",
+                             "namespace": namespace}]}
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "reader", "namespace": namespace}}
+    create(kubeconfig, role, binding, account)
+    create(kubeconfig, python_pod("allowed", namespace, IN_CLUSTER, serviceAccountName="reader"),
+           python_pod("forbidden", namespace, IN_CLUSTER))
+
+    for pod in ("allowed", "forbidden"):
+        assert wait_for_phase(kubeconfig, namespace, pod, ("Succeeded", "Failed"), timeout=90) \
+            == "Succeeded", logs(kubeconfig, namespace, pod)
+    assert "LISTED 2" in logs(kubeconfig, namespace, "allowed")
+    assert "STATUS 403" in logs(kubeconfig, namespace, "forbidden")

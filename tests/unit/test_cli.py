@@ -1,0 +1,339 @@
+"""`accelerate-job`: argument parsing, `submit --dry-run` output (whole objects, no cluster), the
+status rendering, and errors that say what to do (exit 1, no traceback). The client is tested
+against fake API objects: no cluster either."""
+
+from __future__ import annotations
+
+import io
+import json
+from types import SimpleNamespace
+
+import kubernetes
+import pytest
+import yaml
+from accelerate_operator import cli
+from accelerate_operator.client import AccelerateJobClient, JobFailed, JobNotFound, WaitTimeout
+from kubernetes.client.rest import ApiException
+
+CPU_CONFIG = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_CPU
+use_cpu: true
+mixed_precision: "no"
+"""
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(CPU_CONFIG)
+    return str(path)
+
+
+# ---- parsing ------------------------------------------------------------------------------
+
+
+def test_everything_after_the_script_belongs_to_the_script(config_file):
+    args = cli.build_parser().parse_args([
+        "submit", "--config", config_file, "--image", "img", "--nodes", "2",
+        "--procs-per-node", "auto", "-n", "team", "train.py", "--config", "mine.json", "-n", "3",
+    ])
+    assert (args.script, args.script_args) == ("train.py", ["--config", "mine.json", "-n", "3"])
+    assert (args.nodes, args.procs_per_node, args.namespace) == (2, "auto", "team")
+
+
+@pytest.mark.parametrize("argv", [
+    ["submit", "--config", "c.yaml", "--image", "i", "--nodes", "0", "t.py"],
+    ["submit", "--config", "c.yaml", "--image", "i", "--procs-per-node", "many", "t.py"],
+    ["submit", "--config", "c.yaml", "--image", "i", "--env", "NOEQUALS", "t.py"],
+    ["submit", "--image", "i", "t.py"],
+    ["logs", "job", "--node", "1", "--all"],
+    ["status"],
+])
+def test_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(argv)
+    assert exited.value.code == 2
+
+
+def test_logs_and_wait_defaults():
+    args = cli.build_parser().parse_args(["logs", "j"])
+    assert (args.node, args.all, args.follow, args.attempt) == (0, False, False, None)
+    args = cli.build_parser().parse_args(["wait", "j"])
+    assert (args.condition, args.timeout) == ("Succeeded", 3600)
+
+
+def test_default_names_are_dns_labels_from_the_script():
+    assert cli.default_job_name("/opt/x/Train_LLM.py", "ab12c") == "train-llm-ab12c"
+    assert cli.default_job_name("2stage.py", "ab12c") == "job-2stage-ab12c"
+
+
+def test_run_as_a_kubectl_plugin_names_itself_so():
+    assert cli.program_name("/usr/local/bin/kubectl-accelerate") == "kubectl accelerate"
+    assert cli.program_name("accelerate-job") == "accelerate-job"
+
+
+# ---- submit --dry-run ---------------------------------------------------------------------
+
+
+def test_submit_dry_run_prints_the_configmap_and_the_job_whole(config_file):
+    code, out, err = run(
+        "submit", "--config", config_file, "--image", "trainer:cpu", "--nodes", "2",
+        "--procs-per-node", "4", "--name", "llm", "-n", "team", "--env", "OMP_NUM_THREADS=1",
+        "--backoff-limit", "1", "--dry-run", "-o", "yaml",
+        "/opt/accelerate/examples/train.py", "--max-steps", "30",
+    )
+    assert (code, err) == (0, "")
+    labels = {
+        "app.kubernetes.io/name": "accelerate-job",
+        "app.kubernetes.io/instance": "llm",
+        "app.kubernetes.io/managed-by": "accelerate-operator",
+        "accelerate-operator.io/job-name": "llm",
+    }
+    assert list(yaml.safe_load_all(out)) == [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "llm-accelerate-yaml", "namespace": "team", "labels": labels},
+            "data": {"accelerate.yaml": CPU_CONFIG},
+        },
+        {
+            "apiVersion": "accelerate-operator.io/v1alpha1",
+            "kind": "AccelerateJob",
+            "metadata": {"name": "llm", "namespace": "team"},
+            "spec": {
+                "numNodes": 2,
+                "numProcPerNode": 4,
+                "accelerateConfigFrom": {"configMapKeyRef": {"name": "llm-accelerate-yaml",
+                                                             "key": "accelerate.yaml"}},
+                "template": {"spec": {"containers": [{
+                    "name": "trainer",
+                    "image": "trainer:cpu",
+                    "command": ["accelerate-trainer"],
+                    "args": ["/opt/accelerate/examples/train.py", "--max-steps", "30"],
+                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                }]}},
+                "runPolicy": {"backoffLimit": 1},
+            },
+        },
+    ]
+    assert "accelerate.yaml: |\n" in out  # the config reads as the file it came from
+
+
+def test_submit_dry_run_json_with_gpus_and_a_double_dash(config_file):
+    code, out, _ = run("submit", "--config", config_file, "--image", "i", "--gpus", "8",
+                       "--procs-per-node", "auto", "--name", "g", "-n", "x", "--dry-run",
+                       "-o", "json", "t.py", "--", "--lr", "1")
+    assert code == 0
+    items = json.loads(out)["items"]
+    container = items[1]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert container["args"] == ["t.py", "--lr", "1"]
+    assert items[1]["spec"]["numProcPerNode"] == "auto"
+
+
+def test_a_config_that_contradicts_the_flags_is_refused_before_anything_is_sent(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CPU_CONFIG + "num_machines: 3\n")
+    code, out, err = run("submit", "--config", str(path), "--image", "i", "--nodes", "2",
+                         "--name", "j", "-n", "x", "--dry-run", "t.py")
+    assert (code, out) == (1, "")
+    assert err.startswith(f"error: {path}: ") and "num_machines" in err
+    assert "Traceback" not in err
+
+
+def test_a_missing_config_file_says_how_to_make_one():
+    code, _, err = run("submit", "--config", "/nope/a.yaml", "--image", "i", "--dry-run", "t.py")
+    assert code == 1
+    assert err == ("error: cannot read --config /nope/a.yaml (No such file or directory); write "
+                   "one with `accelerate config --config_file /nope/a.yaml`\n")
+
+
+# ---- status and errors through a fake client ----------------------------------------------
+
+
+def job(phase="Running", progress=None, **status):
+    return {
+        "apiVersion": "accelerate-operator.io/v1alpha1", "kind": "AccelerateJob",
+        "metadata": {"name": "llm", "namespace": "team", "uid": "u1",
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"numNodes": 2, "template": {"spec": {"containers": [{"name": "trainer"}]}}},
+        "status": {"phase": phase, "readyNodes": "2/2", "restarts": 1, "attempt": 1,
+                   "progress": progress, **status},
+    }
+
+
+PROGRESS = {"step": 12, "totalSteps": 40, "epoch": 0.0, "loss": 2.3456, "samplesPerSecond": 81.5,
+            "etaSeconds": 80, "eta": "1m20s", "summary": "12/40 (30%)"}
+
+
+def test_status_shows_phase_nodes_restarts_progress_and_the_last_failure():
+    failure = "pod llm-1 failed with exit code 1"
+    text = cli.render_status(job(progress=PROGRESS, lastFailure=failure))
+    assert text == "\n".join([
+        "Name:         llm (namespace team)",
+        "Phase:        Running",
+        "Nodes:        2/2 ready",
+        "Restarts:     1 (attempt 1)",
+        "Progress:     [#########.....................]  12/40 (30%)  epoch 0  loss 2.3456  "
+        "81.5 samples/s  ETA 1m20s",
+        "Last failure: pod llm-1 failed with exit code 1",
+    ])
+
+
+def test_status_before_any_report():
+    assert cli.progress_bar(None) == "no progress reported yet"
+
+
+class FakeClient:
+    namespace = "team"
+
+    def __init__(self, jobs=(), error=None):
+        self.jobs = {j["metadata"]["name"]: j for j in jobs}
+        self.error = error
+
+    def get(self, name):
+        if name not in self.jobs:
+            raise JobNotFound(f"no AccelerateJob {name} in namespace team; list them with "
+                              "`accelerate-job list`")
+        return self.jobs[name]
+
+    def list(self):
+        return list(self.jobs.values())
+
+    def wait(self, name, condition, timeout):
+        raise self.error
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def install(client):
+        monkeypatch.setattr(cli, "_client", lambda args: client)
+        return client
+    return install
+
+
+def test_a_missing_job_says_how_to_list_them(fake):
+    fake(FakeClient())
+    assert run("status", "nope") == (
+        1, "", "error: no AccelerateJob nope in namespace team; list them with "
+               "`accelerate-job list`\n")
+
+
+def test_status_and_list_print_json_for_scripts(fake):
+    fake(FakeClient([job(progress=PROGRESS)]))
+    code, out, _ = run("status", "llm", "-o", "json")
+    assert code == 0
+    assert json.loads(out) == {
+        "name": "llm", "namespace": "team", "phase": "Running", "readyNodes": "2/2",
+        "restarts": 1, "attempt": 1, "lastFailure": None, "progress": PROGRESS, "conditions": [],
+    }
+    code, out, _ = run("list", "-o", "json")
+    assert [item["name"] for item in json.loads(out)] == ["llm"]
+
+
+def test_status_watch_ends_with_the_job(fake):
+    fake(FakeClient([job(phase="Succeeded", progress=PROGRESS)]))
+    code, out, _ = run("status", "llm", "--watch")
+    assert code == 0 and "Phase:        Succeeded" in out
+
+
+def test_list_is_a_table_like_kubectl_get(fake):
+    fake(FakeClient([job(progress=PROGRESS)]))
+    code, out, _ = run("list")
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE"]
+    assert row.split()[:7] == ["llm", "Running", "2/2", "1", "12/40", "(30%)", "1m20s"]
+
+
+def test_wait_for_a_failed_job_exits_1_with_the_reason(fake):
+    fake(FakeClient(error=JobFailed("AccelerateJob llm failed (BackoffLimitExceeded): boom", {})))
+    assert run("wait", "llm") == (1, "", "error: AccelerateJob llm failed "
+                                        "(BackoffLimitExceeded): boom\n")
+
+
+# ---- the client against fake API objects --------------------------------------------------
+
+
+class FakeCustom:
+    def __init__(self, bodies):
+        self.bodies = list(bodies)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        if not self.bodies:
+            raise ApiException(status=404, reason="Not Found")
+        return self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]
+
+
+class FakeCore:
+    def __init__(self, logs=None, configmaps=None):
+        self.logs, self.configmaps = logs or {}, configmaps or {}
+
+    def read_namespaced_pod_log(self, name, namespace, container=None, tail_lines=None):
+        return self.logs[name]
+
+    def read_namespaced_config_map(self, name, namespace):
+        if name not in self.configmaps:
+            raise ApiException(status=404, reason="Not Found")
+        return SimpleNamespace(data=self.configmaps[name])
+
+    def list_namespaced_config_map(self, namespace, label_selector):
+        return SimpleNamespace(items=[
+            SimpleNamespace(metadata=SimpleNamespace(
+                name=name, labels={"accelerate-operator.io/attempt": name.rsplit("-", 1)[1]}))
+            for name in self.configmaps])
+
+
+def client(bodies=(), core=None) -> AccelerateJobClient:
+    c = AccelerateJobClient(namespace="team", api_client=kubernetes.client.ApiClient())
+    c.custom, c.core = FakeCustom(bodies), core or FakeCore()
+    return c
+
+
+def failed_condition(message):
+    return [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+             "message": message}]
+
+
+def test_wait_returns_the_job_once_the_condition_holds():
+    done = job(phase="Succeeded", conditions=[{"type": "Succeeded", "status": "True"}])
+    assert client([job(), job(), done]).wait("llm", poll_interval=0.01) == done
+
+
+def test_wait_raises_job_failed_with_the_condition_message():
+    failed = job(phase="Failed", conditions=failed_condition("pod llm-1 failed; no restarts left"))
+    with pytest.raises(JobFailed, match=r"failed \(BackoffLimitExceeded\): pod llm-1 failed; "
+                                        "no restarts left"):
+        client([failed]).wait("llm")
+
+
+def test_wait_times_out_saying_where_the_job_is():
+    with pytest.raises(WaitTimeout, match=r"still Running at 12/40 \(30%\) after 0.05s"):
+        client([job(progress=PROGRESS)]).wait("llm", timeout=0.05, poll_interval=0.01)
+
+
+def test_logs_of_all_nodes_are_prefixed():
+    core = FakeCore(logs={"llm-0": "a\nb\n", "llm-1": "c\n"})
+    assert client([job()], core).logs("llm", node="all") == "[node 0] a\n[node 0] b\n[node 1] c\n"
+
+
+def test_logs_of_an_attempt_come_from_the_archive():
+    core = FakeCore(configmaps={"llm-logs-attempt-0": {"llm-0.log": "x\n", "llm-1.log": "y\n"}})
+    assert client([job()], core).logs("llm", node=1, attempt=0) == "y\n"
+
+
+def test_logs_of_an_attempt_never_archived_list_the_archived_ones():
+    core = FakeCore(configmaps={"llm-logs-attempt-0": {}})
+    with pytest.raises(Exception, match=r"no archived logs for attempt 5 .* \(archived: 0\)"):
+        client([job()], core).logs("llm", attempt=5)
+
+
+def test_a_node_out_of_range_is_named():
+    with pytest.raises(Exception, match="has 2 node.s.: pick a node from 0 to 1"):
+        client([job()]).logs("llm", node=2)

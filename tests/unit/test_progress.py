@@ -1,0 +1,182 @@
+"""Progress: the trainer's `ACCELERATE_PROGRESS {json}` lines (throttled, rank 0 only, ETA from the
+recent step rate) and the operator's parsing of them into status.progress."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import datetime
+
+import pytest
+from accelerate_operator.progress import (
+    build_progress_status,
+    format_duration,
+    parse_progress,
+    progress_changed,
+)
+from accelerate_trainer.progress import ProgressReporter, ProgressTracker, is_reporting_rank
+
+NOW = datetime(2026, 1, 2, 3, 4, 5)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reporter(**kwargs):
+    stream, clock = io.StringIO(), Clock()
+    return ProgressReporter(stream=stream, clock=clock, enabled=True, **kwargs), stream, clock
+
+
+def lines(stream: io.StringIO) -> list[dict]:
+    out = []
+    for line in stream.getvalue().splitlines():
+        prefix, _, payload = line.partition(" ")
+        assert prefix == "ACCELERATE_PROGRESS"
+        out.append(json.loads(payload))
+    return out
+
+
+# ---- trainer side -------------------------------------------------------------------------
+
+
+def test_reporter_prints_first_step_then_at_most_every_two_seconds_and_always_the_last():
+    progress, stream, clock = reporter()
+    for step in range(1, 11):
+        progress.report(step=step, total_steps=10, epoch=0, loss=2.0, samples_per_second=8)
+        clock.now += 0.5
+    assert [line["step"] for line in lines(stream)] == [1, 5, 9, 10]
+
+
+def test_reporter_line_carries_every_field_and_an_eta_from_the_recent_rate():
+    progress, stream, clock = reporter()
+    progress.report(step=0, total_steps=40)
+    clock.now += 10.0
+    progress.report(step=10, total_steps=40, epoch=1, loss=1.23456789, samples_per_second=12.345)
+    assert lines(stream)[-1] == {
+        "step": 10, "total_steps": 40, "epoch": 1.0, "loss": 1.234568,
+        "samples_per_second": 12.35, "eta_seconds": 30,
+    }
+
+
+def test_eta_uses_the_last_minute_only_so_a_slow_start_does_not_skew_it():
+    progress, stream, clock = reporter()
+    progress.report(step=0, total_steps=1000)
+    clock.now += 300  # a slow first step (compilation, data download)
+    for step in range(1, 101):
+        progress.report(step=step, total_steps=1000)
+        clock.now += 1.0
+    assert lines(stream)[-1]["eta_seconds"] == pytest.approx(900, abs=20)
+
+
+def test_reporter_drops_non_finite_values_and_a_restart_resets_the_rate():
+    progress, stream, clock = reporter()
+    progress.report(step=50, total_steps=100, loss=float("nan"))
+    clock.now += 5
+    progress.report(step=3, total_steps=100, loss=float("inf"))  # a restarted run
+    assert lines(stream) == [{"step": 50, "total_steps": 100}, {"step": 3, "total_steps": 100}]
+
+
+@pytest.mark.parametrize("env, reports", [({}, True), ({"RANK": "0"}, True),
+                                          ({"RANK": "3"}, False)])
+def test_only_global_rank_zero_reports(env, reports):
+    assert is_reporting_rank(env) is reports
+
+
+def test_reporter_on_another_rank_prints_nothing():
+    stream = io.StringIO()
+    ProgressReporter(stream=stream, enabled=False).report(step=1, total_steps=2)
+    assert stream.getvalue() == ""
+
+
+def test_tracker_reports_what_accelerator_log_gives_it():
+    progress, stream, clock = reporter(min_interval=0)
+    tracker = ProgressTracker(total_steps=20, reporter=progress)
+    assert tracker.name == "accelerate-operator"
+    assert tracker.requires_logging_directory is False
+    tracker.log({"loss": 0.5, "epoch": 2, "lr": 1e-3}, step=20)
+    tracker.log({"loss": 0.4})  # no step: nothing to report
+    assert lines(stream) == [{"step": 20, "total_steps": 20, "epoch": 2.0, "loss": 0.5,
+                              "eta_seconds": 0}]
+
+
+def test_tracker_works_inside_a_real_accelerator(capsys, monkeypatch):
+    from accelerate import Accelerator
+
+    monkeypatch.delenv("RANK", raising=False)
+    accelerator = Accelerator(cpu=True, log_with=[ProgressTracker(total_steps=3)])
+    accelerator.init_trackers("unit-test")
+    accelerator.log({"loss": 1.5, "epoch": 0}, step=3)
+    accelerator.end_training()
+    report = parse_progress(capsys.readouterr().out)
+    assert report == {"step": 3, "total_steps": 3, "epoch": 0.0, "loss": 1.5, "eta_seconds": 0}
+
+
+# ---- operator side ------------------------------------------------------------------------
+
+
+def test_the_last_valid_line_wins_and_garbage_is_skipped():
+    log = "\n".join([
+        'ACCELERATE_PROGRESS {"step": 4, "total_steps": 40}',
+        "STEP step=5 loss=1.0 epoch=0",
+        'ACCELERATE_PROGRESS {"step": 8, "total_steps": 40, "loss": 2.5}',
+        'ACCELERATE_PROGRESS {"step": 9, "total_ste',  # cut by the tail
+        'ACCELERATE_PROGRESS {"step": -1}',
+        "[rank1]: ACCELERATE_PROGRESS {\"step\": 99}",  # not at the start of a line
+        'ACCELERATE_PROGRESS ["step", 10]',
+    ])
+    assert parse_progress(log) == {"step": 8, "total_steps": 40, "loss": 2.5}
+
+
+def test_no_progress_line_means_none():
+    assert parse_progress("") is None
+    assert parse_progress("RANK_INFO rank=0\nSTEP step=1 loss=2 epoch=0\n") is None
+
+
+def test_progress_status_matches_the_crd_fields():
+    report = {"step": 12, "total_steps": 40, "epoch": 0.0, "loss": 2.345678,
+              "samples_per_second": 81.5, "eta_seconds": 80}
+    assert build_progress_status(report, NOW) == {
+        "step": 12, "totalSteps": 40, "epoch": 0.0, "loss": 2.345678, "samplesPerSecond": 81.5,
+        "etaSeconds": 80, "eta": "1m20s", "summary": "12/40 (30%)",
+        "updateTime": "2026-01-02T03:04:05Z",
+    }
+
+
+def test_progress_status_without_a_total_or_eta_keeps_what_it_has():
+    assert build_progress_status({"step": 7, "loss": "bad"}, NOW) == {
+        "step": 7, "summary": "step 7", "updateTime": "2026-01-02T03:04:05Z",
+    }
+
+
+def test_the_last_step_has_zero_eta_and_a_full_summary():
+    progress = build_progress_status({"step": 40, "total_steps": 40, "eta_seconds": 3}, NOW)
+    assert (progress["eta"], progress["etaSeconds"], progress["summary"]) == ("0s", 0,
+                                                                             "40/40 (100%)")
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0s"), (45, "45s"), (60, "1m"), (80, "1m20s"), (3600, "1h"), (3725, "1h02m"),
+    (86400 + 7200, "1d2h"), (-5, "0s"),
+])
+def test_durations_are_as_short_as_kubectl_ages(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_only_a_changed_report_is_worth_a_status_write():
+    old = build_progress_status({"step": 3, "total_steps": 9}, NOW)
+    later = build_progress_status({"step": 3, "total_steps": 9}, datetime(2027, 1, 1))
+    assert not progress_changed(old, later)
+    assert progress_changed(old, build_progress_status({"step": 4, "total_steps": 9}, NOW))
+    assert progress_changed(None, old)
+
+
+def test_a_trainer_line_parses_back_on_the_operator_side():
+    progress, stream, clock = reporter()
+    progress.report(step=5, total_steps=10, epoch=1, loss=0.25, samples_per_second=3)
+    status = build_progress_status(parse_progress("noise\n" + stream.getvalue()), NOW)
+    assert status["summary"] == "5/10 (50%)" and status["loss"] == 0.25
