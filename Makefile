@@ -47,8 +47,9 @@ cluster-down: ## Stop the local cluster (keeps the built binaries)
 	hack/local-cluster.sh down
 
 .PHONY: lint
-lint: ## ruff, helm lint and the chart/CRD drift check
+lint: ## ruff, the layering contracts, helm lint and the chart/CRD drift check
 	$(PY) -m ruff check operator trainer tests examples bench hack
+	$(VENV)/bin/lint-imports
 	hack/sync-chart-crd.sh --check
 	$$(hack/install-tools.sh | tail -n1)/helm lint --strict charts/accelerate-operator
 

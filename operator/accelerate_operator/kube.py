@@ -55,7 +55,8 @@ class Kube:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config(client_configuration=configuration)
-        # Pods of many jobs are created in parallel; urllib3's default pool of 4 would serialise them.
+        # Pods of many jobs are created in parallel: urllib3's default pool of 4 would
+        # serialise them.
         configuration.connection_pool_maxsize = pool_size
         return cls(kubernetes.client.ApiClient(configuration))
 
@@ -108,15 +109,17 @@ class Kube:
         except ApiException as error:
             if error.status == 404:
                 raise ConfigMapMissing(
-                    f"spec.accelerateConfigFrom.configMapKeyRef names ConfigMap {name!r}, which does "
-                    f"not exist in namespace {namespace!r}; create it with `kubectl create configmap "
+                    f"spec.accelerateConfigFrom.configMapKeyRef names ConfigMap {name!r}, which "
+                    f"does not exist in namespace {namespace!r}; create it with "
+                    f"`kubectl create configmap "
                     f"{name} --from-file=<accelerate config>`"
                 ) from None
             raise
         data = configmap.data or {}
         if key not in data:
             raise ConfigMapMissing(
-                f"ConfigMap {name!r} has no key {key!r} (it has: {', '.join(sorted(data)) or 'none'}); "
+                f"ConfigMap {name!r} has no key {key!r} "
+                f"(it has: {', '.join(sorted(data)) or 'none'}); "
                 "fix spec.accelerateConfigFrom.configMapKeyRef.key"
             )
         return data[key]
@@ -147,7 +150,8 @@ class Kube:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{metadata['name']}.{suffix}", "namespace": metadata["namespace"]},
+            "metadata": {"name": f"{metadata['name']}.{suffix}",
+                         "namespace": metadata["namespace"]},
             "involvedObject": {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "AccelerateJob",
@@ -167,4 +171,5 @@ class Kube:
         try:
             self.core.create_namespaced_event(metadata["namespace"], body)
         except ApiException as error:
-            log.warning("could not post event %s on %s: %s", event.reason, metadata["name"], error.reason)
+            log.warning("could not post event %s on %s: %s", event.reason, metadata["name"],
+                        error.reason)

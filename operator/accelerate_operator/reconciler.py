@@ -74,7 +74,8 @@ class Reconciler:
         job: JobSpec | None = None
         try:
             job = parse_job(body)
-            if uid not in self._children_ready and status.get("phase") not in ("Succeeded", "Failed"):
+            finished = status.get("phase") in FINISHED_PHASES
+            if uid not in self._children_ready and not finished:
                 await self._ensure_children(job)
                 self._children_ready.add(uid)
         except (SpecError, ConfigError, ConfigMapMissing) as error:
