@@ -1,41 +1,38 @@
 """kopf handlers: thin. Each one finds the job and its pods and hands them to the Reconciler.
 
 Pods are tracked through a kopf index (an in-memory view fed by one watch), so a pod event
-reconciles its job without a single GET."""
+reconciles its job without a single GET. Only event handlers and indexes are used: kopf then
+writes nothing to a job (state-based create/update handlers would add an annotation patch per
+job; timers and daemons would add a finalizer, which blocks deleting jobs while the operator is
+down, kopf issue 1074). What depends on time alone runs on one operator-wide clock task."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
-from .constants import (
-    FIELD_MANAGER,
-    FINISHED_PHASES,
-    GROUP,
-    JOB_NAME_LABEL,
-    PLURAL,
-    RUNNING,
-    VERSION,
-)
+from .constants import FIELD_MANAGER, GROUP, JOB_NAME_LABEL, PLURAL, VERSION
 from .kube import Kube
 from .reconciler import Reconciler
 from .status import PodState, read_pod_state
 
 log = logging.getLogger("accelerate_operator")
 RECONCILER: Reconciler | None = None
-PROGRESS_INTERVAL = 5.0
+POD_INDEX: kopf.Index | None = None
+CLOCK: asyncio.Task | None = None
+API_THREADS = 32
+CLOCK_SECONDS = 2.0
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global RECONCILER
-    # Keep kopf's bookkeeping in annotations: status belongs to the job's schema.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    global RECONCILER, CLOCK
+    # No handler needs a finalizer now; naming the one older versions added lets kopf find and
+    # drop it, so those jobs can still be deleted.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # We post our own events, one per real transition; kopf's per-handler events are noise.
     settings.posting.enabled = False
@@ -43,69 +40,68 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    RECONCILER = Reconciler(Kube.from_environment())
+    # Every API call runs in a thread (the official client is synchronous). asyncio's default
+    # pool has min(32, cores + 4) threads, 6 on a 2-core node, which capped the whole operator at
+    # 6 calls in flight: 32 lets creates of many jobs overlap (docs/benchmarks.md, finding 1).
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="kube"))
+    RECONCILER = Reconciler(Kube.from_environment(pool_size=API_THREADS))
+    CLOCK = asyncio.create_task(_run_clock(), name="accelerate-operator-clock")
     log.info("%s started", FIELD_MANAGER)
 
 
+@kopf.on.cleanup()
+async def stop_clock(**_: Any) -> None:
+    if CLOCK is not None:
+        CLOCK.cancel()
+
+
+async def _run_clock() -> None:
+    while True:
+        await asyncio.sleep(CLOCK_SECONDS)
+        if RECONCILER is not None and POD_INDEX is not None:
+            try:
+                await RECONCILER.tick(_pods_of)
+            except Exception:  # the clock must outlive any one bad pass
+                log.exception("clock tick failed")
+
+
+# Indexes are async so kopf calls them inline instead of in its thread pool.
 @kopf.index(GROUP, VERSION, PLURAL)
-def job_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+async def job_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, name): {"metadata": dict(body.metadata), "spec": dict(body.spec),
                                 "status": dict(body.status)}}
 
 
 @kopf.index("v1", "pods", labels={JOB_NAME_LABEL: kopf.PRESENT})
-def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[JOB_NAME_LABEL]): read_pod_state(body)}
 
 
-def _pods_of(pod_index: kopf.Index, namespace: str, name: str) -> list[PodState]:
-    return list(pod_index.get((namespace, name), []))
+def _pods_of(namespace: str, name: str) -> list[PodState]:
+    return list(POD_INDEX.get((namespace, name), [])) if POD_INDEX is not None else []
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, id="job-resume")
-@kopf.on.create(GROUP, VERSION, PLURAL, id="job-create")
-@kopf.on.update(GROUP, VERSION, PLURAL, id="job-update")
-async def on_job(body: kopf.Body, namespace: str, name: str, pod_index: kopf.Index,
-                 **_: Any) -> None:
-    await RECONCILER.reconcile(body, _pods_of(pod_index, namespace, name))
+# Level-triggered: every event of a job (its creation, a spec change, the listing at start-up,
+# our own status writes) reconciles it from scratch; a pass with nothing to change is free.
+@kopf.on.event(GROUP, VERSION, PLURAL, id="job-event")
+async def on_job(type: str, body: kopf.Body, namespace: str, name: str,
+                 pod_index: kopf.Index, **_: Any) -> None:
+    global POD_INDEX
+    POD_INDEX = pod_index
+    if type == "DELETED":
+        RECONCILER.forget(body["metadata"]["uid"])
+        return
+    RECONCILER.remember(body)
+    await RECONCILER.reconcile(body, _pods_of(namespace, name))
 
 
 @kopf.on.event("v1", "pods", labels={JOB_NAME_LABEL: kopf.PRESENT}, id="pod-event")
 async def on_pod_event(namespace: str, labels: kopf.Labels, job_index: kopf.Index,
                        pod_index: kopf.Index, **_: Any) -> None:
+    global POD_INDEX
+    POD_INDEX = pod_index
     name = labels[JOB_NAME_LABEL]
-    for job in job_index.get((namespace, name), []):
-        await RECONCILER.reconcile(job, _pods_of(pod_index, namespace, name))
-
-
-def _needs_clock(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
-    """Only jobs with a deadline still to reach, or a TTL still to expire, get a timer."""
-    policy = spec.get("runPolicy") or {}
-    finished = status.get("phase") in FINISHED_PHASES
-    return bool(policy.get("activeDeadlineSeconds")) and not finished or (
-        policy.get("ttlSecondsAfterFinished") is not None and finished
-    )
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=2.0, when=_needs_clock, id="job-clock")
-async def on_clock(body: kopf.Body, namespace: str, name: str, pod_index: kopf.Index,
-                   **_: Any) -> None:
-    await RECONCILER.reconcile(body, _pods_of(pod_index, namespace, name))
-
-
-def _is_training(status: kopf.Status, **_: Any) -> bool:
-    return status.get("phase") == RUNNING
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=PROGRESS_INTERVAL, when=_is_training,
-            id="job-progress")
-async def on_progress(body: kopf.Body, **_: Any) -> None:
-    """Rank 0's progress, read from its log: training pods have no write access to anything."""
-    await RECONCILER.refresh_progress(body)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, id="job-delete")
-def on_job_deleted(uid: str, **_: Any) -> None:
-    """Children go with the job through owner references; only our memory needs clearing."""
-    if RECONCILER is not None:
-        RECONCILER.forget(uid)
+    # A snapshot: the index may change while this handler awaits.
+    for job in list(job_index.get((namespace, name), [])):
+        await RECONCILER.reconcile(job, _pods_of(namespace, name))

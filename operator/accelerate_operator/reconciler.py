@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -37,6 +38,11 @@ CREATE_PARALLELISM = 16
 PROGRESS_TAIL_LINES = 200
 
 
+CREATED_MEMORY_SECONDS = 30.0
+RESYNC_SECONDS = 30.0
+PROGRESS_SECONDS = 5.0
+
+
 def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
 
@@ -47,12 +53,83 @@ class Reconciler:
         self._locks: dict[str, asyncio.Lock] = {}
         self._written: dict[str, dict[str, Any]] = {}
         self._children_ready: set[str] = set()
+        # Jobs the clock looks at (see remember), and when each is next due.
+        self._clocked: dict[str, Mapping[str, Any]] = {}
+        self._next_resync: dict[str, float] = {}
+        self._next_progress: dict[str, float] = {}
+        # Pods created but perhaps not yet in the pod index: uid -> (attempt, {index: when}).
+        self._created: dict[str, tuple[int, dict[int, float]]] = {}
         self._create_slots = asyncio.Semaphore(CREATE_PARALLELISM)
 
+    def remember(self, body: Mapping[str, Any]) -> None:
+        """Track a job for the clock while it can still change with time: unfinished (deadline,
+        progress, resync), or finished with a TTL to expire."""
+        uid = body["metadata"]["uid"]
+        status = body.get("status") or {}
+        policy = (body.get("spec") or {}).get("runPolicy") or {}
+        finished = status.get("phase") in FINISHED_PHASES
+        if finished and policy.get("ttlSecondsAfterFinished") is None:
+            self._clocked.pop(uid, None)
+            return
+        if uid not in self._clocked:
+            self._next_resync[uid] = time.monotonic() + RESYNC_SECONDS
+        self._clocked[uid] = body
+
+    async def tick(self, pods_of: Callable[[str, str], list[PodState]]) -> None:
+        """One beat of the operator's clock (handlers.py runs it every CLOCK_SECONDS): the
+        passes that time alone makes due. Deadlines and TTLs are checked on every beat (a pass
+        with nothing to change makes no API call), every unfinished job is re-planned every
+        RESYNC_SECONDS (event handlers are not retried, so this repeats a pass that failed on a
+        passing API error), and a Running job's progress is read every PROGRESS_SECONDS."""
+        now = time.monotonic()
+        passes, progress = [], []
+        for uid, body in list(self._clocked.items()):
+            metadata = body["metadata"]
+            phase = (body.get("status") or {}).get("phase")
+            policy = (body.get("spec") or {}).get("runPolicy") or {}
+            due = phase in FINISHED_PHASES or bool(policy.get("activeDeadlineSeconds"))
+            if phase not in FINISHED_PHASES and now >= self._next_resync.get(uid, 0):
+                self._next_resync[uid] = now + RESYNC_SECONDS
+                due = True
+            if due:
+                passes.append(self.reconcile(body, pods_of(metadata["namespace"],
+                                                           metadata["name"])))
+            if phase == "Running" and now >= self._next_progress.get(uid, 0):
+                self._next_progress[uid] = now + PROGRESS_SECONDS
+                progress.append(self.refresh_progress(body))
+        results = await asyncio.gather(*passes, *progress, return_exceptions=True)
+        for error in results:
+            if isinstance(error, Exception):
+                log.warning("clock pass failed: %s", error)
+
     def forget(self, uid: str) -> None:
+        self._clocked.pop(uid, None)
+        self._next_resync.pop(uid, None)
+        self._next_progress.pop(uid, None)
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
         self._children_ready.discard(uid)
+        self._created.pop(uid, None)
+
+    def _with_pods_in_flight(self, uid: str, job: JobSpec, attempt_now: int,
+                             pods: list[PodState]) -> list[PodState]:
+        """Add the pods this operator just created that the index does not show yet, as Pending.
+        Without them a pod event arriving first would plan those pods again (a 409 each) and
+        patch the status twice (docs/benchmarks.md, finding 2). Entries expire after
+        CREATED_MEMORY_SECONDS, so a pod deleted before the index saw it is not hidden for long."""
+        attempt, created = self._created.get(uid, (None, {}))
+        if attempt != attempt_now:
+            self._created.pop(uid, None)  # a restart: the pods of that attempt are going
+            return pods
+        if not created:
+            return pods
+        seen = {p.index for p in pods if p.attempt == attempt}
+        now = time.monotonic()
+        for index, when in list(created.items()):
+            if index in seen or now - when > CREATED_MEMORY_SECONDS:
+                del created[index]
+        return pods + [PodState(name=pod_name(job.name, index), index=index, attempt=attempt,
+                                phase="Pending") for index in created]
 
     async def reconcile(self, body: Mapping[str, Any], pods: Iterable[PodState]) -> None:
         uid = body["metadata"]["uid"]
@@ -86,6 +163,9 @@ class Reconciler:
                         body["metadata"]["name"], config_error)
             return
 
+        if body["metadata"].get("deletionTimestamp"):
+            return  # the job is being deleted; its children go with it
+        pods = self._with_pods_in_flight(uid, job, int(status.get("attempt") or 0), pods)
         now = utcnow()
         plan = plan_reconcile(job, status, pods, now, config_error=config_error)
 
@@ -108,6 +188,12 @@ class Reconciler:
                 *(self._create(build_pod(job, index, plan.attempt)) for index in plan.create),
                 return_exceptions=True,
             )
+            attempt, created = self._created.get(uid, (plan.attempt, {}))
+            if attempt != plan.attempt:
+                created = {}
+            created.update({index: time.monotonic() for index, result in zip(
+                plan.create, results, strict=True) if not isinstance(result, BaseException)})
+            self._created[uid] = (plan.attempt, created)
             errors = [r for r in results if isinstance(r, BaseException)]
             rejected = [r for r in errors if isinstance(r, Rejected)]
             if len(rejected) < len(errors):

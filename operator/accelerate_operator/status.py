@@ -316,7 +316,9 @@ def plan_reconcile(
 
     present = {p.index for p in current}
     create = [i for i in range(job.num_nodes) if i not in present]
-    out.counts(current)
+    # Count the pods this pass creates as Pending: the next pass, which sees them, then finds
+    # nothing to change and writes nothing.
+    out.counts(current + [PodState(f"{job.name}-{i}", i, attempt, PENDING) for i in create])
     if create and not present:
         out.status.setdefault("startTime", format_time(now))
     if create or current:

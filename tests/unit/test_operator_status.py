@@ -228,3 +228,11 @@ def test_a_pod_the_server_refuses_fails_the_job_with_the_servers_reason():
     assert plan.status["phase"] == "Failed"
     assert conditions(plan)["Failed"] == ("True", "PodRejected")
     assert plan.events[0].message == reason
+
+
+def test_the_pass_that_creates_pods_counts_them_so_the_next_pass_writes_nothing():
+    created = step(job(), {}, [])
+    assert created.status["nodes"]["active"] == 2
+    seen = step(job(), created.status, [pod("train", 0, "Pending"), pod("train", 1, "Pending")])
+    assert seen.status == created.status
+    assert seen.create == () and seen.events == ()

@@ -101,7 +101,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         topology = parse_topology(environ)
         config = read_config(topology)
-        validate(topology, config, visible_gpus=count_visible_gpus())
+        # Importing torch only to count GPUs costs seconds on every CPU job's start.
+        gpus = None if is_cpu_job(config) else count_visible_gpus()
+        validate(topology, config, visible_gpus=gpus)
     except (TopologyError, ConfigError) as error:
         log.error("invalid configuration: %s", error)
         write_termination_message(f"invalid configuration: {error}")

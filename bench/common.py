@@ -1,0 +1,548 @@
+"""Shared pieces of the benchmarks: the cluster client, namespaces, raw watches, log following,
+the operator process's /proc readings, exact per-client API request counts, and statistics.
+
+Benchmark scripts only: nothing in operator/ or trainer/ imports this. Timestamps are taken on
+this machine (time.monotonic) when an event or a log line arrives, so every duration includes
+the watch or log delivery delay (milliseconds for watches; see LogFollower for logs)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # tests.helpers: the same cluster helpers the tests use
+    sys.path.insert(0, str(ROOT))
+
+import kubernetes  # noqa: E402
+from accelerate_operator.constants import GROUP, JOB_NAME_LABEL, PLURAL, VERSION  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+from kubernetes.watch.watch import iter_resp_lines  # noqa: E402
+
+from tests.helpers.cluster import ensure_cluster, kubectl_binary  # noqa: E402
+
+OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")
+OPERATOR_SERVICE_ACCOUNT = os.environ.get("ACCELERATE_OPERATOR_SERVICE_ACCOUNT",
+                                          "accelerate-operator")
+CACHE = Path(os.environ.get("ACCELERATE_OPERATOR_CACHE",
+                            Path.home() / ".cache" / "accelerate-operator"))
+LOCAL_POD_DIR = CACHE / "cluster" / "pods"  # the local node agent's per-pod folders
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BENCH_LABEL = "accelerate-operator.io/benchmark"
+
+
+# ------------------------------------------------------------------ cluster
+class Cluster:
+    """API clients for one kubeconfig, with a connection pool big enough for bursts."""
+
+    def __init__(self, kubeconfig: str | None = None, pool_size: int = 64):
+        self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or ensure_cluster()
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=self.kubeconfig,
+                                           client_configuration=configuration)
+        configuration.connection_pool_maxsize = pool_size
+        self.api = kubernetes.client.ApiClient(configuration)
+        self.core = kubernetes.client.CoreV1Api(self.api)
+        self.custom = kubernetes.client.CustomObjectsApi(self.api)
+        self.flowcontrol = kubernetes.client.FlowcontrolApiserverV1Api(self.api)
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 300
+                ) -> subprocess.CompletedProcess:
+        proc = subprocess.run([kubectl_binary(), "--kubeconfig", self.kubeconfig, *args],
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    # -------------------------------------------------------------- namespaces
+    def create_namespace(self, prefix: str) -> str:
+        """A fresh namespace, returned once its default ServiceAccount exists (pods need it)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.core.create_namespace({"metadata": {"name": name, "labels": {BENCH_LABEL: "true"}}})
+        wait_until(lambda: self._has_default_sa(name), 60, f"ServiceAccount default in {name}")
+        return name
+
+    def _has_default_sa(self, namespace: str) -> bool:
+        try:
+            self.core.read_namespaced_service_account("default", namespace)
+            return True
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+
+    def delete_namespace(self, name: str, wait: bool = True, timeout: float = 600) -> float:
+        """Delete a namespace; with wait, block until it is gone and return how long that took."""
+        started = time.monotonic()
+        try:
+            self.core.delete_namespace(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        if wait:
+            wait_until(lambda: not self._namespace_exists(name), timeout,
+                       f"namespace {name} to be deleted", interval=1.0)
+        return time.monotonic() - started
+
+    def _namespace_exists(self, name: str) -> bool:
+        try:
+            self.core.read_namespace(name)
+            return True
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+
+    def create_job(self, body: dict) -> None:
+        """POST an AccelerateJob without deserialising the answer (cheap in bursts)."""
+        response = self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, body["metadata"]["namespace"], PLURAL, body, _preload_content=False)
+        response.read()  # drain the body before the connection goes back to the pool
+        response.release_conn()
+
+    def job(self, namespace: str, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def _ready(cluster: Cluster) -> bool:
+    try:
+        response = cluster.api.call_api("GET", cluster.api.configuration.host + "/readyz",
+                                        _request_timeout=5)
+        if response.read() != b"ok":
+            return False
+        pods = cluster.core.list_namespaced_pod(
+            OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=accelerate-operator")
+        return any(p.status.phase == "Running" and any(
+            c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+            for p in pods.items) and OperatorProcess.find() is not None
+    except Exception:  # noqa: BLE001 (down, or coming up)
+        return False
+
+
+def wait_for_cluster(cluster: Cluster, timeout: float = 600) -> None:
+    """The shared local cluster is restarted now and then: wait until the API server is ready
+    and the operator runs again."""
+    wait_until(lambda: _ready(cluster), timeout, "the API server and the operator", interval=2)
+
+
+def delete_leftovers(cluster: Cluster) -> None:
+    """Namespaces of earlier benchmark runs that an outage kept from being cleaned up."""
+    try:
+        for ns in cluster.core.list_namespace(label_selector=BENCH_LABEL).items:
+            if not ns.metadata.deletion_timestamp:
+                cluster.core.delete_namespace(ns.metadata.name)
+    except Exception as error:  # noqa: BLE001 (best effort)
+        print(f"  (could not delete leftover benchmark namespaces: {error})")
+
+
+def resilient(cluster: Cluster, what: str, fn: Callable[[], Any], attempts: int = 3) -> Any:
+    """Run one unit of measurement; when it fails (typically because the shared cluster was
+    restarted under it), wait for the cluster and the operator, then run it again from scratch."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as error:  # noqa: BLE001
+            if attempt == attempts:
+                raise
+            print(f"  ! {what} failed ({type(error).__name__}: {str(error)[:200]}); waiting for "
+                  f"the cluster and retrying ({attempt}/{attempts - 1})", flush=True)
+            wait_for_cluster(cluster)
+            delete_leftovers(cluster)
+    raise AssertionError("not reached")
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
+               interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ------------------------------------------------------------------ watches
+class Watcher(threading.Thread):
+    """One raw watch (JSON lines, no model deserialisation) on one kind in one namespace.
+    Calls on_event(arrival_monotonic, type, object) from its own thread."""
+
+    KINDS = {
+        "pods": ("core", "list_namespaced_pod"),
+        "configmaps": ("core", "list_namespaced_config_map"),
+        "services": ("core", "list_namespaced_service"),
+        "acceleratejobs": ("custom", None),
+    }
+
+    def __init__(self, cluster: Cluster, kind: str, namespace: str,
+                 on_event: Callable[[float, str, dict], None], label_selector: str | None = None):
+        super().__init__(daemon=True, name=f"watch-{kind}")
+        self.cluster, self.kind, self.namespace = cluster, kind, namespace
+        self.on_event, self.label_selector = on_event, label_selector
+        self._stop_event = threading.Event()
+        self._response = None
+        self.error: BaseException | None = None
+        # Set when the watch broke (an API server restart): timings taken across it are void.
+        self.disturbed = False
+
+    def _list(self, **kwargs: Any):
+        extra = {"label_selector": self.label_selector} if self.label_selector else {}
+        if self.kind == "acceleratejobs":
+            return self.cluster.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, **extra, **kwargs)
+        api, method = self.KINDS[self.kind]
+        return getattr(getattr(self.cluster, api), method)(self.namespace, **extra, **kwargs)
+
+    def _relist(self) -> None:
+        listing = self._list(_preload_content=False)
+        data = json.loads(listing.data)
+        now = time.monotonic()
+        for item in data.get("items") or []:
+            self.on_event(now, "ADDED", item)
+        self._resource_version = data["metadata"]["resourceVersion"]
+
+    def start(self) -> Watcher:
+        # List first (synchronously) so no event after start() returns is missed.
+        self._relist()
+        super().start()
+        return self
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self._response = self._list(watch=True, resource_version=self._resource_version,
+                                            timeout_seconds=600, _preload_content=False,
+                                            allow_watch_bookmarks=True)
+                for line in iter_resp_lines(self._response):
+                    if self._stop_event.is_set():
+                        return
+                    event = json.loads(line)
+                    obj = event["object"]
+                    if event["type"] == "ERROR":  # 410 Gone after an API server restart
+                        self.disturbed = True
+                        self._relist()
+                        break
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        self._resource_version = rv
+                    if event["type"] != "BOOKMARK":
+                        self.on_event(time.monotonic(), event["type"], obj)
+            except Exception as error:  # closed by stop(), or a broken connection
+                if self._stop_event.is_set():
+                    return
+                self.disturbed, self.error = True, error
+                time.sleep(0.5)
+                try:
+                    self._relist()
+                except Exception:  # noqa: BLE001 (still down: the next round tries again)
+                    pass
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown() if hasattr(response, "shutdown") else response.close()
+            except Exception:  # noqa: BLE001 (best effort: the thread is a daemon)
+                pass
+
+
+def start_watchers(cluster: Cluster, namespace: str, on_event: Callable[[float, str, dict], None],
+                   kinds: Iterable[str] = ("acceleratejobs", "configmaps", "services", "pods")
+                   ) -> list[Watcher]:
+    return [Watcher(cluster, kind, namespace,
+                    lambda t, typ, obj, kind=kind: on_event(t, kind, typ, obj)).start()
+            for kind in kinds]
+
+
+def stop_watchers(watchers: Iterable[Watcher]) -> None:
+    """Stop the watches; raise when one of them broke meanwhile (the cluster was restarted
+    under the measurement), so resilient() runs the measurement again."""
+    watchers = list(watchers)
+    for watcher in watchers:
+        watcher.stop()
+    broken = [w.kind for w in watchers if w.disturbed]
+    if broken:
+        raise ClusterDisturbed(f"the watch on {', '.join(broken)} broke during the measurement "
+                               "(API server restarted?)")
+
+
+class ClusterDisturbed(RuntimeError):
+    """The cluster went away during a measurement; its numbers are void."""
+
+
+# ------------------------------------------------------------------ logs
+class LogFollower(threading.Thread):
+    """Follows one container's log and calls on_line(arrival_monotonic, line) for every line.
+
+    On the local cluster it reads the node agent's log file directly (polled every 20 ms); on any
+    other cluster it follows the log through the API (the local agent's own follow polls every
+    200 ms, hence the file path when it is there)."""
+
+    def __init__(self, cluster: Cluster, namespace: str, pod: str, container: str,
+                 on_line: Callable[[float, str], None], poll: float = 0.02):
+        super().__init__(daemon=True, name=f"log-{pod}")
+        self.cluster, self.namespace, self.pod, self.container = cluster, namespace, pod, container
+        self.on_line, self.poll = on_line, poll
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def _local_file(self) -> str | None:
+        found = glob.glob(str(LOCAL_POD_DIR / f"{self.namespace}_{self.pod}_*" /
+                              f"{self.container}.log"))
+        return max(found, key=os.path.getmtime) if found else None
+
+    def run(self) -> None:
+        if LOCAL_POD_DIR.is_dir():
+            self._follow_file()
+        else:
+            self._follow_api()
+
+    def _follow_file(self) -> None:
+        path = None
+        while path is None and not self._stop_event.is_set():
+            path = self._local_file()
+            if path is None:
+                time.sleep(self.poll)
+        if path is None:
+            return
+        pending = b""
+        with open(path, "rb") as f:
+            while not self._stop_event.is_set():
+                chunk = f.read()
+                if not chunk:
+                    time.sleep(self.poll)
+                    continue
+                now = time.monotonic()
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self.on_line(now, line.decode(errors="replace"))
+
+    def _follow_api(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                response = self.cluster.core.read_namespaced_pod_log(
+                    self.pod, self.namespace, container=self.container, follow=True,
+                    _preload_content=False)
+                for line in iter_resp_lines(response):
+                    self.on_line(time.monotonic(), line)
+                    if self._stop_event.is_set():
+                        return
+                return
+            except ApiException:  # not started yet
+                time.sleep(0.2)
+
+
+# ------------------------------------------------------------------ the operator process
+class OperatorProcess:
+    """The operator's host process (the local node agent runs pods as host processes):
+    RSS, peak RSS and CPU time straight from /proc."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    @classmethod
+    def find(cls) -> OperatorProcess | None:
+        """The newest process whose command is `accelerate-operator` (its console script)."""
+        found = []
+        for stat in glob.glob("/proc/[0-9]*/cmdline"):
+            try:
+                argv = Path(stat).read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(os.path.basename(a) == b"accelerate-operator" for a in argv[:2]) or (
+                b"accelerate_operator" in argv[:3]
+            ):
+                pid = int(stat.split("/")[2])
+                found.append((cls(pid).start_ticks(), pid))
+        return cls(max(found)[1]) if found else None
+
+    def _status(self) -> dict[str, str]:
+        fields = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        return fields
+
+    def rss_mib(self) -> float:
+        return int(self._status()["VmRSS"].split()[0]) / 1024
+
+    def peak_rss_mib(self) -> float:
+        return int(self._status()["VmHWM"].split()[0]) / 1024
+
+    def reset_peak(self) -> bool:
+        """Reset VmHWM to the current RSS (`echo 5 > clear_refs`, needs root); False if denied."""
+        try:
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+            return True
+        except OSError:
+            return False
+
+    def _stat(self) -> list[str]:
+        return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+    def cpu_seconds(self) -> float:
+        fields = self._stat()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+    def start_ticks(self) -> int:
+        return int(self._stat()[19])
+
+    def age_seconds(self) -> float:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - self.start_ticks() / CLK_TCK
+
+    def threads(self) -> int:
+        return int(self._status()["Threads"])
+
+
+class RssSampler(threading.Thread):
+    """Samples the operator's RSS every `interval` seconds; `peak` is the highest sample."""
+
+    def __init__(self, process: OperatorProcess, interval: float = 0.25):
+        super().__init__(daemon=True, name="rss-sampler")
+        self.process, self.interval = process, interval
+        self.peak = 0.0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self.peak = max(self.peak, self.process.rss_mib())
+            except (OSError, KeyError):
+                return
+            time.sleep(self.interval)
+
+    def stop(self) -> float:
+        self._stop_event.set()
+        return self.peak
+
+
+# ------------------------------------------------------------------ API request counting
+# Exact per-client counts: FlowSchemas that match only the operator's ServiceAccount, one per
+# (verb, resource) of interest, all mapped to the priority level the operator already uses
+# (workload-low, through the built-in `service-accounts` schema), so its traffic is unchanged.
+# apiserver_flowcontrol_dispatched_requests_total{flow_schema=...} then counts its requests.
+FLOW_SCHEMA_PREFIX = "bench-accelerate-operator"
+COUNTED = [  # (name, verbs, apiGroups, resources)
+    ("create-pods", ["create"], [""], ["pods"]),
+    ("create-configmaps", ["create"], [""], ["configmaps"]),
+    ("create-services", ["create"], [""], ["services"]),
+    ("create-events", ["create"], ["", "events.k8s.io"], ["events"]),
+    ("patch-job-status", ["patch", "update"], [GROUP], [f"{PLURAL}/status"]),
+    ("patch-job", ["patch", "update"], [GROUP], [PLURAL]),
+    ("get", ["get"], ["*"], ["*"]),
+    ("list-watch", ["list", "watch"], ["*"], ["*"]),
+    ("delete", ["delete", "deletecollection"], ["*"], ["*"]),
+    ("other", ["*"], ["*"], ["*"]),
+]
+
+
+def install_flow_schemas(cluster: Cluster, priority_level: str = "workload-low") -> None:
+    subject = {"kind": "ServiceAccount",
+               "serviceAccount": {"name": OPERATOR_SERVICE_ACCOUNT,
+                                  "namespace": OPERATOR_NAMESPACE}}
+    for precedence, (name, verbs, groups, resources) in enumerate(COUNTED, start=1000):
+        rule: dict[str, Any] = {"subjects": [subject], "resourceRules": [{
+            "verbs": verbs, "apiGroups": groups, "resources": resources,
+            "clusterScope": True, "namespaces": ["*"]}]}
+        if name == "other":
+            rule["nonResourceRules"] = [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+        body = {
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+            "metadata": {"name": f"{FLOW_SCHEMA_PREFIX}-{name}", "labels": {BENCH_LABEL: "true"}},
+            "spec": {"priorityLevelConfiguration": {"name": priority_level},
+                     "matchingPrecedence": precedence,
+                     "distinguisherMethod": {"type": "ByUser"}, "rules": [rule]},
+        }
+        try:
+            cluster.flowcontrol.create_flow_schema(body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+    # The apiserver picks new schemas up asynchronously: wait until one has been seen.
+    wait_until(lambda: all(_flow_schema_active(cluster, f"{FLOW_SCHEMA_PREFIX}-{name}")
+                           for name, *_ in COUNTED), 30, "the benchmark FlowSchemas")
+
+
+def _flow_schema_active(cluster: Cluster, name: str) -> bool:
+    schema = cluster.flowcontrol.read_flow_schema(name)
+    return not any(c.type == "Dangling" and c.status == "True"
+                   for c in (schema.status.conditions or []) if schema.status)
+
+
+def read_metrics(cluster: Cluster) -> str:
+    configuration = cluster.api.configuration
+    headers = {setting["key"]: setting["value"]
+               for setting in configuration.auth_settings().values()
+               if setting.get("in") == "header" and setting.get("value")}
+    response = cluster.api.call_api("GET", configuration.host + "/metrics", header_params=headers)
+    return response.read().decode()
+
+
+def operator_request_counts(cluster: Cluster) -> dict[str, float]:
+    """Requests the operator's ServiceAccount made so far, by FlowSchema (name without prefix)."""
+    counts = {name: 0.0 for name, *_ in COUNTED}
+    prefix = f'flow_schema="{FLOW_SCHEMA_PREFIX}-'
+    for line in read_metrics(cluster).splitlines():
+        if line.startswith("apiserver_flowcontrol_dispatched_requests_total{") and prefix in line:
+            name = line.split(prefix, 1)[1].split('"', 1)[0]
+            counts[name] = counts.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def diff_counts(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
+    return {k: int(after.get(k, 0) - before.get(k, 0)) for k in after
+            if after.get(k, 0) - before.get(k, 0)}
+
+
+# ------------------------------------------------------------------ numbers
+def median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f} (cores: {os.cpu_count()})"
+
+
+def machine_line() -> str:
+    return f"load average {load_average()}"
+
+
+def job_of(obj: dict) -> str | None:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(JOB_NAME_LABEL)
+
+
+def emit_result(name: str, result: dict, path: str | None) -> None:
+    """Append the result as one JSON line (for run.sh's summary) when a path is given."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"benchmark": name, **result}) + "\n")
+
+
+def chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# `make bench`: start the local cluster (idempotent), deploy the operator from this checkout, run
+# every benchmark, then print a summary against the targets (docs/benchmarks.md).
+#
+#   bench/run.sh                     everything at full size (12-15 minutes on 2 loaded cores,
+#                                    most of it the pods' torch imports)
+#   bench/run.sh --quick             smaller runs for development (about 5 minutes)
+#   bench/run.sh startup throughput  only these (startup, throughput, overhead; `threads` runs
+#                                    the executor experiment of docs/benchmarks.md, finding 1)
+#
+# Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS
+# (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results, one JSON line per
+# benchmark, go to $BENCH_JSON (default: a file under /tmp, named at the end).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+quick=0
+selected=()
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1 ;;
+    startup|throughput|overhead|threads) selected+=("$arg") ;;
+    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [threads]" >&2; exit 2 ;;
+  esac
+done
+[[ ${#selected[@]} -gt 0 ]] || selected=(startup throughput overhead)
+
+PY="$(hack/python-env.sh | tail -n1)/bin/python"
+
+# The cluster is shared: someone may be restarting it. Wait and retry rather than fail at once.
+kubeconfig=""
+for attempt in 1 2 3 4 5; do
+  if kubeconfig=$(hack/local-cluster.sh up | tail -n1); then break; fi
+  echo ">> local cluster not up (attempt $attempt); retrying in 20s" >&2
+  sleep 20
+done
+[[ -n $kubeconfig ]] || { echo "error: the local cluster did not come up" >&2; exit 1; }
+export KUBECONFIG=$kubeconfig
+hack/deploy-operator.sh
+
+export BENCH_JSON="${BENCH_JSON:-$(mktemp /tmp/accelerate-operator-bench.XXXXXX.jsonl)}"
+if [[ $quick == 1 ]]; then
+  startup_args="--runs 2"; throughput_args="--jobs 100 --single 10"; overhead_args="--pairs 1 --max-steps 100"
+else
+  startup_args="--runs 5"; throughput_args="--jobs 500 --single 10"; overhead_args="--pairs 3"
+fi
+
+started=$SECONDS
+for bench in "${selected[@]}"; do
+  case "$bench" in
+    startup) "$PY" bench/startup.py $startup_args ${BENCH_STARTUP_ARGS:-} ;;
+    throughput) "$PY" bench/throughput.py $throughput_args ${BENCH_THROUGHPUT_ARGS:-} ;;
+    overhead) "$PY" bench/overhead.py $overhead_args ${BENCH_OVERHEAD_ARGS:-} ;;
+    threads) "$PY" bench/reconciler_threads.py ${BENCH_THREADS_ARGS:-} ;;
+  esac
+  echo
+done
+"$PY" bench/summary.py "$BENCH_JSON"
+echo "(benchmarks took $((SECONDS - started))s; raw results: $BENCH_JSON)"

@@ -1,0 +1,80 @@
+"""Print the benchmarks' headline numbers against the targets of docs/benchmarks.md, from the JSON
+lines the benchmarks append to $BENCH_JSON. Usage: python bench/summary.py RESULTS.jsonl"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+TARGETS = {  # name: (unit, target, higher is better)
+    "jobs/s reconciled (500 two-node jobs)": ("jobs/s", 25.0, True),
+    "single job create -> children (median)": ("ms", 150.0, False),
+    "operator peak RSS with the jobs": ("MiB", 150.0, False),
+    "training steps/s, operator / bare": ("ratio", 0.98, True),
+}
+
+
+def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
+    out: list[tuple[str, float | None, str]] = []
+    for r in results:
+        if r["benchmark"] == "startup":
+            out.append(("startup: create -> step 1 on every rank (median)", r["total_median_s"],
+                        "s"))
+            out.append(("startup: create -> step 1 (worst)", r["total_worst_s"], "s"))
+            out.append(("startup: create -> children (median)", r["children_median_ms"], "ms"))
+        elif r["benchmark"] == "throughput":
+            for mode in ("pending", "running"):
+                if mode in r:
+                    m = r[mode]
+                    label = f"[{mode}, {m['jobs']} jobs]"
+                    if m["jobs"] == 500 and mode == "pending":
+                        out.append(("jobs/s reconciled (500 two-node jobs)", m["jobs_per_s"], ""))
+                    out.append((f"jobs/s {label}", m["jobs_per_s"], "jobs/s"))
+                    out.append((f"pods/s {label}", m["pods_per_s"], "pods/s"))
+                    out.append((f"API requests per job {label}", m["requests_per_job"], ""))
+                    if "operator_peak_rss_mib" in m:
+                        out.append((f"operator CPU per job {label}", m["operator_cpu_ms_per_job"],
+                                    "ms"))
+                        if m["jobs"] == 500 and mode == "pending":
+                            out.append(("operator peak RSS with the jobs",
+                                        m["operator_peak_rss_mib"], ""))
+                        out.append((f"operator peak RSS {label}", m["operator_peak_rss_mib"],
+                                    "MiB"))
+            if r.get("idle_rss_mib") is not None:
+                out.append(("operator RSS idle", r["idle_rss_mib"], "MiB"))
+            if "single" in r:
+                out.append(("single job create -> children (median)", r["single"]["median_ms"],
+                            ""))
+        elif r["benchmark"] == "reconciler_threads":
+            out.append((f"Reconciler jobs/s, {r['threads']['threads']} threads / "
+                        f"{r['default']['threads']} (finding 1)", r["speedup"], "ratio"))
+        elif r["benchmark"] == "overhead":
+            out.append(("training steps/s, operator / bare", r["steps_ratio_median"], ""))
+            out.append(("wall time, operator / bare", r["wall_ratio_median"], "ratio"))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    path = argv[1] if len(argv) > 1 else os.environ.get("BENCH_JSON")
+    if not path or not os.path.exists(path):
+        print("no results (pass the JSON lines file the benchmarks wrote)")
+        return 1
+    with open(path) as f:
+        results = [json.loads(line) for line in f if line.strip()]
+    print("summary" + " " * 50 + "value      target")
+    for name, value, unit in rows(results):
+        if name in TARGETS:
+            unit, target, higher = TARGETS[name]
+            ok = value >= target if higher else value < target
+            verdict = f"{'>=' if higher else '<'} {target:g}  {'MET' if ok else 'MISSED'}"
+        else:
+            verdict = ""
+        print(f"  {name:<54} {value:9.2f} {unit:<6} {verdict}")
+    print(f"  load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())} "
+          f"({os.cpu_count()} cores, shared)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,355 @@
+"""Reconcile throughput, API cost and memory: N two-node AccelerateJobs created at once.
+
+All jobs go into one fresh namespace. A job counts as reconciled once its ConfigMap, its Service
+and both pods exist and its status is right: phase Pending or Running, readyNodes equal to
+"<pods Running and Ready>/2", observedGeneration equal to its generation. Reported: time until
+every job is reconciled, jobs/s and pods/s, per-job latency (p50/p99), the operator's API
+requests per job counted exactly (FlowSchemas matching only its ServiceAccount, see
+common.install_flow_schemas), its CPU time, and its RSS idle, at peak and after cleanup.
+
+Modes (--mode):
+  pending   pods carry a nodeSelector no node matches: they stay Pending, so only the operator,
+            the API server and the scheduler work (the default; isolates the operator)
+  running   pods run `sleep 3600` on the local node agent; also reports the time until every
+            job is Running with readyNodes 2/2
+
+Then the single-job latency: --single runs, one job at a time (pending template), create ->
+ConfigMap, Service and both pods exist.
+
+Usage: python bench/throughput.py [--jobs 500] [--mode pending|running|both] [--single 10]
+       [--profile DIR]   (py-spy record of the operator during the burst; needs root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from common import (
+    Cluster,
+    OperatorProcess,
+    RssSampler,
+    delete_leftovers,
+    diff_counts,
+    emit_result,
+    install_flow_schemas,
+    job_of,
+    machine_line,
+    median,
+    operator_request_counts,
+    percentile,
+    resilient,
+    start_watchers,
+    stop_watchers,
+    wait_for_cluster,
+)
+
+NODES = 2
+NO_SUCH_NODE = {"accelerate-operator.io/benchmark-node": "none"}
+
+
+def job_body(namespace: str, name: str, mode: str) -> dict:
+    pod_spec: dict = {"containers": [{
+        "name": "trainer", "image": "busybox:1.36", "command": ["sleep", "3600"],
+        "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}},
+    }], "terminationGracePeriodSeconds": 1}
+    if mode == "pending":
+        pod_spec["nodeSelector"] = dict(NO_SUCH_NODE)
+    return {
+        "apiVersion": "accelerate-operator.io/v1alpha1", "kind": "AccelerateJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "numNodes": NODES, "numProcPerNode": 1,
+            "accelerateConfig": {"distributed_type": "MULTI_CPU", "use_cpu": True,
+                                 "mixed_precision": "no"},
+            "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
+            "template": {"spec": pod_spec},
+        },
+    }
+
+
+class Tracker:
+    """Per-job state fed by the watches; records when each job first becomes reconciled."""
+
+    def __init__(self, names: list[str]):
+        self.names = set(names)
+        self.lock = threading.Lock()
+        self.configmaps: set[str] = set()
+        self.services: set[str] = set()
+        self.pods: dict[str, dict[str, bool]] = {n: {} for n in names}  # job -> pod -> ready
+        self.pod_seen: dict[str, float] = {}  # pod -> first seen
+        self.status: dict[str, dict] = {}
+        self.generation: dict[str, int] = {}
+        self.reconciled_at: dict[str, float] = {}
+        self.running_at: dict[str, float] = {}
+        self.all_reconciled = threading.Event()
+        self.all_running = threading.Event()
+
+    def on_event(self, t: float, kind: str, typ: str, obj: dict) -> None:
+        meta = obj["metadata"]
+        name = meta["name"]
+        with self.lock:
+            if kind == "acceleratejobs":
+                job = name
+                if typ == "DELETED":
+                    return
+                self.status[job] = obj.get("status") or {}
+                self.generation[job] = int(meta.get("generation") or 1)
+            elif kind == "configmaps":
+                job = job_of(obj)
+                if job is None:
+                    return
+                self.configmaps.add(job)
+            elif kind == "services":
+                job = job_of(obj)
+                if job is None:
+                    return
+                self.services.add(job)
+            else:
+                job = job_of(obj)
+                if job is None or job not in self.pods:
+                    return
+                if typ == "DELETED":
+                    self.pods[job].pop(name, None)
+                    return
+                self.pod_seen.setdefault(name, t)
+                status = obj.get("status") or {}
+                ready = status.get("phase") == "Running" and any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
+                self.pods[job][name] = ready
+            if job in self.names:
+                self._check(t, job)
+
+    def _check(self, t: float, job: str) -> None:
+        pods = self.pods[job]
+        status = self.status.get(job)
+        if status is None or job not in self.configmaps or job not in self.services:
+            return
+        if len(pods) < NODES:
+            return
+        ready = sum(pods.values())
+        consistent = (status.get("phase") in ("Pending", "Running")
+                      and status.get("readyNodes") == f"{ready}/{NODES}"
+                      and int(status.get("observedGeneration") or 0) == self.generation[job])
+        if consistent and job not in self.reconciled_at:
+            self.reconciled_at[job] = t
+            if len(self.reconciled_at) == len(self.names):
+                self.all_reconciled.set()
+        if consistent and ready == NODES and status.get("phase") == "Running" \
+                and job not in self.running_at:
+            self.running_at[job] = t
+            if len(self.running_at) == len(self.names):
+                self.all_running.set()
+
+    def missing(self) -> str:
+        with self.lock:
+            left = sorted(self.names - set(self.reconciled_at))
+            if not left:
+                return "none"
+            job = left[0]
+            status = self.status.get(job, {})
+            return (f"{len(left)} jobs, e.g. {job}: configmap={job in self.configmaps} "
+                    f"service={job in self.services} pods={self.pods[job]} "
+                    f"phase={status.get('phase')} readyNodes={status.get('readyNodes')}")
+
+
+def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
+    install_flow_schemas(cluster)  # again: a restarted cluster may have lost them
+    operator = OperatorProcess.find()  # again: the operator may have been restarted
+    namespace = cluster.create_namespace(f"bench-{mode}")
+    names = [f"job-{i:04d}" for i in range(args.jobs)]
+    tracker = Tracker(names)
+    watchers = start_watchers(cluster, namespace, tracker.on_event)
+    result: dict = {"mode": mode, "jobs": args.jobs, "namespace": namespace}
+    if operator:
+        result["operator_pid"] = operator.pid
+        result["operator_age_s"] = operator.age_seconds()
+        operator.reset_peak()
+        result["operator_rss_before_mib"] = operator.rss_mib()
+        cpu_before = operator.cpu_seconds()
+        sampler = RssSampler(operator)
+        sampler.start()
+    requests_before = operator_request_counts(cluster)
+    profiler = start_profiler(operator, args.profile, mode, args.timeout) if args.profile else None
+    bodies = [job_body(namespace, name, mode) for name in names]
+    try:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(cluster.create_job, bodies))
+        result["submit_s"] = time.monotonic() - t0
+        if not tracker.all_reconciled.wait(args.timeout):
+            raise TimeoutError(f"not every job reconciled within {args.timeout}s; missing: "
+                               f"{tracker.missing()}")
+        with tracker.lock:
+            done_at = max(tracker.reconciled_at.values())
+            latencies = sorted(t - t0 for t in tracker.reconciled_at.values())
+            pods_done_at = max(tracker.pod_seen.values())
+        elapsed = done_at - t0
+        result.update({
+            "reconciled_s": elapsed,
+            "jobs_per_s": args.jobs / elapsed,
+            "pods_per_s": NODES * args.jobs / (pods_done_at - t0),
+            "job_latency_p50_s": percentile(latencies, 50),
+            "job_latency_p99_s": percentile(latencies, 99),
+        })
+        if operator:
+            result["operator_cpu_s"] = operator.cpu_seconds() - cpu_before
+        requests = diff_counts(operator_request_counts(cluster), requests_before)
+        result["requests_at_reconciled"] = requests
+        if mode == "running":
+            if not tracker.all_running.wait(args.timeout):
+                raise TimeoutError("not every job reached Running 2/2 within "
+                                   f"{args.timeout}s ({len(tracker.running_at)} did)")
+            with tracker.lock:
+                result["all_running_s"] = max(tracker.running_at.values()) - t0
+        # Late writes (a second status patch, pod status events) still belong to these jobs.
+        time.sleep(args.settle)
+        requests = diff_counts(operator_request_counts(cluster), requests_before)
+        result["requests_settled"] = requests
+        result["requests_per_job"] = sum(requests.values()) / args.jobs
+        if operator:
+            result["operator_cpu_settled_s"] = operator.cpu_seconds() - cpu_before
+            result["operator_cpu_ms_per_job"] = result["operator_cpu_settled_s"] * 1000 / args.jobs
+            result["operator_peak_rss_mib"] = max(sampler.stop(), operator.peak_rss_mib())
+            result["operator_rss_with_jobs_mib"] = operator.rss_mib()
+    finally:
+        if profiler:
+            stop_profiler(profiler, result)
+        stop_watchers(watchers)
+        t_delete = time.monotonic()
+        cluster.delete_namespace(namespace, wait=True)
+        result["cleanup_s"] = time.monotonic() - t_delete
+        if operator:
+            time.sleep(2)
+            result["operator_rss_after_cleanup_mib"] = operator.rss_mib()
+    return result
+
+
+def start_profiler(operator: OperatorProcess | None, directory: str, mode: str, timeout: float):
+    if operator is None:
+        return None
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    out = Path(directory) / f"operator-{mode}.txt"
+    py_spy = Path(sys.executable).parent / "py-spy"
+    proc = subprocess.Popen([str(py_spy), "record", "--pid", str(operator.pid), "--format", "raw",
+                             "--rate", "100", "--duration", str(int(timeout)), "--nonblocking",
+                             "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # py-spy attaches
+    return proc, out
+
+
+def stop_profiler(profiler, result: dict) -> None:
+    proc, out = profiler
+    proc.send_signal(2)  # SIGINT: py-spy writes what it has
+    proc.wait(timeout=60)
+    result["profile"] = str(out)
+
+
+def single_job_latency(cluster: Cluster, runs: int) -> dict:
+    namespace = cluster.create_namespace("bench-single")
+    seen: dict[str, dict[str, float]] = {}
+    lock = threading.Lock()
+
+    def on_event(t: float, kind: str, typ: str, obj: dict) -> None:
+        job = job_of(obj) if kind != "acceleratejobs" else None
+        if job is None or typ == "DELETED":
+            return
+        with lock:
+            seen.setdefault(job, {}).setdefault(f"{kind}/{obj['metadata']['name']}", t)
+
+    watchers = start_watchers(cluster, namespace, on_event, kinds=("configmaps", "services",
+                                                                   "pods"))
+    latencies = []
+    try:
+        for i in range(runs):
+            name = f"single-{i:02d}"
+            t0 = time.monotonic()
+            cluster.create_job(job_body(namespace, name, "pending"))
+            deadline = t0 + 30
+            while time.monotonic() < deadline:
+                with lock:
+                    children = dict(seen.get(name, {}))
+                if len(children) == 2 + NODES:
+                    break
+                time.sleep(0.002)
+            else:
+                raise TimeoutError(f"{name}: children after 30 s: {sorted(children)}")
+            latencies.append((max(children.values()) - t0) * 1000)
+            time.sleep(0.5)  # one job at a time: let the operator go idle
+    finally:
+        stop_watchers(watchers)
+        cluster.delete_namespace(namespace, wait=False)
+    return {"runs": runs, "median_ms": median(latencies), "worst_ms": max(latencies),
+            "best_ms": min(latencies), "raw_ms": latencies}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--mode", choices=("pending", "running", "both"), default="pending")
+    parser.add_argument("--single", type=int, default=10, help="single-job runs (0: skip)")
+    parser.add_argument("--clients", type=int, default=16, help="parallel create calls")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--settle", type=float, default=5.0,
+                        help="seconds after the last job is reconciled still counted")
+    parser.add_argument("--profile", default=None, help="write py-spy raw profiles here")
+    parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
+    args = parser.parse_args(argv)
+
+    cluster = Cluster()
+    wait_for_cluster(cluster)
+    delete_leftovers(cluster)
+    install_flow_schemas(cluster)
+    operator = OperatorProcess.find()
+    if operator is None:
+        print("  (no accelerate-operator process on this host: no RSS/CPU figures)")
+    print(f"throughput: {args.jobs} two-node jobs at once ({args.clients} client threads); "
+          f"{machine_line()}", flush=True)
+    if operator:
+        idle = operator.rss_mib()
+        print(f"  operator pid {operator.pid}, up {operator.age_seconds():.0f}s, "
+              f"idle RSS {idle:.1f} MiB", flush=True)
+
+    results: dict = {"idle_rss_mib": operator.rss_mib() if operator else None}
+    modes = ("pending", "running") if args.mode == "both" else (args.mode,)
+    for mode in modes:
+        r = resilient(cluster, f"{mode} burst", lambda mode=mode: burst(cluster, args, mode))
+        results[mode] = r
+        print(f"  [{mode}] all {r['jobs']} jobs reconciled in {r['reconciled_s']:.2f}s: "
+              f"{r['jobs_per_s']:.1f} jobs/s, {r['pods_per_s']:.1f} pods/s "
+              f"(target >= 25 jobs/s: {r['jobs_per_s'] / 25:.2f}x); submit took "
+              f"{r['submit_s']:.2f}s; per-job latency p50 {r['job_latency_p50_s']:.2f}s "
+              f"p99 {r['job_latency_p99_s']:.2f}s", flush=True)
+        if "all_running_s" in r:
+            print(f"  [{mode}] all jobs Running 2/2 after {r['all_running_s']:.1f}s")
+        print(f"  [{mode}] operator API requests: {r['requests_per_job']:.2f} per job "
+              f"(after {args.settle:.0f}s settle): {r['requests_settled']}")
+        if operator:
+            print(f"  [{mode}] operator CPU {r['operator_cpu_settled_s']:.1f}s "
+                  f"({r['operator_cpu_ms_per_job']:.1f} ms/job), peak RSS "
+                  f"{r['operator_peak_rss_mib']:.1f} MiB (target < 150: "
+                  f"{r['operator_peak_rss_mib'] / 150:.2f}x), RSS after cleanup "
+                  f"{r['operator_rss_after_cleanup_mib']:.1f} MiB; cleanup {r['cleanup_s']:.1f}s",
+                  flush=True)
+    if args.single:
+        s = resilient(cluster, "single-job latency",
+                      lambda: single_job_latency(cluster, args.single))
+        results["single"] = s
+        print(f"  single job create -> all children: median {s['median_ms']:.0f} ms, best "
+              f"{s['best_ms']:.0f}, worst {s['worst_ms']:.0f} over {s['runs']} runs "
+              f"(target < 150 ms: {s['median_ms'] / 150:.2f}x)")
+    print(f"  {machine_line()}")
+    emit_result("throughput", results, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
