@@ -12,6 +12,7 @@ mid-epoch and still stops after exactly `--max-steps` optimizer steps.
 
 The lines below are a contract: the tests (and people reading pod logs) parse them.
   RANK_INFO rank=<global> local_rank=<local> world_size=<w> node_rank=<n>    every rank, at start
+  SETUP distributed_type=<t> mixed_precision=<p> [zero_stage= offload= | fsdp_sharding=]  rank 0
   RESUMED from=<path> step=<n>                                             rank 0, on resume
   STEP step=<n> loss=<float> epoch=<e>            rank 0, step 1, every --log-every, and the last
   FINAL rank=<r> param_checksum=<float, 8 decimals> steps=<n>              every rank, at the end
@@ -228,6 +229,21 @@ def maybe_fail(args: argparse.Namespace, accelerator: Accelerator, step: int) ->
     os._exit(1)
 
 
+
+def describe_setup(accelerator: Accelerator) -> str:
+    """What accelerate really set up, from its own state: the config the pod asked for may
+    quietly turn into something else (DeepSpeed or FSDP without GPUs, FSDP on one process)."""
+    state = accelerator.state
+    text = (f"SETUP distributed_type={state.distributed_type.value} "
+            f"mixed_precision={state.mixed_precision}")
+    if getattr(state, "deepspeed_plugin", None) is not None:
+        zero = state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+        offload = (zero.get("offload_optimizer") or {}).get("device", "none")
+        text += f" zero_stage={zero.get('stage')} offload_optimizer={offload}"
+    if getattr(state, "fsdp_plugin", None) is not None:
+        text += f" fsdp_sharding={state.fsdp_plugin.sharding_strategy}"
+    return text
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     accelerator = Accelerator(
@@ -283,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     model, optimizer, dataloader, scheduler = accelerator.prepare(
         model, optimizer, dataloader, scheduler
     )
+    print_main(accelerator, describe_setup(accelerator))
     if len(dataloader) == 0:
         raise SystemExit(
             f"the dataset has {len(dataset)} samples: too few for batch size {args.batch_size} on "

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from accelerate_operator.api import parse_job
 from accelerate_operator.resources.configmap import build_configmap, render_accelerate_config
 from accelerate_operator.resources.pods import build_pod
@@ -15,24 +14,10 @@ from accelerate_trainer.command import build_launch_plan
 from accelerate_trainer.config import parse_accelerate_yaml
 from accelerate_trainer.topology import parse_topology
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+from tests.helpers.examples import EXAMPLES_DIR, load_example, user_config
 
-
-def load(path: Path) -> tuple[dict, dict[str, dict]]:
-    documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    job = next(d for d in documents if d["kind"] == "AccelerateJob")
-    configmaps = {d["metadata"]["name"]: d for d in documents if d["kind"] == "ConfigMap"}
-    job["metadata"].setdefault("namespace", "default")
-    job["metadata"].setdefault("uid", "uid")
-    return job, configmaps
-
-
-def user_config(job_body: dict, configmaps: dict[str, dict]) -> dict:
-    spec = job_body["spec"]
-    if "accelerateConfig" in spec:
-        return spec["accelerateConfig"]
-    ref = spec["accelerateConfigFrom"]["configMapKeyRef"]
-    return parse_accelerate_yaml(configmaps[ref["name"]]["data"][ref["key"]])
+EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
+load = load_example
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
