@@ -6,7 +6,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-CACHE ?= $(HOME)/.cache/accelerate-operator
+CACHE ?= $(or $(ACCELERATE_OPERATOR_CACHE),$(HOME)/.cache/accelerate-operator)
 export ACCELERATE_OPERATOR_CACHE := $(CACHE)
 PYTEST_ARGS ?=
 

@@ -4,6 +4,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
+# Pods on the local node run this venv: bring it up to date with this checkout first.
+"$ROOT/hack/python-env.sh" >/dev/null
 BIN=$("$ROOT/hack/build-control-plane.sh" | tail -n1)
 export PATH="$BIN:$PATH"
 kubeconfig=$("$ROOT/hack/local-cluster.sh" up | tail -n1)

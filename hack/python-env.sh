@@ -2,8 +2,8 @@
 # Create (once) and refresh the project's Python virtual environment, then print its path.
 #
 # The venv lives outside the repository ($ACCELERATE_OPERATOR_CACHE/venv) so a fresh clone,
-# CI included, reuses the multi-gigabyte torch install. The project itself is installed
-# editable from the current checkout on every call (seconds), so the venv always runs the
+# CI included, reuses the multi-gigabyte torch install. The project itself is re-installed
+# from the calling checkout whenever its code differs (seconds), so the venv always runs the
 # code of the clone that called it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,19 +22,25 @@ stamp="$VENV/.pyproject.sha256"
 want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   echo ">> installing Python dependencies into $VENV" >&2
-  "$VENV/bin/pip" install -q -e "${ROOT}[dev]" >&2
+  "$VENV/bin/pip" install -q "setuptools>=68" wheel >&2
+  "$VENV/bin/pip" install -q "${ROOT}[dev]" >&2
   # DeepSpeed's setup.py imports torch, so it builds against the torch already here (no
   # isolated build env, which would download torch again); DS_BUILD_OPS=0 compiles no CUDA ops:
   # tests construct its plugin on CPU, kernels are built on GPU machines at first use.
   DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --no-build-isolation "deepspeed>=0.14" >&2
   echo "$want" > "$stamp"
-elif ! "$VENV/bin/python" - "$ROOT" >/dev/null 2>&1 <<'PY'
-import importlib.util, pathlib, sys
-specs = [importlib.util.find_spec(name) for name in ("accelerate_operator", "accelerate_trainer")]
-sys.exit(0 if all(s and pathlib.Path(s.origin).is_relative_to(sys.argv[1]) for s in specs) else 1)
-PY
-then
-  # Same dependencies, different checkout (a fresh CI clone): point the editable install here.
-  "$VENV/bin/pip" install -q --no-deps -e "$ROOT" >&2
+  rm -f "$VENV/.code.sha256"
+fi
+
+# The project itself is installed as a copy, not editable, re-installed whenever its code
+# changes. Pods on the local node run this venv in place of an image, and a pod may mount
+# its own /tmp (the operator's chart does): a copy works wherever the checkout lives.
+code_stamp="$VENV/.code.sha256"
+code=$(cd "$ROOT" && find operator trainer pyproject.toml -name '*.py' -o -name pyproject.toml \
+  | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+if [[ "$(cat "$code_stamp" 2>/dev/null)" != "$code" ]]; then
+  "$VENV/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$ROOT" >&2
+  rm -rf "$ROOT/build" "$ROOT"/operator/*.egg-info "$ROOT"/trainer/*.egg-info
+  echo "$code" > "$code_stamp"
 fi
 echo "$VENV"

@@ -10,11 +10,23 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.helpers.cluster import ROOT, create_namespace, delete_namespace, ensure_cluster
+# Tests exercise the checkout's source; the venv's installed copy (what pods on the local node
+# run) is refreshed by hack/python-env.sh and may lag behind an edit.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_ROOT / "operator"), str(_ROOT / "trainer")]
+
+from tests.helpers.cluster import (  # noqa: E402
+    ROOT,
+    create_namespace,
+    delete_namespace,
+    ensure_cluster,
+)
 
 EXTERNAL = os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1"
 
