@@ -20,8 +20,7 @@ from .command import build_launch_plan
 from .config import (
     ConfigError,
     check_against_accelerate_schema,
-    check_distribution,
-    check_topology_keys,
+    check_job_fits,
     distributed_type,
     is_cpu_job,
     parse_accelerate_yaml,
@@ -50,13 +49,8 @@ def read_config(topology: Topology) -> dict:
 
 def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None) -> None:
     check_against_accelerate_schema(config)
-    check_topology_keys(
-        config,
-        num_nodes=topology.num_nodes,
-        num_processes=topology.world_size,
-        master_port=topology.master_port,
-    )
-    check_distribution(config, num_nodes=topology.num_nodes, num_processes=topology.world_size)
+    check_job_fits(config, num_nodes=topology.num_nodes, num_processes=topology.world_size,
+                   master_port=topology.master_port)
     dtype = distributed_type(config)
     if visible_gpus is not None and not is_cpu_job(config) and dtype != "NO":
         if visible_gpus == 0:

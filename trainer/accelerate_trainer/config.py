@@ -91,6 +91,17 @@ def check_distribution(config: Mapping[str, Any], *, num_nodes: int, num_process
             )
 
 
+def check_job_fits(
+    config: Mapping[str, Any], *, num_nodes: int, num_processes: int, master_port: int
+) -> None:
+    """Everything the operator (at render) and the trainer (in each pod) both check: the
+    topology keys agree with the job, and the config really distributes over it."""
+    check_topology_keys(
+        config, num_nodes=num_nodes, num_processes=num_processes, master_port=master_port
+    )
+    check_distribution(config, num_nodes=num_nodes, num_processes=num_processes)
+
+
 def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
     """Check keys and enum values with accelerate's own config classes (imports accelerate)."""
     from accelerate.commands.config.config_args import ClusterConfig

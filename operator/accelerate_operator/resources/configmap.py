@@ -10,11 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-from accelerate_trainer.config import (
-    check_distribution,
-    check_topology_keys,
-    distributed_type,
-)
+from accelerate_trainer.config import check_job_fits, distributed_type
 
 from ..api import JobSpec
 from ..constants import CONFIG_KEY
@@ -26,13 +22,8 @@ PER_POD_KEYS = ("machine_rank", "main_process_ip")
 
 def render_accelerate_config(job: JobSpec, user_config: Mapping[str, Any]) -> dict[str, Any]:
     """Raises accelerate_trainer.config.ConfigError when the config contradicts the job."""
-    check_topology_keys(
-        user_config,
-        num_nodes=job.num_nodes,
-        num_processes=job.world_size,
-        master_port=job.master_port,
-    )
-    check_distribution(user_config, num_nodes=job.num_nodes, num_processes=job.world_size)
+    check_job_fits(user_config, num_nodes=job.num_nodes, num_processes=job.world_size,
+                   master_port=job.master_port)
     rendered = {key: value for key, value in user_config.items() if key not in PER_POD_KEYS}
     rendered.setdefault("compute_environment", "LOCAL_MACHINE")
     rendered.setdefault("distributed_type", "NO" if job.world_size == 1 else "MULTI_GPU")
