@@ -54,10 +54,22 @@ def _ensure_target(dst: str, is_file: bool) -> None:
         os.makedirs(dst, exist_ok=True)
 
 
+def _under(path: str, mount_point: str) -> bool:
+    mount_point = mount_point.rstrip("/") or "/"
+    return path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     term_log = spec.get("termination_log_host")
+    # A volume may be mounted over a host directory the pod still needs: the operator's chart
+    # mounts an emptyDir at /tmp, and a checkout, the agent's cache or the venv the pod runs
+    # can live under /tmp. So every mount source, the venv and the termination log are opened
+    # before any mount, and used through their file descriptors afterwards.
+    term_fd = os.open(term_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if term_log else None
+    venv = os.path.realpath(sys.prefix)
+    venv_fd = os.open(venv, os.O_PATH)
     try:
         if spec.get("netns"):
             _setns(spec["netns"], CLONE_NEWNET)
@@ -67,31 +79,36 @@ def main() -> None:
         _check(libc.unshare(CLONE_NEWNS), "unshare mount namespace")
         # Private propagation: our bind mounts must never leak back to the host.
         _mount(None, "/", MS_REC | MS_PRIVATE)
-        for m in spec["mounts"]:
+        source_fds = [os.open(m["src"], os.O_PATH) for m in spec["mounts"]]
+        for m, fd in zip(spec["mounts"], source_fds, strict=True):
             _ensure_target(m["dst"], m["file"])
-            _mount(m["src"], m["dst"], MS_BIND | MS_REC)
+            _mount(f"/proc/self/fd/{fd}", m["dst"], MS_BIND | MS_REC)
             if m.get("ro"):
                 _mount(None, m["dst"], MS_BIND | MS_REMOUNT | MS_RDONLY)
+            os.close(fd)
+        if any(_under(venv, m["dst"]) for m in spec["mounts"]):
+            os.makedirs(venv, exist_ok=True)
+            _mount(f"/proc/self/fd/{venv_fd}", venv, MS_BIND | MS_REC)
         cwd = spec.get("cwd") or "/"
         os.makedirs(cwd, exist_ok=True)
         os.chdir(cwd)
     except OSError as e:
-        _fail(term_log, f"local node agent: container setup failed: {e}", 128)
+        _fail(term_fd, f"local node agent: container setup failed: {e}", 128)
+    os.close(venv_fd)
     argv = spec["argv"]
     try:
         os.execvpe(argv[0], argv, spec["env"])
     except FileNotFoundError:
-        _fail(term_log, f"local node agent: executable {argv[0]!r} not found in PATH "
+        _fail(term_fd, f"local node agent: executable {argv[0]!r} not found in PATH "
                         f"{spec['env'].get('PATH', '')}", 127)
     except OSError as e:
-        _fail(term_log, f"local node agent: cannot exec {argv[0]!r}: {e}", 126)
+        _fail(term_fd, f"local node agent: cannot exec {argv[0]!r}: {e}", 126)
 
 
-def _fail(term_log: str | None, message: str, code: int) -> None:
+def _fail(term_fd: int | None, message: str, code: int) -> None:
     sys.stderr.write(message + "\n")
-    if term_log:
-        with open(term_log, "w") as f:
-            f.write(message)
+    if term_fd is not None:
+        os.write(term_fd, message.encode()[:4096])
     os._exit(code)
 
 
