@@ -68,8 +68,10 @@ def main() -> None:
     # can live under /tmp. So every mount source, the venv and the termination log are opened
     # before any mount, and used through their file descriptors afterwards.
     term_fd = os.open(term_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if term_log else None
-    venv = os.path.realpath(sys.prefix)
-    venv_fd = os.open(venv, os.O_PATH)
+    # The environments the pod runs: each PATH entry, its prefix for a .../bin (a venv).
+    path_dirs = [d for d in spec["env"].get("PATH", "").split(":") if d.startswith("/")]
+    prefixes = {os.path.dirname(d) if d.endswith("/bin") else d for d in path_dirs}
+    keep = {p: os.open(p, os.O_PATH) for p in sorted(prefixes) if os.path.isdir(p)}
     try:
         if spec.get("netns"):
             _setns(spec["netns"], CLONE_NEWNET)
@@ -86,15 +88,17 @@ def main() -> None:
             if m.get("ro"):
                 _mount(None, m["dst"], MS_BIND | MS_REMOUNT | MS_RDONLY)
             os.close(fd)
-        if any(_under(venv, m["dst"]) for m in spec["mounts"]):
-            os.makedirs(venv, exist_ok=True)
-            _mount(f"/proc/self/fd/{venv_fd}", venv, MS_BIND | MS_REC)
+        for path, fd in keep.items():
+            if any(_under(path, m["dst"]) and not _under(m["dst"], path) for m in spec["mounts"]):
+                os.makedirs(path, exist_ok=True)
+                _mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
         cwd = spec.get("cwd") or "/"
         os.makedirs(cwd, exist_ok=True)
         os.chdir(cwd)
     except OSError as e:
         _fail(term_fd, f"local node agent: container setup failed: {e}", 128)
-    os.close(venv_fd)
+    for fd in keep.values():
+        os.close(fd)
     argv = spec["argv"]
     try:
         os.execvpe(argv[0], argv, spec["env"])
