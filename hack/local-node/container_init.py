@@ -71,7 +71,7 @@ def main() -> None:
     # The environments the pod runs: each PATH entry, its prefix for a .../bin (a venv).
     path_dirs = [d for d in spec["env"].get("PATH", "").split(":") if d.startswith("/")]
     prefixes = {os.path.dirname(d) if d.endswith("/bin") else d for d in path_dirs}
-    keep = {p: os.open(p, os.O_PATH) for p in sorted(prefixes) if os.path.isdir(p)}
+    keep: dict[str, int] = {}
     try:
         if spec.get("netns"):
             _setns(spec["netns"], CLONE_NEWNET)
@@ -81,6 +81,9 @@ def main() -> None:
         _check(libc.unshare(CLONE_NEWNS), "unshare mount namespace")
         # Private propagation: our bind mounts must never leak back to the host.
         _mount(None, "/", MS_REC | MS_PRIVATE)
+        # Opened inside the new mount namespace: a bind mount from another namespace's mount
+        # is refused (EINVAL).
+        keep = {p: os.open(p, os.O_PATH) for p in sorted(prefixes) if os.path.isdir(p)}
         source_fds = [os.open(m["src"], os.O_PATH) for m in spec["mounts"]]
         for m, fd in zip(spec["mounts"], source_fds, strict=True):
             _ensure_target(m["dst"], m["file"])
