@@ -563,6 +563,14 @@ class Agent:
         if not rec.spec.get("hostNetwork"):
             mounts.append({"src": os.path.join(rec.dir, "hosts"), "dst": "/etc/hosts",
                            "ro": False, "file": True})
+            # The host's nameserver is unreachable from a pod's network namespace: every name
+            # not in /etc/hosts (a reverse lookup by gloo or torch, say) would wait for DNS
+            # timeouts. There is no cluster DNS here, so lookups fail at once instead.
+            resolv = os.path.join(rec.dir, "resolv.conf")
+            with open(resolv, "w") as f:
+                f.write(f"nameserver 127.0.0.1\nsearch {rec.ns}.svc.cluster.local "
+                        "svc.cluster.local cluster.local\noptions ndots:1 timeout:1 attempts:1\n")
+            mounts.append({"src": resolv, "dst": "/etc/resolv.conf", "ro": True, "file": True})
         mounts.append({"src": term_host, "file": True, "ro": False,
                        "dst": spec.get("terminationMessagePath") or "/dev/termination-log"})
         init_spec = {"argv": argv, "env": env, "cwd": spec.get("workingDir") or "/",
