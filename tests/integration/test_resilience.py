@@ -65,9 +65,19 @@ def alive(pid: int) -> bool:
 
 
 def apiserver_pid() -> int:
+    """The API server of the local cluster: its pid file, or, when that names a process that
+    is gone (a second start that lost the port to the first), the process running this cache's
+    kube-apiserver binary."""
     cache = Path(os.environ.get("ACCELERATE_OPERATOR_CACHE",
                                 Path.home() / ".cache" / "accelerate-operator"))
-    return int((cache / "cluster" / "run" / "kube-apiserver.pid").read_text())
+    pid = int((cache / "cluster" / "run" / "kube-apiserver.pid").read_text())
+    if alive(pid):
+        return pid
+    found = subprocess.run(["pgrep", "-f", f"^{cache}/bin/[^ ]*/kube-apiserver "],
+                           capture_output=True, text=True).stdout.split()
+    live = [int(p) for p in found if alive(int(p))]
+    assert len(live) == 1, f"expected one local kube-apiserver, found {live}"
+    return live[0]
 
 
 @pytest.mark.skipif(EXTERNAL, reason="restarts the local control plane; an external cluster's "
