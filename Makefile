@@ -62,8 +62,9 @@ verify: ## Fail when generated files drift from their sources
 	hack/sync-chart-crd.sh --check
 
 .PHONY: images
-images: ## Build the operator and trainer images (docker, podman or buildah)
-	hack/build-images.sh
+images: ## Build the operator and trainer images, and load them into the local cluster's nodes if it runs
+	images=$$(hack/build-images.sh); \
+	if hack/local-cluster.sh status | grep -q '^kubelet@.*running'; then hack/load-images.sh $$images; fi
 
 .PHONY: bench
 bench: ## Benchmarks on the local cluster; numbers and ratios go to stdout

@@ -28,6 +28,8 @@ ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_CONFIG_FILE = "ACCELERATE_CONFIG_FILE"
 ENV_CHECKPOINT_DIR = "ACCELERATE_CHECKPOINT_DIR"
 ENV_JOB_NAME = "ACCELERATE_JOB_NAME"
+# Which whole-group attempt this pod belongs to: 0, then 1 after the first restart...
+ENV_JOB_ATTEMPT = "ACCELERATE_JOB_ATTEMPT"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 

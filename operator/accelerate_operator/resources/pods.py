@@ -13,6 +13,7 @@ from ..constants import (
     CONFIG_VOLUME,
     ENV_CHECKPOINT_DIR,
     ENV_CONFIG_FILE,
+    ENV_JOB_ATTEMPT,
     ENV_JOB_NAME,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
@@ -43,7 +44,7 @@ def _container_security_defaults(container: dict[str, Any]) -> dict[str, Any]:
     return RESTRICTED_CONTAINER_SECURITY
 
 
-def build_topology_env(job: JobSpec, index: int) -> list[dict[str, str]]:
+def build_topology_env(job: JobSpec, index: int, attempt: int = 0) -> list[dict[str, str]]:
     """The env that tells `accelerate-trainer` where this pod sits. No PET_* names: torchrun
     reads those as defaults and they would leak into the launch."""
     env = {
@@ -55,6 +56,7 @@ def build_topology_env(job: JobSpec, index: int) -> list[dict[str, str]]:
         ENV_WORLD_SIZE: str(job.world_size),
         ENV_CONFIG_FILE: f"{CONFIG_MOUNT_PATH}/{CONFIG_KEY}",
         ENV_JOB_NAME: job.name,
+        ENV_JOB_ATTEMPT: str(attempt),
         "PYTHONUNBUFFERED": "1",
     }
     if job.checkpoint:
@@ -95,7 +97,7 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
     # The trainer writes config errors to /dev/termination-log; anything else (a traceback from a
     # training process) reaches the job's status through the last lines of the log.
     trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    trainer["env"] = build_topology_env(job, index) + list(trainer.get("env") or [])
+    trainer["env"] = build_topology_env(job, index, attempt) + list(trainer.get("env") or [])
     mounts = trainer.setdefault("volumeMounts", [])
     mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True})
     mounted_paths = {mount.get("mountPath") for mount in mounts}
