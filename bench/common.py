@@ -25,7 +25,8 @@ if str(ROOT) not in sys.path:  # tests.helpers: the same cluster helpers the tes
     sys.path.insert(0, str(ROOT))
 
 import kubernetes  # noqa: E402
-from accelerate_operator.constants import GROUP, JOB_NAME_LABEL, PLURAL, VERSION  # noqa: E402
+from accelerate_operator.constants import GROUP, PLURAL, VERSION  # noqa: E402
+from accelerate_trainer.contract import JOB_NAME_LABEL  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 from kubernetes.watch.watch import iter_resp_lines  # noqa: E402
 

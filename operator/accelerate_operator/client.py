@@ -21,14 +21,13 @@ from typing import Any
 import kubernetes
 import urllib3
 from accelerate_trainer.config import ConfigError
+from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 from kubernetes.client.rest import ApiException
 
 from .constants import (
-    ATTEMPT_LABEL,
     FAILED,
     FINISHED_PHASES,
     GROUP,
-    JOB_NAME_LABEL,
     PLURAL,
     SUCCEEDED,
     VERSION,

@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
+from accelerate_trainer.contract import JOB_NAME_LABEL
 
-from .constants import FIELD_MANAGER, GROUP, JOB_NAME_LABEL, PLURAL, VERSION
+from .constants import FIELD_MANAGER, GROUP, PLURAL, VERSION
 from .kube import Kube
 from .reconciler import Reconciler
 from .status import PodState, read_pod_state

@@ -16,22 +16,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from accelerate_trainer.contract import ATTEMPT_LABEL, CONFIG_ERROR_EXIT_CODE, NODE_INDEX_LABEL
+
 from .api import JobSpec
 from .constants import (
-    ATTEMPT_LABEL,
-    CONFIG_ERROR_EXIT_CODE,
+    CONDITION_TYPES,
     CREATED,
     FAILED,
     FINISHED_PHASES,
-    NODE_INDEX_LABEL,
     PENDING,
     RESTARTING,
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
 )
-
-CONDITION_TYPES = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
 
 
 @dataclass(frozen=True)

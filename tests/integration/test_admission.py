@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from accelerate_operator.constants import JOB_NAME_LABEL
+from accelerate_trainer.contract import JOB_NAME_LABEL
 
 from tests.helpers.cluster import (
     ROOT,

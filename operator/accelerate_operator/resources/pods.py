@@ -6,11 +6,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..api import JobSpec
-from ..constants import (
+from accelerate_trainer.contract import (
+    CONFIG_FILE,
     CONFIG_KEY,
     CONFIG_MOUNT_PATH,
-    CONFIG_VOLUME,
     ENV_CHECKPOINT_DIR,
     ENV_CONFIG_FILE,
     ENV_JOB_NAME,
@@ -20,8 +19,10 @@ from ..constants import (
     ENV_NPROC_PER_NODE,
     ENV_NUM_NODES,
     ENV_WORLD_SIZE,
-    SHM_VOLUME,
 )
+
+from ..api import JobSpec
+from ..constants import CONFIG_VOLUME, SHM_VOLUME
 from ..labels import pod_labels
 from ..naming import configmap_name, master_address, pod_name, service_name
 
@@ -53,7 +54,7 @@ def build_topology_env(job: JobSpec, index: int) -> list[dict[str, str]]:
         ENV_NUM_NODES: str(job.num_nodes),
         ENV_NPROC_PER_NODE: str(job.nproc_per_node),
         ENV_WORLD_SIZE: str(job.world_size),
-        ENV_CONFIG_FILE: f"{CONFIG_MOUNT_PATH}/{CONFIG_KEY}",
+        ENV_CONFIG_FILE: CONFIG_FILE,
         ENV_JOB_NAME: job.name,
         "PYTHONUNBUFFERED": "1",
     }
