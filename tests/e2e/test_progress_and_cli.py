@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from accelerate_operator.client import AccelerateJobClient
+from accelerate_job import AccelerateJobClient
 
 from tests.helpers.cluster import ROOT, kubectl, wait_for
 
