@@ -20,7 +20,7 @@ from .status import Event, format_time
 
 log = logging.getLogger("accelerate_operator.kube")
 
-# A node agent that does not answer must not hold a reconcile (or the progress timer) for long.
+# A node agent that does not answer must not hold a reconcile (or the clock's progress read) long.
 LOG_REQUEST_TIMEOUT = 10
 
 
