@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from accelerate_job import AccelerateJobClient
 
-from tests.helpers.cluster import ROOT, kubectl, wait_for
+from devtools.cluster import ROOT, kubectl, wait_for
 
 pytestmark = [
     pytest.mark.timeout(600),

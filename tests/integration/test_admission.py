@@ -21,7 +21,7 @@ import pytest
 import yaml
 from accelerate_trainer.contract import JOB_NAME_LABEL
 
-from tests.helpers.cluster import (
+from devtools.cluster import (
     ROOT,
     create_namespace,
     delete_namespace,

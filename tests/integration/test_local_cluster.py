@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.helpers.cluster import (  # noqa: E402
+from devtools.cluster import (  # noqa: E402
     create_namespace,
     delete_namespace,
     ensure_cluster,

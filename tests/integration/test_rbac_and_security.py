@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from accelerate_trainer.contract import JOB_NAME_LABEL
 
-from tests.helpers.cluster import (
+from devtools.cluster import (
     create_namespace,
     delete_namespace,
     kubectl,
