@@ -83,6 +83,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # 6 calls in flight: 32 lets creates of many jobs overlap (docs/benchmarks.md, finding 1).
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="kube"))
+    OPERATOR.indexes.clear()  # a second operator in one process (tests) starts afresh
     OPERATOR.reconciler = Reconciler(Kube.from_environment(pool_size=API_THREADS))
     OPERATOR.clock = Clock(OPERATOR.reconcile, OPERATOR.reconciler.refresh_progress)
     OPERATOR.clock_task = asyncio.create_task(_run_clock(), name="accelerate-operator-clock")
