@@ -48,7 +48,7 @@ cluster-down: ## Stop the local cluster (keeps the built binaries)
 
 .PHONY: lint
 lint: ## ruff, the layering contracts, helm lint and the chart/CRD drift check
-	$(PY) -m ruff check operator trainer tests examples bench hack
+	$(PY) -m ruff check operator trainer tests examples bench hack devtools
 	$(VENV)/bin/lint-imports
 	hack/sync-chart-crd.sh --check
 	$$(hack/install-tools.sh | tail -n1)/helm lint --strict charts/accelerate-operator

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from accelerate_operator.client import AccelerateJobClient
+from accelerate_job import AccelerateJobClient
 
-from tests.helpers.cluster import kubectl, wait_for
+from devtools.cluster import kubectl, wait_for
 
 pytestmark = [pytest.mark.timeout(600)]
 

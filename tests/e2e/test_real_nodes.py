@@ -14,8 +14,8 @@ from datetime import datetime
 
 import yaml
 
-from tests.helpers.cluster import ROOT, kubectl, kubectl_binary, kubectl_json, wait_for
-from tests.helpers.images import TRAINER_CPU_IMAGE
+from devtools.cluster import ROOT, kubectl, kubectl_binary, kubectl_json, wait_for
+from devtools.images import TRAINER_CPU_IMAGE
 from tests.helpers.jobs import apply_job, condition, phase_is, wait_for_job
 
 HOLD_MASTER_SECONDS = 15

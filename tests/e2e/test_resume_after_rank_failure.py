@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers.cluster import ROOT, kubectl
+from devtools.cluster import ROOT, kubectl
 from tests.helpers.jobs import apply_job, phase_is, wait_for_job
 
 MAX_STEPS, CHECKPOINT_EVERY, FAIL_AT = 30, 10, 25

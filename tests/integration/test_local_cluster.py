@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.helpers.cluster import (  # noqa: E402
+from devtools.cluster import (  # noqa: E402
     create_namespace,
     delete_namespace,
     kubectl,
@@ -23,7 +23,7 @@ from tests.helpers.cluster import (  # noqa: E402
     wait_for,
     wait_for_phase,
 )
-from tests.helpers.images import PYTHON_IMAGE  # noqa: E402
+from devtools.images import PYTHON_IMAGE  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -108,9 +108,10 @@ def rendezvous_pair(namespace: str) -> list[dict]:
     for pod in (server, client):  # `python3 -c CODE ARG` gives sys.argv == ['-c', ARG]
         pod["metadata"]["labels"]["group"] = "job"
         # One pod per node: the pair talks across nodes, through the host's routes.
-        pod["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {"group": "job"}},
-             "topologyKey": "kubernetes.io/hostname"}]}}
+        one_per_node = {"labelSelector": {"matchLabels": {"group": "job"}},
+                        "topologyKey": "kubernetes.io/hostname"}
+        pod["spec"]["affinity"] = {"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [one_per_node]}}
     return [service, server, client]
 
 

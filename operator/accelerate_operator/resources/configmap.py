@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 from accelerate_trainer.config import check_job_fits, distributed_type
+from accelerate_trainer.contract import CONFIG_KEY
 
 from ..api import JobSpec
-from ..constants import CONFIG_KEY
 from ..labels import job_labels
 from ..naming import configmap_name
 

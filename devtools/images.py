@@ -1,12 +1,12 @@
-"""The images the local cluster's nodes hold: built by hack/build-images.sh under the names the chart
-and the examples use, and loaded into every node by hack/load-images.sh (never pulled)."""
+"""The images the local cluster's nodes hold: built by hack/build-images.sh under the names the
+chart and the examples use, and loaded into every node by hack/load-images.sh (never pulled)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 VERSION = re.search(r'^version = "([^"]+)"', _PYPROJECT.read_text(), re.M).group(1)
 REGISTRY = "ghcr.io/accelerate-operator"
 OPERATOR_IMAGE = f"{REGISTRY}/operator:{VERSION}"

@@ -1,6 +1,7 @@
 """Build what `accelerate-job submit` (and AccelerateJobClient.submit) create: the AccelerateJob
 and the ConfigMap holding the user's accelerate YAML. Pure: no clock, no randomness, no API
-calls; the CLI picks the name, the client sends the objects."""
+calls; the CLI picks the name, the client sends the objects. Each object is built once, by
+`prepare_submission`, whether it is then sent or printed (--dry-run)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from accelerate_operator.constants import API_VERSION, GPU_RESOURCE, KIND
+from accelerate_operator.labels import job_labels
 from accelerate_trainer.config import (
     check_distribution,
     check_topology_keys,
     parse_accelerate_yaml,
 )
-
-from .constants import API_VERSION, GPU_RESOURCE, KIND
-from .labels import job_labels
 
 DEFAULT_CONFIG_KEY = "accelerate.yaml"
 TRAINER_CONTAINER = "trainer"
@@ -43,16 +43,7 @@ def build_job(
 ) -> dict[str, Any]:
     """An AccelerateJob running `accelerate-trainer SCRIPT ARGS...` in `image`; its accelerate
     YAML is read from ConfigMap `config_map` (default: `<name>-accelerate-yaml`)."""
-    container: dict[str, Any] = {
-        "name": TRAINER_CONTAINER,
-        "image": image,
-        "command": ["accelerate-trainer"],
-        "args": [script, *script_args],
-    }
-    if env:
-        container["env"] = [{"name": key, "value": value} for key, value in env.items()]
-    if gpus_per_node:
-        container["resources"] = {"limits": {GPU_RESOURCE: gpus_per_node}}
+    container = _trainer_container(image, [script, *script_args], env, gpus_per_node)
     spec: dict[str, Any] = {
         "numNodes": num_nodes,
         "numProcPerNode": nproc_per_node,
@@ -68,6 +59,21 @@ def build_job(
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+def _trainer_container(image: str, args: list[str], env: Mapping[str, str] | None,
+                       gpus_per_node: int | None) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": TRAINER_CONTAINER,
+        "image": image,
+        "command": ["accelerate-trainer"],
+        "args": args,
+    }
+    if env:
+        container["env"] = [{"name": key, "value": value} for key, value in env.items()]
+    if gpus_per_node:
+        container["resources"] = {"limits": {GPU_RESOURCE: gpus_per_node}}
+    return container
 
 
 def build_config_source(job_name: str, namespace: str, config_yaml: str,
@@ -110,3 +116,15 @@ def check_accelerate_yaml(config_yaml: str, spec: Mapping[str, Any]) -> None:
         check_topology_keys(config, num_nodes=nodes, num_processes=nodes * procs,
                             master_port=int(spec.get("masterPort", 29500)))
         check_distribution(config, num_nodes=nodes, num_processes=nodes * procs)
+
+
+def prepare_submission(job: Mapping[str, Any], config_yaml: str,
+                       namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job, reading its accelerate YAML from a ConfigMap, and that ConfigMap, in `namespace`:
+    what submit creates (the ConfigMap first). Raises ConfigError when the YAML cannot work for
+    the job."""
+    check_accelerate_yaml(config_yaml, job.get("spec") or {})
+    job, configmap_name, key = use_config_source(job)
+    configmap = build_config_source(job["metadata"]["name"], namespace, config_yaml,
+                                    configmap_name, key)
+    return job, configmap
