@@ -3,8 +3,10 @@
 # `kind load docker-image` does): hack/load-images.sh IMAGE...
 #
 # A node that already holds the same image (same buildah image ID, recorded per node) is
-# skipped, so a warm run with unchanged images takes a second. Otherwise the image is exported
-# once, uncompressed, and imported into all the nodes that need it at the same time.
+# skipped, so a warm run with unchanged images takes a second. Otherwise the image is pushed,
+# uncompressed, into an OCI layout kept in the cache (only new layers are written), and each node
+# that needs it imports a stream of just the layers its containerd lacks: after a code change
+# that is the few megabytes of the code layer, not the gigabytes of torch.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=hack/lib/buildah.sh
@@ -35,16 +37,41 @@ for image in "$@"; do
   done
   [[ ${#need[@]} -gt 0 ]] || continue
   echo ">> load-images: $image into ${need[*]}" >&2
-  archive=$(mktemp "$CACHE_DIR/image.XXXXXX.tar")
-  bah push --quiet --disable-compression "$image" "oci-archive:$archive:$image" >&2
+  layout="$CACHE_DIR/oci/$stamp_name"
+  rm -rf "$layout/index.json"  # one image per layout: the index names only this push
+  mkdir -p "$layout"
+  bah push --quiet --disable-compression "$image" "oci:$layout:$image" >&2
+  # Blobs the layout holds from older pushes that this image no longer uses are dropped.
+  python3 - "$layout" <<'PY'
+import json, os, sys
+root = sys.argv[1]
+blob = lambda d: os.path.join(root, "blobs", *d.split(":"))
+keep = set()
+for m in json.load(open(os.path.join(root, "index.json")))["manifests"]:
+    keep.add(m["digest"])
+    manifest = json.load(open(blob(m["digest"])))
+    keep.update(d["digest"] for d in [manifest["config"], *manifest["layers"]])
+folder = os.path.join(root, "blobs", "sha256")
+for name in os.listdir(folder):
+    if f"sha256:{name}" not in keep:
+        os.remove(os.path.join(folder, name))
+PY
   pids=()
   for node in "${need[@]}"; do
-    ( nctr "$node" images import "$archive" >/dev/null \
-        && mkdir -p "$NODES_DIR/$node/images" && echo "$id" >"$NODES_DIR/$node/images/$stamp_name" ) &
+    (
+      have=$(nctr "$node" content ls -q 2>/dev/null | sed 's/^sha256://')
+      cd "$layout"
+      files=(oci-layout index.json)
+      for f in blobs/sha256/*; do
+        grep -qxF "$(basename "$f")" <<<"$have" || files+=("$f")
+      done
+      tar -cf - "${files[@]}" | nctr "$node" images import - >/dev/null
+      mkdir -p "$NODES_DIR/$node/images"
+      echo "$id" >"$NODES_DIR/$node/images/$stamp_name"
+    ) &
     pids+=($!)
   done
   failed=0
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-  rm -f "$archive"
   [[ $failed == 0 ]] || { echo "load-images: importing $image failed" >&2; exit 1; }
 done

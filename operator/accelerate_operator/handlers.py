@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
 from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 
 from .clock import Clock
-from .constants import FIELD_MANAGER, GROUP, PLURAL, VERSION
+from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from .kube import Kube
 from .reconciler import Reconciler
 from .status import read_pod_state
@@ -45,8 +45,12 @@ class Operator:
     def remember_indexes(self, **indexes: kopf.Index) -> None:
         self.indexes.update(indexes)
 
-    def pods_of(self, namespace: str, name: str) -> list:
-        return list(self.indexes.get("pod_index", {}).get((namespace, name), []))
+    def pods_of(self, namespace: str, name: str, uid: str) -> list:
+        """The job's pods. A pod of an earlier job of the same name (deleted, its pods still
+        terminating) is no pod of this one: the pass sees it as a stale pod on its way out, so
+        the new group waits for the name without counting the deletion as a failure."""
+        return [state if owner == uid else replace(state, attempt=-1, deleting=True)
+                for owner, state in self.indexes.get("pod_index", {}).get((namespace, name), [])]
 
     def children_of(self, namespace: str, name: str) -> set[tuple[str, str]]:
         return {child for index in ("configmap_index", "service_index")
@@ -54,7 +58,8 @@ class Operator:
 
     async def reconcile(self, body: kopf.Body) -> float | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        return await self.reconciler.reconcile(body, self.pods_of(namespace, name),
+        pods = self.pods_of(namespace, name, body["metadata"]["uid"])
+        return await self.reconciler.reconcile(body, pods,
                                                self.children_of(namespace, name))
 
 
@@ -111,7 +116,9 @@ async def job_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dic
 
 @kopf.index("v1", "pods", labels=OURS)
 async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels[JOB_NAME_LABEL]): read_pod_state(body)}
+    owner = next((ref.get("uid") for ref in body.metadata.get("ownerReferences") or []
+                  if ref.get("kind") == KIND), None)
+    return {(namespace, labels[JOB_NAME_LABEL]): (owner, read_pod_state(body))}
 
 
 @kopf.index("v1", "configmaps", labels=RENDERED_CONFIGMAPS)

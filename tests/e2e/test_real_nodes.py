@@ -71,7 +71,7 @@ def test_workers_wait_for_a_master_held_back_by_an_init_container_then_rendezvou
 
 SERVE = """
 import http.server, os, pathlib
-pathlib.Path('/workspace/hello.txt').write_text('hello from ' + os.environ['ACCELERATE_NODE_RANK'])
+pathlib.Path('/workspace/hello.txt').write_text('hello from ' + os.environ['NODE_RANK'])
 os.chdir('/workspace')
 print('serving', flush=True)
 http.server.HTTPServer(('', 8000), http.server.SimpleHTTPRequestHandler).serve_forever()
