@@ -37,7 +37,9 @@ OPERATOR_SERVICE_ACCOUNT = os.environ.get("ACCELERATE_OPERATOR_SERVICE_ACCOUNT",
                                           "accelerate-operator")
 CACHE = Path(os.environ.get("ACCELERATE_OPERATOR_CACHE",
                             Path.home() / ".cache" / "accelerate-operator"))
-LOCAL_POD_DIR = CACHE / "cluster" / "pods"  # the local node agent's per-pod folders
+# The local cluster's nodes (hack/lib/nodes.sh): a node's /var/log is the host folder
+# <NODES_DIR>/<node>/log, so its kubelet's pod logs (/var/log/pods) are readable from here.
+NODES_DIR = CACHE / "cluster" / "nodes"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BENCH_LABEL = "accelerate-operator.io/benchmark"
 
@@ -125,7 +127,7 @@ def _ready(cluster: Cluster) -> bool:
             OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=accelerate-operator")
         return any(p.status.phase == "Running" and any(
             c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-            for p in pods.items) and OperatorProcess.find() is not None
+            for p in pods.items) and OperatorProcess.find(cluster) is not None
     except Exception:  # noqa: BLE001 (down, or coming up)
         return False
 
@@ -284,12 +286,33 @@ class ClusterDisturbed(RuntimeError):
 
 
 # ------------------------------------------------------------------ logs
+def kubelet_log_files(namespace: str, pod: str, container: str) -> list[str]:
+    """The container's CRI log files on any local node: <node>/log/pods/<ns>_<pod>_<uid>/
+    <container>/<restart count>.log (the kubelet's /var/log/pods, bind-mounted from the host)."""
+    return glob.glob(str(NODES_DIR / "*" / "log" / "pods" / f"{namespace}_{pod}_*" / container /
+                         "*.log"))
+
+
+def parse_cri_line(raw: bytes) -> tuple[str, bool]:
+    """One line of a CRI log file, `<RFC3339Nano time> <stdout|stderr> <F|P> <text>`: the text,
+    and whether the line is complete (F) or a partial chunk (P) continued on the next line."""
+    parts = raw.split(b" ", 3)
+    if len(parts) < 3 or parts[1] not in (b"stdout", b"stderr"):
+        return raw.decode(errors="replace"), True  # not CRI: the raw line
+    text = parts[3] if len(parts) == 4 else b""
+    return text.decode(errors="replace"), parts[2] != b"P"
+
+
 class LogFollower(threading.Thread):
     """Follows one container's log and calls on_line(arrival_monotonic, line) for every line.
 
-    On the local cluster it reads the node agent's log file directly (polled every 20 ms); on any
-    other cluster it follows the log through the API (the local agent's own follow polls every
-    200 ms, hence the file path when it is there)."""
+    On the local cluster it reads the kubelet's log file of the container directly, from the
+    node's /var/log/pods bind mount on this host (polled every 20 ms, CRI format parsed), since
+    `kubectl logs -f` goes API server -> kubelet -> file and adds its own delay. Anywhere else,
+    or when the container has started but no file shows up (a remote cluster with the same
+    namespaces), it follows the log through the API."""
+
+    FILE_GRACE_S = 5.0  # container started, no file this long: not on a local node
 
     def __init__(self, cluster: Cluster, namespace: str, pod: str, container: str,
                  on_line: Callable[[float, str], None], poll: float = 0.02):
@@ -297,30 +320,59 @@ class LogFollower(threading.Thread):
         self.cluster, self.namespace, self.pod, self.container = cluster, namespace, pod, container
         self.on_line, self.poll = on_line, poll
         self._stop_event = threading.Event()
+        self.source = "none"  # "file" or "api", once known
 
     def stop(self) -> None:
         self._stop_event.set()
 
     def _local_file(self) -> str | None:
-        found = glob.glob(str(LOCAL_POD_DIR / f"{self.namespace}_{self.pod}_*" /
-                              f"{self.container}.log"))
+        found = kubelet_log_files(self.namespace, self.pod, self.container)
         return max(found, key=os.path.getmtime) if found else None
 
+    def _container_started(self) -> bool:
+        try:
+            pod = self.cluster.core.read_namespaced_pod(self.pod, self.namespace)
+        except ApiException:
+            return False
+        for status in (pod.status.container_statuses or []) if pod.status else []:
+            if status.name == self.container and status.state and (
+                    status.state.running or status.state.terminated):
+                return True
+        return False
+
     def run(self) -> None:
-        if LOCAL_POD_DIR.is_dir():
-            self._follow_file()
-        else:
+        if NODES_DIR.is_dir():
+            path = self._wait_for_file()
+            if path is not None:
+                self.source = "file"
+                self._follow_file(path)
+                return
+        if not self._stop_event.is_set():
+            self.source = "api"
             self._follow_api()
 
-    def _follow_file(self) -> None:
-        path = None
-        while path is None and not self._stop_event.is_set():
+    def _wait_for_file(self) -> str | None:
+        """The log file once it exists; None when stopped, or when the container has run
+        FILE_GRACE_S without one (then the API is the way)."""
+        next_check = time.monotonic() + 1.0
+        started_at: float | None = None
+        while not self._stop_event.is_set():
             path = self._local_file()
-            if path is None:
-                time.sleep(self.poll)
-        if path is None:
-            return
+            if path is not None:
+                return path
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 1.0
+                if started_at is None and self._container_started():
+                    started_at = now
+                if started_at is not None and now - started_at > self.FILE_GRACE_S:
+                    return None
+            time.sleep(self.poll)
+        return None
+
+    def _follow_file(self, path: str) -> None:
         pending = b""
+        partial = ""
         with open(path, "rb") as f:
             while not self._stop_event.is_set():
                 chunk = f.read()
@@ -330,8 +382,13 @@ class LogFollower(threading.Thread):
                 now = time.monotonic()
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self.on_line(now, line.decode(errors="replace"))
+                for raw in lines:
+                    text, complete = parse_cri_line(raw)
+                    if not complete:
+                        partial += text
+                        continue
+                    self.on_line(now, partial + text)
+                    partial = ""
 
     def _follow_api(self) -> None:
         while not self._stop_event.is_set():
@@ -350,15 +407,32 @@ class LogFollower(threading.Thread):
 
 # ------------------------------------------------------------------ the operator process
 class OperatorProcess:
-    """The operator's host process (the local node agent runs pods as host processes):
-    RSS, peak RSS and CPU time straight from /proc."""
+    """The operator's process, from /proc: RSS, peak RSS and CPU time. The operator runs in a
+    container on a local node, and a container's processes are ordinary processes of this host
+    (in other namespaces), so /proc/<pid> of this host has them."""
 
     def __init__(self, pid: int):
         self.pid = pid
 
+    @staticmethod
+    def _operator_pod_uids(cluster: Cluster | None) -> list[str]:
+        if cluster is None:
+            return []
+        try:
+            pods = cluster.core.list_namespaced_pod(
+                OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=accelerate-operator")
+        except Exception:  # noqa: BLE001 (no API: fall back to the newest process)
+            return []
+        return [p.metadata.uid for p in pods.items
+                if p.status and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
     @classmethod
-    def find(cls) -> OperatorProcess | None:
-        """The newest process whose command is `accelerate-operator` (its console script)."""
+    def find(cls, cluster: Cluster | None = None) -> OperatorProcess | None:
+        """The newest process whose command is `accelerate-operator` (its console script; in the
+        image: `/opt/venv/bin/python /opt/venv/bin/accelerate-operator ...`). With a cluster,
+        processes in the cgroup of a running operator pod (`.../pod<uid>/<container>`, as the
+        kubelet names them) come first, so an operator someone runs by hand is not taken for
+        the deployed one."""
         found = []
         for stat in glob.glob("/proc/[0-9]*/cmdline"):
             try:
@@ -369,8 +443,27 @@ class OperatorProcess:
                 b"accelerate_operator" in argv[:3]
             ):
                 pid = int(stat.split("/")[2])
-                found.append((cls(pid).start_ticks(), pid))
-        return cls(max(found)[1]) if found else None
+                try:
+                    found.append((cls(pid).start_ticks(), pid))
+                except OSError:  # gone meanwhile
+                    continue
+        if not found:
+            return None
+        uids = cls._operator_pod_uids(cluster)
+        if uids:
+            in_pod = [(ticks, pid) for ticks, pid in found if cls._in_pod(pid, uids)]
+            if in_pod:
+                found = in_pod
+        return cls(max(found)[1])
+
+    @staticmethod
+    def _in_pod(pid: int, uids: list[str]) -> bool:
+        try:
+            cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return False
+        return any(f"pod{uid}" in cgroups or f"pod{uid.replace('-', '_')}" in cgroups
+                   for uid in uids)
 
     def _status(self) -> dict[str, str]:
         fields = {}

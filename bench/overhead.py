@@ -1,16 +1,25 @@
-"""Overhead of the operator on training: the same run of examples/train.py (world size 4 on CPU)
-through an AccelerateJob (2 nodes x 2 processes) and as two bare `accelerate launch` processes on
-this machine (machine_rank 0 and 1, master 127.0.0.1), alternated pair by pair in one session.
+"""Overhead of the operator on training: the same run of examples/train.py (world size 4 on CPU,
+2 nodes x 2 processes, in the trainer image on the cluster's nodes) through an AccelerateJob and
+as two plain pods that run `accelerate launch` themselves, no operator and no accelerate-trainer,
+alternated pair by pair in one session.
 
-The bare launches use exactly what the operator's pods use: the accelerate config rendered by the
-operator's own builder (the ConfigMap's content), the argv from accelerate_trainer's
-build_launch_plan (ACCELERATE_USE_CPU=1 plus --multi_gpu for MULTI_CPU), the topology env of
-build_topology_env, and the example container's env (OMP_NUM_THREADS=1, offline HF).
+The bare pods are what the operator would create, minus the operator: the job body goes through
+the operator's own builders (render_accelerate_config -> a ConfigMap, build_service -> a headless
+Service with publishNotReadyAddresses, build_pod -> pods `bare-0`/`bare-1` with hostname and
+subdomain, the topology env, the config mount and /dev/shm), then the container's command becomes
+the argv of accelerate_trainer's build_launch_plan: `accelerate launch --config_file ...
+--num_machines 2 --num_processes 4 --machine_rank N --main_process_ip bare-0.bare
+--main_process_port 29500 --multi_gpu /opt/accelerate/examples/train.py <the example's flags>`,
+with ACCELERATE_USE_CPU=1. Labels and owner are the benchmark's own (the operator ignores them);
+each pod is pinned to its own node (nodeSelector kubernetes.io/hostname), and the nodes the
+operator's pods were bound to are printed beside.
 
 Per leg: steps/s between `STEP step=1` and the last STEP line (rank 0's log, timed on arrival;
-pod logs are read from the local node agent's files every 20 ms, bare stdout through a pipe),
-time to step 1, and wall time: create -> job Succeeded for the operator, spawn -> both launchers
-exited for bare. Ratios operator/bare are per pair, then the median over pairs.
+read from the node's kubelet log file every 20 ms), time to step 1 from the create call (the
+AccelerateJob; for bare, the ConfigMap, Service and pods), time to step 1 from the first pod's
+creation (its watch ADDED event: the same clock for both, so the operator's own reaction time
+is left out), and wall time: create -> job Succeeded for the operator, create -> both pods
+Succeeded for bare. Ratios operator/bare are per pair, then the median over pairs.
 
 Usage: python bench/overhead.py [--pairs 3] [--max-steps 200] [--json results.jsonl]
 """
@@ -19,21 +28,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-import yaml
 from accelerate_operator.api import parse_job
-from accelerate_operator.resources.configmap import render_accelerate_config
-from accelerate_operator.resources.pods import build_topology_env
+from accelerate_operator.naming import master_address
+from accelerate_operator.resources.configmap import build_configmap, render_accelerate_config
+from accelerate_operator.resources.pods import build_pod
+from accelerate_operator.resources.service import build_service
 from accelerate_trainer.command import build_launch_plan
+from accelerate_trainer.contract import CONFIG_FILE
 from accelerate_trainer.topology import Topology
 from common import (
+    BENCH_LABEL,
     Cluster,
     LogFollower,
     delete_leftovers,
@@ -45,7 +53,9 @@ from common import (
     stop_watchers,
     wait_for_cluster,
 )
-from startup import ensure_training_script, example_job
+from startup import example_job
+
+BARE_LABEL = "accelerate-operator.io/bench-bare"
 
 
 class Leg:
@@ -68,32 +78,85 @@ class Leg:
             elif line.startswith("TRAINING_DONE"):
                 self.done_line = line
 
-    def figures(self, t0: float, end: float, max_steps: int) -> dict:
+    def figures(self, t0: float, end: float, max_steps: int, pod_created: float,
+                nodes: list[str]) -> dict:
         with self.lock:
+            if 1 not in self.steps:
+                raise RuntimeError(f"no `STEP step=1` line; log tail: {self.tail}")
             first, last = self.steps[1], self.steps[max(self.steps)]
             if max(self.steps) != max_steps:
                 raise RuntimeError(f"the last STEP line is step {max(self.steps)}, not {max_steps}")
             return {
                 "steps_per_s": (max_steps - 1) / (last - first),
                 "to_step1_s": first - t0,
+                "pod_to_step1_s": first - pod_created,
                 "wall_s": end - t0,
                 "ranks": len(self.ranks),
+                "nodes": nodes,
             }
+
+
+class PodTimes:
+    """First ADDED event and node of each pod of a leg, and the pods' phases."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.lock = threading.Lock()
+        self.created: dict[str, float] = {}
+        self.node: dict[str, str] = {}
+        self.phase: dict[str, tuple[float, str]] = {}
+
+    def on_pod(self, t: float, typ: str, obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        if name not in self.names or typ == "DELETED":
+            return
+        with self.lock:
+            self.created.setdefault(name, t)
+            node = (obj.get("spec") or {}).get("nodeName")
+            if node:
+                self.node[name] = node
+            phase = (obj.get("status") or {}).get("phase") or ""
+            if self.phase.get(name, (0.0, ""))[1] != phase:
+                self.phase[name] = (t, phase)
+
+    def first_created(self) -> float:
+        with self.lock:
+            return min(self.created.values())
+
+    def nodes(self) -> list[str]:
+        with self.lock:
+            return [self.node.get(name, "?") for name in self.names]
+
+
+def log_tails(cluster: Cluster, namespace: str, pods: list[str]) -> str:
+    """The last lines of each pod's log, for an error message."""
+    tails = []
+    for pod in pods:
+        try:
+            text = cluster.core.read_namespaced_pod_log(pod, namespace, container="trainer",
+                                                        tail_lines=15)
+        except Exception as error:  # noqa: BLE001 (diagnostics only)
+            text = f"(no log: {error})"
+        tails.append(f"--- {pod}\n{text}")
+    return "\n".join(tails)
 
 
 def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
     namespace = cluster.create_namespace("bench-overhead")
     job = example_job(namespace, "cpu-ddp", args.max_steps, [f"--log-every={args.log_every}"])
     leg = Leg()
+    pods = PodTimes(["cpu-ddp-0", "cpu-ddp-1"])
     finished = threading.Event()
     phase: dict[str, float | str] = {}
     followers: dict[str, LogFollower] = {}
 
     def on_event(t: float, kind: str, typ: str, obj: dict) -> None:
         name = obj["metadata"]["name"]
-        if kind == "pods" and name == "cpu-ddp-0" and name not in followers:
-            followers[name] = LogFollower(cluster, namespace, name, "trainer", leg.on_line)
-            followers[name].start()
+        if kind == "pods":
+            pods.on_pod(t, typ, obj)
+            if name == "cpu-ddp-0" and name not in followers:
+                followers[name] = LogFollower(cluster, namespace, name, "trainer", leg.on_line)
+                followers[name].start()
         if kind == "acceleratejobs" and typ != "DELETED":
             current = (obj.get("status") or {}).get("phase")
             if current in ("Succeeded", "Failed") and "end" not in phase:
@@ -108,9 +171,11 @@ def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
             raise TimeoutError(f"operator leg: no Succeeded within {args.timeout}s; "
                                f"log tail: {leg.tail}")
         if phase["phase"] != "Succeeded":
-            raise RuntimeError(f"operator leg: the job {phase['phase']}; log tail: {leg.tail}")
+            raise RuntimeError(f"operator leg: the job {phase['phase']}; "
+                               f"{log_tails(cluster, namespace, pods.names)}")
         time.sleep(0.2)  # the last log lines
-        return leg.figures(t0, float(phase["end"]), args.max_steps)
+        return leg.figures(t0, float(phase["end"]), args.max_steps, pods.first_created(),
+                           pods.nodes())
     finally:
         for follower in followers.values():
             follower.stop()
@@ -118,61 +183,103 @@ def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
         cluster.delete_namespace(namespace, wait=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def schedulable_nodes(cluster: Cluster) -> list[str]:
+    """Ready nodes that take pods, by name."""
+    names = []
+    for node in cluster.core.list_node().items:
+        ready = any(c.type == "Ready" and c.status == "True"
+                    for c in (node.status.conditions or []))
+        if ready and not node.spec.unschedulable:
+            names.append(node.metadata.name)
+    return sorted(names)
 
 
-def bare_leg(args: argparse.Namespace, workdir: Path) -> dict:
-    """Two `accelerate launch` processes, built exactly as the pods build theirs."""
-    body = example_job("bare", "cpu-ddp", args.max_steps, [f"--log-every={args.log_every}"])
+def bare_objects(namespace: str, args: argparse.Namespace, nodes: list[str]
+                 ) -> tuple[dict, dict, list[dict]]:
+    """The ConfigMap, headless Service and pods of a bare run: the operator's builders over the
+    same job body, the benchmark's labels, and `accelerate launch` as the container's command."""
+    body = example_job(namespace, "bare", args.max_steps, [f"--log-every={args.log_every}"])
     job = parse_job(body)
     config = render_accelerate_config(job, dict(job.accelerate_config or {}))
-    config["main_process_port"] = port = free_port()
-    config_file = workdir / "accelerate-config.yaml"
-    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-    container = job.template["spec"]["containers"][0]
-    script = list(container["args"])  # /opt/accelerate/examples/train.py and its flags
-    container_env = {e["name"]: e["value"] for e in container.get("env") or []}
+    labels = {BARE_LABEL: job.name, BENCH_LABEL: "true"}
 
+    def own(obj: dict) -> dict:
+        obj["metadata"]["labels"] = dict(labels)
+        obj["metadata"].pop("ownerReferences", None)
+        return obj
+
+    configmap = own(build_configmap(job, config))
+    service = own(build_service(job))
+    service["spec"]["selector"] = {BARE_LABEL: job.name}
+    pods = []
+    for index in range(job.num_nodes):
+        pod = own(build_pod(job, index, attempt=0))
+        container = pod["spec"]["containers"][0]
+        topology = Topology(master_addr=master_address(job.name), master_port=job.master_port,
+                            node_rank=index, num_nodes=job.num_nodes,
+                            nproc_per_node=job.nproc_per_node, world_size=job.world_size,
+                            config_file=CONFIG_FILE)
+        plan = build_launch_plan(topology, config, list(container.get("args") or []))
+        container["command"] = list(plan.argv)
+        container["args"] = []
+        container["env"] = list(container.get("env") or []) + [
+            {"name": name, "value": value} for name, value in plan.env.items()]
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": nodes[index % len(nodes)]}
+        pods.append(pod)
+    return configmap, service, pods
+
+
+def bare_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
+    """Two plain pods running `accelerate launch`, one per node."""
+    nodes = schedulable_nodes(cluster)
+    if len(nodes) < 2:
+        print(f"  (only {len(nodes)} schedulable node(s): the bare pods share one)", flush=True)
+    namespace = cluster.create_namespace("bench-bare")
+    configmap, service, pod_bodies = bare_objects(namespace, args, nodes)
+    names = [p["metadata"]["name"] for p in pod_bodies]
     leg = Leg()
-    procs = []
-    t0 = time.monotonic()
-    for rank in range(job.num_nodes):
-        topology = Topology(master_addr="127.0.0.1", master_port=port, node_rank=rank,
-                            num_nodes=job.num_nodes, nproc_per_node=job.nproc_per_node,
-                            world_size=job.world_size, config_file=str(config_file))
-        plan = build_launch_plan(topology, config, script)
-        env = {**os.environ, **container_env,
-               **{e["name"]: e["value"] for e in build_topology_env(job, rank)},
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "ACCELERATE_CONFIG_FILE": str(config_file), **plan.env,
-               # The node agent puts the venv first on the pods' PATH: `accelerate` is there.
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        proc = subprocess.Popen(list(plan.argv), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, cwd=workdir)
-        procs.append(proc)
+    pods = PodTimes(names)
+    finished = threading.Event()
+    outcome: dict[str, float | str] = {}
+    followers: dict[str, LogFollower] = {}
 
-    def read(proc: subprocess.Popen) -> None:
-        for raw in proc.stdout:
-            leg.on_line(time.monotonic(), raw.decode(errors="replace").rstrip("\n"))
+    def on_event(t: float, kind: str, typ: str, obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        pods.on_pod(t, typ, obj)
+        if name == names[0] and name not in followers:
+            followers[name] = LogFollower(cluster, namespace, name, "trainer", leg.on_line)
+            followers[name].start()
+        with pods.lock:
+            phases = {pod: phase for pod, (_, phase) in pods.phase.items()}
+            if "end" in outcome:
+                return
+            if "Failed" in phases.values():
+                outcome.update(end=t, phase="Failed")
+                finished.set()
+            elif len(phases) == len(names) and set(phases.values()) == {"Succeeded"}:
+                outcome.update(end=max(at for at, _ in pods.phase.values()), phase="Succeeded")
+                finished.set()
 
-    readers = [threading.Thread(target=read, args=(p,), daemon=True) for p in procs]
-    for reader in readers:
-        reader.start()
+    watchers = start_watchers(cluster, namespace, on_event, kinds=("pods",))
     try:
-        codes = [p.wait(timeout=args.timeout) for p in procs]
+        t0 = time.monotonic()
+        cluster.core.create_namespaced_config_map(namespace, configmap)
+        cluster.core.create_namespaced_service(namespace, service)
+        for pod in pod_bodies:
+            cluster.core.create_namespaced_pod(namespace, pod)
+        if not finished.wait(args.timeout):
+            raise TimeoutError(f"bare leg: pods not Succeeded within {args.timeout}s; "
+                               f"{log_tails(cluster, namespace, names)}")
+        if outcome["phase"] != "Succeeded":
+            raise RuntimeError(f"bare leg: a pod failed; {log_tails(cluster, namespace, names)}")
+        time.sleep(0.2)  # the last log lines
+        return leg.figures(t0, float(outcome["end"]), args.max_steps, pods.first_created(),
+                           pods.nodes())
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    end = time.monotonic()
-    for reader in readers:
-        reader.join(timeout=5)
-    if any(codes):
-        raise RuntimeError(f"bare leg: exit codes {codes}; log tail: {leg.tail}")
-    return leg.figures(t0, end, args.max_steps)
+        for follower in followers.values():
+            follower.stop()
+        stop_watchers(watchers)
+        cluster.delete_namespace(namespace, wait=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,33 +292,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
     args = parser.parse_args(argv)
 
-    ensure_training_script()
     cluster = Cluster()
     wait_for_cluster(cluster)
     delete_leftovers(cluster)
     print(f"overhead: {args.pairs} pairs (operator, then bare) of train.py --max-steps="
-          f"{args.max_steps}, world size 4 on CPU; {machine_line()}", flush=True)
+          f"{args.max_steps}, world size 4 on CPU, 2 pods of the trainer image; {machine_line()}",
+          flush=True)
     pairs = []
-    with tempfile.TemporaryDirectory(prefix="bench-bare-") as tmp:
-        for i in range(args.pairs):
-            op = resilient(cluster, f"pair {i + 1} operator leg",
-                           lambda: operator_leg(cluster, args))
-            print(f"  pair {i + 1} operator: {op['steps_per_s']:.3f} steps/s, step 1 after "
-                  f"{op['to_step1_s']:.1f}s, wall {op['wall_s']:.1f}s; {machine_line()}",
-                  flush=True)
-            bare = bare_leg(args, Path(tmp))
-            print(f"  pair {i + 1} bare:     {bare['steps_per_s']:.3f} steps/s, step 1 after "
-                  f"{bare['to_step1_s']:.1f}s, wall {bare['wall_s']:.1f}s; {machine_line()}",
-                  flush=True)
-            pairs.append({"operator": op, "bare": bare,
-                          "steps_ratio": op["steps_per_s"] / bare["steps_per_s"],
-                          "wall_ratio": op["wall_s"] / bare["wall_s"],
-                          "step1_ratio": op["to_step1_s"] / bare["to_step1_s"]})
+    for i in range(args.pairs):
+        op = resilient(cluster, f"pair {i + 1} operator leg",
+                       lambda: operator_leg(cluster, args))
+        print(f"  pair {i + 1} operator: {op['steps_per_s']:.3f} steps/s, step 1 after "
+              f"{op['to_step1_s']:.1f}s ({op['pod_to_step1_s']:.1f}s from pod created), wall "
+              f"{op['wall_s']:.1f}s, nodes {','.join(op['nodes'])}; {machine_line()}",
+              flush=True)
+        bare = resilient(cluster, f"pair {i + 1} bare leg", lambda: bare_leg(cluster, args))
+        print(f"  pair {i + 1} bare:     {bare['steps_per_s']:.3f} steps/s, step 1 after "
+              f"{bare['to_step1_s']:.1f}s ({bare['pod_to_step1_s']:.1f}s from pod created), wall "
+              f"{bare['wall_s']:.1f}s, nodes {','.join(bare['nodes'])}; {machine_line()}",
+              flush=True)
+        pairs.append({"operator": op, "bare": bare,
+                      "steps_ratio": op["steps_per_s"] / bare["steps_per_s"],
+                      "wall_ratio": op["wall_s"] / bare["wall_s"],
+                      "step1_ratio": op["to_step1_s"] / bare["to_step1_s"],
+                      "pod_step1_ratio": op["pod_to_step1_s"] / bare["pod_to_step1_s"]})
     summary = {
         "pairs": pairs,
         "steps_ratio_median": median(p["steps_ratio"] for p in pairs),
         "wall_ratio_median": median(p["wall_ratio"] for p in pairs),
         "step1_ratio_median": median(p["step1_ratio"] for p in pairs),
+        "pod_step1_ratio_median": median(p["pod_step1_ratio"] for p in pairs),
+        "operator_pod_to_step1_median_s": median(p["operator"]["pod_to_step1_s"] for p in pairs),
+        "bare_pod_to_step1_median_s": median(p["bare"]["pod_to_step1_s"] for p in pairs),
         "operator_steps_per_s_median": median(p["operator"]["steps_per_s"] for p in pairs),
         "bare_steps_per_s_median": median(p["bare"]["steps_per_s"] for p in pairs),
         "operator_wall_median_s": median(p["operator"]["wall_s"] for p in pairs),
@@ -222,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
           f"pairs {per_pair}; target >= 0.98); "
           f"wall operator/bare = {summary['wall_ratio_median']:.2f} "
           f"({summary['operator_wall_median_s']:.1f}s vs {summary['bare_wall_median_s']:.1f}s); "
-          f"time to step 1 operator/bare = {summary['step1_ratio_median']:.2f}")
+          f"time to step 1 operator/bare = {summary['step1_ratio_median']:.2f}; "
+          f"pod created -> step 1 operator/bare = {summary['pod_step1_ratio_median']:.2f} "
+          f"({summary['operator_pod_to_step1_median_s']:.1f}s vs "
+          f"{summary['bare_pod_to_step1_median_s']:.1f}s)")
     print(f"  {machine_line()}")
     emit_result("overhead", summary, args.json)
     return 0

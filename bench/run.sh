@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make bench`: start the local cluster (idempotent), deploy the operator from this checkout, run
-# every benchmark, then print a summary against the targets (docs/benchmarks.md).
+# `make bench`: bring the local cluster up with hack/cluster-up.sh (idempotent, seconds when warm:
+# control plane, the two nodes, the operator and trainer images built from this checkout and loaded
+# into the nodes, the operator deployed with its Helm chart), run every benchmark, then print a
+# summary against the targets (docs/benchmarks.md).
 #
 #   bench/run.sh                     everything at full size (12-15 minutes on 2 loaded cores,
 #                                    most of it the pods' torch imports)
@@ -31,13 +33,13 @@ PY="$(hack/python-env.sh | tail -n1)/bin/python"
 # The cluster is shared: someone may be restarting it. Wait and retry rather than fail at once.
 kubeconfig=""
 for attempt in 1 2 3 4 5; do
-  if kubeconfig=$(hack/local-cluster.sh up | tail -n1); then break; fi
+  if kubeconfig=$(hack/cluster-up.sh | tail -n1); then break; fi
+  kubeconfig=""
   echo ">> local cluster not up (attempt $attempt); retrying in 20s" >&2
   sleep 20
 done
 [[ -n $kubeconfig ]] || { echo "error: the local cluster did not come up" >&2; exit 1; }
 export KUBECONFIG=$kubeconfig
-hack/deploy-operator.sh
 
 export BENCH_JSON="${BENCH_JSON:-$(mktemp /tmp/accelerate-operator-bench.XXXXXX.jsonl)}"
 if [[ $quick == 1 ]]; then

@@ -11,7 +11,9 @@ Each run creates the job in a fresh namespace and times, from just before the cr
              that line follows a collective (accelerator.reduce) all ranks take part in
 Stages are reported as increments (children, scheduled-children, ...) with their share of the
 total, median and worst over the runs. The example's --max-steps is lowered to 1 (the first step
-is what is timed). Usage: python bench/startup.py [--runs 5] [--json results.jsonl]
+is what is timed). The pods run the trainer image on the cluster's nodes; their logs are read
+from the nodes' kubelet log files (common.LogFollower). Usage: python bench/startup.py [--runs 5]
+[--json results.jsonl]
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import yaml
 from common import (
@@ -40,19 +41,7 @@ from common import (
 )
 
 EXAMPLE = ROOT / "examples" / "cpu-ddp.yaml"
-SCRIPT_IN_IMAGE = Path("/opt/accelerate/examples/train.py")
 STAGES = ("children", "scheduled", "running", "launch", "ranks", "step1")
-
-
-def ensure_training_script() -> None:
-    """The example runs /opt/accelerate/examples/train.py, where the trainer image ships it; on
-    the local cluster pods are host processes, so the host needs it too (a symlink to ours)."""
-    if SCRIPT_IN_IMAGE.exists():
-        return
-    SCRIPT_IN_IMAGE.parent.mkdir(parents=True, exist_ok=True)
-    if SCRIPT_IN_IMAGE.is_symlink():
-        SCRIPT_IN_IMAGE.unlink()
-    SCRIPT_IN_IMAGE.symlink_to(ROOT / "examples" / "train.py")
 
 
 def example_job(namespace: str, name: str, max_steps: int | None, extra_args: list[str]) -> dict:
@@ -206,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="append the result as a JSON line to this file")
     args = parser.parse_args(argv)
 
-    ensure_training_script()
     cluster = Cluster()
     print(f"startup: {args.runs} runs of {EXAMPLE.relative_to(ROOT)} (--max-steps={args.max_steps})"
           f"; {machine_line()}", flush=True)

@@ -52,6 +52,9 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
         elif r["benchmark"] == "overhead":
             out.append(("training steps/s, operator / bare", r["steps_ratio_median"], ""))
             out.append(("wall time, operator / bare", r["wall_ratio_median"], "ratio"))
+            if "pod_step1_ratio_median" in r:
+                out.append(("pod created -> step 1, operator / bare",
+                            r["pod_step1_ratio_median"], "ratio"))
     return out
 
 

@@ -10,8 +10,10 @@ common.install_flow_schemas), its CPU time, and its RSS idle, at peak and after 
 Modes (--mode):
   pending   pods carry a nodeSelector no node matches: they stay Pending, so only the operator,
             the API server and the scheduler work (the default; isolates the operator)
-  running   pods run `sleep 3600` on the local node agent; also reports the time until every
-            job is Running with readyNodes 2/2
+  running   pods run `sleep 3600` in the operator's image (present on every local node, never
+            pulled) on the cluster's nodes; also reports the time until every job is Running
+            with readyNodes 2/2. The nodes hold at most their `pods` capacity (the kubelet's
+            maxPods, 110 each by default): --jobs is lowered to what fits, and said so
 
 Then the single-job latency: --single runs, one job at a time (pending template), create ->
 ConfigMap, Service and both pods exist.
@@ -52,11 +54,15 @@ from common import (
 
 NODES = 2
 NO_SUCH_NODE = {"accelerate-operator.io/benchmark-node": "none"}
+# Running mode's container: an image every local node has (hack/load-images.sh) and that is
+# never pulled; `sleep` is coreutils' (the image is Debian). Override with BENCH_RUNNING_IMAGE.
+RUNNING_IMAGE = os.environ.get("BENCH_RUNNING_IMAGE", "ghcr.io/accelerate-operator/operator:0.1.0")
 
 
 def job_body(namespace: str, name: str, mode: str) -> dict:
     pod_spec: dict = {"containers": [{
-        "name": "trainer", "image": "busybox:1.36", "command": ["sleep", "3600"],
+        "name": "trainer", "image": RUNNING_IMAGE, "imagePullPolicy": "IfNotPresent",
+        "command": ["sleep", "3600"],
         "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}},
     }], "terminationGracePeriodSeconds": 1}
     if mode == "pending":
@@ -162,12 +168,19 @@ class Tracker:
 
 def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
     install_flow_schemas(cluster)  # again: a restarted cluster may have lost them
-    operator = OperatorProcess.find()  # again: the operator may have been restarted
+    operator = OperatorProcess.find(cluster)  # again: the operator may have been restarted
+    jobs = args.jobs
+    if mode == "running":
+        free = free_pod_slots(cluster)
+        if NODES * jobs > free:
+            jobs = max(1, free // NODES)
+            print(f"  [running] the nodes have room for {free} more pods: {jobs} jobs instead "
+                  f"of {args.jobs}", flush=True)
     namespace = cluster.create_namespace(f"bench-{mode}")
-    names = [f"job-{i:04d}" for i in range(args.jobs)]
+    names = [f"job-{i:04d}" for i in range(jobs)]
     tracker = Tracker(names)
     watchers = start_watchers(cluster, namespace, tracker.on_event)
-    result: dict = {"mode": mode, "jobs": args.jobs, "namespace": namespace}
+    result: dict = {"mode": mode, "jobs": jobs, "namespace": namespace}
     if operator:
         result["operator_pid"] = operator.pid
         result["operator_age_s"] = operator.age_seconds()
@@ -194,8 +207,8 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
         elapsed = done_at - t0
         result.update({
             "reconciled_s": elapsed,
-            "jobs_per_s": args.jobs / elapsed,
-            "pods_per_s": NODES * args.jobs / (pods_done_at - t0),
+            "jobs_per_s": jobs / elapsed,
+            "pods_per_s": NODES * jobs / (pods_done_at - t0),
             "job_latency_p50_s": percentile(latencies, 50),
             "job_latency_p99_s": percentile(latencies, 99),
         })
@@ -213,10 +226,10 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
         time.sleep(args.settle)
         requests = diff_counts(operator_request_counts(cluster), requests_before)
         result["requests_settled"] = requests
-        result["requests_per_job"] = sum(requests.values()) / args.jobs
+        result["requests_per_job"] = sum(requests.values()) / jobs
         if operator:
             result["operator_cpu_settled_s"] = operator.cpu_seconds() - cpu_before
-            result["operator_cpu_ms_per_job"] = result["operator_cpu_settled_s"] * 1000 / args.jobs
+            result["operator_cpu_ms_per_job"] = result["operator_cpu_settled_s"] * 1000 / jobs
             result["operator_peak_rss_mib"] = max(sampler.stop(), operator.peak_rss_mib())
             result["operator_rss_with_jobs_mib"] = operator.rss_mib()
     finally:
@@ -230,6 +243,24 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
             time.sleep(2)
             result["operator_rss_after_cleanup_mib"] = operator.rss_mib()
     return result
+
+
+def free_pod_slots(cluster: Cluster) -> int:
+    """Pods the schedulable, Ready nodes can still take: their `pods` allocatable (the
+    kubelet's maxPods) minus the pods bound to them that have not finished."""
+    capacity, used = 0, 0
+    ready = set()
+    for node in cluster.core.list_node().items:
+        if node.spec.unschedulable or not any(
+                c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
+            continue
+        ready.add(node.metadata.name)
+        capacity += int((node.status.allocatable or {}).get("pods", "110"))
+    for pod in cluster.core.list_pod_for_all_namespaces(
+            field_selector="status.phase!=Succeeded,status.phase!=Failed").items:
+        if pod.spec.node_name in ready:
+            used += 1
+    return capacity - used
 
 
 def start_profiler(operator: OperatorProcess | None, directory: str, mode: str, timeout: float):
@@ -308,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     wait_for_cluster(cluster)
     delete_leftovers(cluster)
     install_flow_schemas(cluster)
-    operator = OperatorProcess.find()
+    operator = OperatorProcess.find(cluster)
     if operator is None:
         print("  (no accelerate-operator process on this host: no RSS/CPU figures)")
     print(f"throughput: {args.jobs} two-node jobs at once ({args.clients} client threads); "
