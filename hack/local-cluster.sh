@@ -374,9 +374,8 @@ cmd_exec() {  # cmd_exec NODE CMD...: a shell on a node, as `docker exec` on a k
   local node=${1:?usage: exec NODE CMD...}; shift
   [[ $node =~ ^ao-node-([0-9]+)$ ]] || die "no node '$node' (nodes: $(node_components | awk '{print $2}' | sed 's/kubelet@//' | tr '\n' ' '))"
   [[ $# -gt 0 ]] || set -- bash
-  # crictl, the kubelet's own view of the runtime, as on a kind node.
-  PATH="$(INSTALL_TOOLS=crictl "$ROOT/hack/install-tools.sh" | tail -n1):$PATH"
-  export PATH CONTAINER_RUNTIME_ENDPOINT=unix:///run/containerd/containerd.sock
+  # For a crictl of your own; `ctr -n k8s.io` (containerd's CLI) is always there.
+  export CONTAINER_RUNTIME_ENDPOINT=unix:///run/containerd/containerd.sock
   in_node "${BASH_REMATCH[1]}" "$@"
 }
 

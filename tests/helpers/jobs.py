@@ -9,6 +9,8 @@ from typing import Any
 from accelerate_operator.constants import API_VERSION, KIND
 from accelerate_operator.status import PodState
 
+from devtools.images import TRAINER_CPU_IMAGE
+
 
 class JobBuilder:
     """`JobBuilder("train").nodes(2).procs(2).build()` -> an AccelerateJob body."""
@@ -26,7 +28,7 @@ class JobBuilder:
                 "accelerateConfig": {"distributed_type": "MULTI_CPU", "use_cpu": True},
                 "runPolicy": {"backoffLimit": 3, "cleanPodPolicy": "Running", "suspend": False},
                 "template": {"spec": {"containers": [{
-                    "name": "trainer", "image": "trainer:cpu",
+                    "name": "trainer", "image": TRAINER_CPU_IMAGE,
                     "command": ["accelerate-trainer"], "args": ["train.py"],
                 }]}},
             },

@@ -29,6 +29,7 @@ from devtools.cluster import (
     kubectl_json,
     wait_for,
 )
+from devtools.images import PYTHON_IMAGE
 from tests.helpers.jobs import JobBuilder
 
 pytestmark = pytest.mark.cluster
@@ -49,7 +50,7 @@ def valid_job(name: str = "adm", namespace: str = "default", nodes: int = 2,
     body = (JobBuilder(name, namespace).nodes(nodes).procs(procs)
             .config(compute_environment="LOCAL_MACHINE", distributed_type="MULTI_CPU",
                     use_cpu=True, mixed_precision="no")
-            .container(image="python:3.12-slim", command=SLEEP, args=[])
+            .container(image=PYTHON_IMAGE, command=SLEEP, args=[])
             .build())
     # JobBuilder fills uid/generation for unit tests; the server owns those.
     body["metadata"] = {"name": name, "namespace": namespace}

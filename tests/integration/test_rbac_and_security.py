@@ -26,6 +26,7 @@ from devtools.cluster import (
     kubectl_json,
     wait_for,
 )
+from devtools.images import PYTHON_IMAGE
 from tests.helpers.jobs import JobBuilder
 
 pytestmark = pytest.mark.cluster
@@ -159,7 +160,7 @@ def test_operator_service_account_has_no_wildcard_and_no_secret_rule(kubeconfig:
 def cheap_job(name: str, nodes: int = 2, container_security: dict | None = None) -> dict[str, Any]:
     body = (JobBuilder(name).nodes(nodes).procs(1)
             .config(distributed_type="MULTI_CPU", use_cpu=True)
-            .container(image="python:3.12-slim", command=SLEEP, args=[])
+            .container(image=PYTHON_IMAGE, command=SLEEP, args=[])
             .build())
     body["metadata"] = {"name": name}
     body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1

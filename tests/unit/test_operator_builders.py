@@ -10,6 +10,7 @@ from accelerate_operator.resources.pods import build_pod
 from accelerate_operator.resources.service import build_service
 from accelerate_trainer.config import ConfigError
 
+from devtools.images import TRAINER_CPU_IMAGE
 from tests.helpers.jobs import JobBuilder
 
 OWNER = {
@@ -48,7 +49,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
             "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": "trainer",
-                "image": "trainer:cpu",
+                "image": TRAINER_CPU_IMAGE,
                 "command": ["accelerate-trainer"],
                 "args": ["train.py"],
                 "securityContext": {"allowPrivilegeEscalation": False,
