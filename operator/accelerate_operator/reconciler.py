@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from accelerate_trainer.config import ConfigError, parse_accelerate_yaml
+from accelerate_trainer.config import ConfigError
 
 from .api import JobSpec, SpecError, parse_job
 from .constants import FINISHED_PHASES
 from .kube import ConfigMapMissing, Kube, Rejected
 from .naming import pod_name
 from .progress import build_progress_status, parse_progress, progress_changed
-from .resources.configmap import build_configmap, render_accelerate_config
+from .resources.configmap import prepare_config
 from .resources.logs import ARCHIVED_LINES, build_logs_configmap
 from .resources.pods import build_pod
 from .resources.service import build_service
@@ -150,10 +150,10 @@ class Reconciler:
         config_error = None
         job: JobSpec | None = None
         try:
-            job = parse_job(body)
+            job = parse_job(body, status)
             finished = status.get("phase") in FINISHED_PHASES
-            if uid not in self._children_ready and not finished:
-                await self._ensure_children(job)
+            if (uid not in self._children_ready or not job.topology_resolved) and not finished:
+                job = await self._ensure_children(job)
                 self._children_ready.add(uid)
         except (SpecError, ConfigError, ConfigMapMissing) as error:
             config_error = str(error)
@@ -258,28 +258,21 @@ class Reconciler:
         async with self._create_slots:
             await asyncio.to_thread(self.kube.create_if_absent, manifest)
 
-    async def _ensure_children(self, job: JobSpec) -> None:
+    async def _ensure_children(self, job: JobSpec) -> JobSpec:
+        """Create the ConfigMap and the Service; returns the job with its topology resolved
+        against the accelerate YAML (read from its ConfigMap, with the files beside it)."""
+        source = None
         if job.config_from:
             ref = job.config_from
-            text = await asyncio.to_thread(
-                self.kube.read_configmap_key, job.namespace, ref.name, ref.key
+            source = await asyncio.to_thread(
+                self.kube.read_config_source, job.namespace, ref.name, ref.key
             )
-            user_config = parse_accelerate_yaml(
-                text, source=f"ConfigMap {ref.name!r} key {ref.key!r}"
-            )
-        else:
-            user_config = dict(job.accelerate_config or {})
-        try:
-            rendered = render_accelerate_config(job, user_config)
-        except ConfigError as error:
-            if job.config_from:  # say which file the user has to fix
-                ref = job.config_from
-                raise ConfigError(f"ConfigMap {ref.name!r} key {ref.key!r}: {error}") from None
-            raise
+        job, configmap = prepare_config(job, source)
         await asyncio.gather(
-            self._create(build_configmap(job, rendered)),
+            self._create(configmap),
             self._create(build_service(job)),
         )
+        return job
 
 
 def _trainer_container(template: Mapping[str, Any]) -> str | None:

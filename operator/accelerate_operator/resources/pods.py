@@ -78,13 +78,8 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
     spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
 
     volumes = spec.setdefault("volumes", [])
-    volumes.append({
-        "name": CONFIG_VOLUME,
-        "configMap": {
-            "name": configmap_name(job.name),
-            "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
-        },
-    })
+    # Every key: the rendered config.yaml and the files shipped beside it (a DeepSpeed JSON).
+    volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(job.name)}})
 
     containers = spec["containers"]
     for container in containers:
