@@ -25,7 +25,7 @@ import yaml
 
 from .constants import FINISHED_PHASES, SUCCEEDED
 from .progress import format_duration
-from .submission import build_config_source, build_job, check_accelerate_yaml
+from .submission import build_config_source, build_job, check_accelerate_yaml, files_named_by
 
 PROG = "accelerate-job"
 BAR_WIDTH = 30
@@ -88,9 +88,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     submit.add_argument("--config", required=True, metavar="FILE",
                         help="the accelerate YAML (`accelerate config --config_file FILE`)")
     submit.add_argument("--image", required=True, help="the trainer image")
-    submit.add_argument("--nodes", type=_positive, default=1, help="pods (machines); default 1")
-    submit.add_argument("--procs-per-node", type=_procs, default=1, metavar="N|auto",
-                        help="training processes per pod (auto: one per GPU); default 1")
+    submit.add_argument("--nodes", type=_positive, default=None,
+                        help="pods (machines); default: the YAML's num_machines, else 1")
+    submit.add_argument("--procs-per-node", type=_procs, default=None, metavar="N|auto",
+                        help="training processes per pod (auto: one per GPU); default: the "
+                             "YAML's num_processes / num_machines, else 1")
     submit.add_argument("--gpus", type=_positive, default=None, metavar="N",
                         help="nvidia.com/gpu per pod")
     submit.add_argument("--name", help="the job's name (default: the script's name and a suffix)")
@@ -159,7 +161,8 @@ def default_job_name(script: str, suffix: str) -> str:
 
 
 def build_submit_objects(args: argparse.Namespace, config_yaml: str, name: str,
-                         namespace: str) -> list[dict[str, Any]]:
+                         namespace: str, files: Mapping[str, str] | None = None,
+                         ) -> list[dict[str, Any]]:
     """The ConfigMap and the AccelerateJob that `submit` creates, in creation order."""
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:  # `submit ... SCRIPT -- ARGS`
@@ -170,8 +173,8 @@ def build_submit_objects(args: argparse.Namespace, config_yaml: str, name: str,
         num_nodes=args.nodes, nproc_per_node=args.procs_per_node, env=dict(args.env),
         gpus_per_node=args.gpus, backoff_limit=args.backoff_limit,
     )
-    check_accelerate_yaml(config_yaml, job["spec"])
-    return [build_config_source(name, namespace, config_yaml), job]
+    check_accelerate_yaml(config_yaml, job["spec"], files)
+    return [build_config_source(name, namespace, config_yaml, files=files), job]
 
 
 def summarize(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -297,28 +300,39 @@ def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except OSError as error:
         raise CommandError(f"cannot read --config {args.config} ({error.strerror}); write one with "
                            f"`accelerate config --config_file {args.config}`") from None
+    files = _read_named_files(args.config, config_yaml)
     name = args.name or default_job_name(
         args.script, "".join(random.choices(string.ascii_lowercase + string.digits, k=5)))
     if args.dry_run:
         namespace = args.namespace or _context_namespace(args)
         try:
-            objects = build_submit_objects(args, config_yaml, name, namespace)
+            objects = build_submit_objects(args, config_yaml, name, namespace, files)
         except ConfigError as error:
             raise CommandError(f"{args.config}: {error}") from None
         _dump(objects, args.output or "yaml", out)
         return 0
     client = _client(args)
     try:
-        configmap, job = build_submit_objects(args, config_yaml, name, client.namespace)
+        configmap, job = build_submit_objects(args, config_yaml, name, client.namespace, files)
     except ConfigError as error:
         raise CommandError(f"{args.config}: {error}") from None
-    created = client.submit(job, config_yaml=config_yaml)
+    created = client.submit(job, config_yaml=config_yaml, config_files=files)
     if args.output:
         _dump([created], args.output, out)
     else:
         out.write(f"acceleratejob/{name} submitted in namespace {client.namespace}\n")
         err.write(f"follow it: {args.prog} status {name} -n {client.namespace} --watch\n")
     return 0
+
+
+def _read_named_files(config: str, config_yaml: str) -> dict[str, str]:
+    """The files the YAML names (its DeepSpeed JSON), read beside it, to ship with it."""
+    files = {}
+    for named in files_named_by(config_yaml):
+        path = Path(config).parent / named
+        if path.is_file():
+            files[path.name] = path.read_text()
+    return files
 
 
 def _context_namespace(args: argparse.Namespace) -> str:

@@ -163,6 +163,7 @@ class AccelerateJobClient:
                 f"cannot delete AccelerateJob {name}: {_server_message(error)}") from None
 
     def submit(self, job: Any, config_yaml: str | None = None, *,
+               config_files: Mapping[str, str] | None = None,
                dry_run: bool = False) -> dict[str, Any]:
         """Create an AccelerateJob from a dict (or anything with `.build()` returning one).
 
@@ -183,11 +184,12 @@ class AccelerateJobClient:
         configmap = None
         if config_yaml is not None:
             try:
-                check_accelerate_yaml(config_yaml, body.get("spec") or {})
+                check_accelerate_yaml(config_yaml, body.get("spec") or {}, config_files)
             except ConfigError as error:
                 raise AccelerateJobError(str(error)) from None
             body, cm_name, key = use_config_source(body)
-            configmap = build_config_source(name, self.namespace, config_yaml, cm_name, key)
+            configmap = build_config_source(name, self.namespace, config_yaml, cm_name, key,
+                                            config_files)
         dry = "All" if dry_run else None
         try:
             self._call(f"read AccelerateJob {name}", self.custom.get_namespaced_custom_object,
