@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.cluster import ROOT, kubectl, wait_for
+from tests.helpers.cluster import kubectl, wait_for
 from tests.helpers.corpus import CORPUS, CORPUS_TABLE, DEEPSPEED_JSONS, TEMPLATES
+from tests.helpers.training import IMAGE_TRAIN_SCRIPT
 
 pytestmark = pytest.mark.timeout(900)
 
-SCRIPT = Path("/opt/accelerate/examples/train.py")
 IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
 CONFIGMAP = "accelerate-corpus"
 MULTI_NODE_CPU = "multi_node_cpu.yaml"
@@ -51,7 +51,7 @@ def corpus_job(name: str, key: str, **spec) -> dict:
                 "name": "trainer",
                 "image": IMAGE,
                 "command": ["accelerate-trainer"],
-                "args": [str(SCRIPT), "--max-steps=2", "--log-every=1"],
+                "args": [str(IMAGE_TRAIN_SCRIPT), "--max-steps=2", "--log-every=1"],
                 "env": [{"name": "HF_HUB_OFFLINE", "value": "1"},
                         {"name": "HF_DATASETS_OFFLINE", "value": "1"},
                         {"name": "OMP_NUM_THREADS", "value": "1"}],
@@ -66,15 +66,6 @@ def multi_node_on_cpu() -> str:
     config = yaml.safe_load((TEMPLATES / "multi_node.yaml").read_text())
     config.update(distributed_type="MULTI_CPU", use_cpu=True)
     return yaml.safe_dump(config)
-
-
-@pytest.fixture
-def example_script() -> Path:
-    """The image's layout on the host: the local node runs the host's environment."""
-    if not SCRIPT.exists():
-        SCRIPT.parent.mkdir(parents=True, exist_ok=True)
-        SCRIPT.symlink_to(ROOT / "examples" / "train.py")
-    return SCRIPT
 
 
 def status_of(kubeconfig: str, namespace: str, name: str) -> dict:

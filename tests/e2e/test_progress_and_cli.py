@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from accelerate_operator.client import AccelerateJobClient
 
-from tests.helpers.cluster import ROOT, kubectl, wait_for
+from tests.helpers.cluster import kubectl, wait_for
 
 pytestmark = [
     pytest.mark.timeout(600),
@@ -29,7 +29,6 @@ pytestmark = [
                        reason="needs the local cluster (pods share the host's /tmp)"),
 ]
 
-SCRIPT = Path("/opt/accelerate/examples/train.py")
 IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
 NAME = "progress"
 MAX_STEPS = 30
@@ -51,15 +50,6 @@ def cli(*args: str, kubeconfig: str, namespace: str, timeout: float = 120,
     if check:
         assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr}"
     return proc
-
-
-@pytest.fixture
-def example_script() -> Path:
-    """The image's layout on the host: the local node runs the host's environment."""
-    if not SCRIPT.exists():
-        SCRIPT.parent.mkdir(parents=True, exist_ok=True)
-        SCRIPT.symlink_to(ROOT / "examples" / "train.py")
-    return SCRIPT
 
 
 def test_progress_logs_across_a_restart_and_the_cli(kubeconfig, namespace, example_script,
