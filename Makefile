@@ -48,7 +48,7 @@ cluster-down: ## Stop the local cluster (keeps the built binaries)
 
 .PHONY: lint
 lint: ## ruff, the layering contracts, helm lint and the chart/CRD drift check
-	$(PY) -m ruff check operator trainer tests examples bench hack
+	$(PY) -m ruff check operator trainer tests examples bench hack devtools
 	$(VENV)/bin/lint-imports
 	hack/sync-chart-crd.sh --check
 	$$(hack/install-tools.sh | tail -n1)/helm lint --strict charts/accelerate-operator
@@ -62,8 +62,9 @@ verify: ## Fail when generated files drift from their sources
 	hack/sync-chart-crd.sh --check
 
 .PHONY: images
-images: ## Build the operator and trainer images (docker, podman or buildah)
-	hack/build-images.sh
+images: ## Build the operator and trainer images, and load them into the local cluster's nodes if it runs
+	images=$$(hack/build-images.sh); \
+	if hack/local-cluster.sh status | grep -q '^kubelet@.*running'; then hack/load-images.sh $$images; fi
 
 .PHONY: bench
 bench: ## Benchmarks on the local cluster; numbers and ratios go to stdout

@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # tests.helpers: the same cluster helpers the tests use
+if str(ROOT) not in sys.path:  # devtools: the same cluster helpers the tests use
     sys.path.insert(0, str(ROOT))
 
 import kubernetes  # noqa: E402
-from accelerate_operator.constants import GROUP, JOB_NAME_LABEL, PLURAL, VERSION  # noqa: E402
+from accelerate_operator.constants import GROUP, PLURAL, VERSION  # noqa: E402
+from accelerate_trainer.contract import JOB_NAME_LABEL  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 from kubernetes.watch.watch import iter_resp_lines  # noqa: E402
 
-from tests.helpers.cluster import ensure_cluster, kubectl_binary  # noqa: E402
+from devtools.cluster import ensure_cluster, kubectl_binary  # noqa: E402
 
 OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")
 OPERATOR_SERVICE_ACCOUNT = os.environ.get("ACCELERATE_OPERATOR_SERVICE_ACCOUNT",

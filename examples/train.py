@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             "checkpointed; only while the $ACCELERATE_FAIL_ONCE_MARKER file does "
                             "not exist (it is created first). Without that variable: every time")
     debug.add_argument("--fail-rank", type=int, default=0, help="the global rank that fails")
+    debug.add_argument("--fail-attempt", type=int, default=None,
+                       help="fail only in this whole-group attempt ($ACCELERATE_JOB_ATTEMPT, "
+                            "which the operator sets: 0 first, 1 after the first restart...)")
     debug.add_argument("--sleep-per-step", type=float, default=0.0,
                        help="seconds to sleep after each optimizer step")
 
@@ -217,6 +220,9 @@ def print_main(accelerator: Accelerator, line: str) -> None:
 def maybe_fail(args: argparse.Namespace, accelerator: Accelerator, step: int) -> None:
     """Crash on purpose (no cleanup, like a killed process) to test restarts."""
     if args.fail_at_step != step or accelerator.process_index != args.fail_rank:
+        return
+    attempt = os.environ.get("ACCELERATE_JOB_ATTEMPT", "0")
+    if args.fail_attempt is not None and int(attempt) != args.fail_attempt:
         return
     marker = os.environ.get(FAIL_ONCE_MARKER_ENV)
     if marker:

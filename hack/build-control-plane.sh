@@ -15,7 +15,7 @@ K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.4}"
 CACHE_DIR="${ACCELERATE_OPERATOR_CACHE:-$HOME/.cache/accelerate-operator}"
 BIN_DIR="$CACHE_DIR/bin/$K8S_VERSION"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 all_present() {
   local b
@@ -68,6 +68,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
 
@@ -90,6 +92,8 @@ build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 build kubectl k8s.io/kubernetes/cmd/kubectl
+build kubelet k8s.io/kubernetes/cmd/kubelet
+build kube-proxy k8s.io/kubernetes/cmd/kube-proxy
 
 "$BIN_DIR/kube-apiserver" --version >&2
 echo "$BIN_DIR"

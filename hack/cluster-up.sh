@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # The local cluster with the operator running (`make cluster-up`). Idempotent; a warm run takes
 # seconds. The last stdout line is the kubeconfig's path; progress goes to stderr.
+#
+# On a fresh machine this builds everything first: the control plane, kubelet and kube-proxy
+# (hack/build-control-plane.sh), the Debian base, pause and CoreDNS images, and the project's
+# operator and trainer-cpu images (hack/build-images.sh), all cached outside the repository.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CLUSTER_IMAGES="${CLUSTER_IMAGES:-operator trainer-cpu}"
 
-# Pods on the local node run this venv: bring it up to date with this checkout first.
-"$ROOT/hack/python-env.sh" >/dev/null
 BIN=$("$ROOT/hack/build-control-plane.sh" | tail -n1)
 export PATH="$BIN:$PATH"
+# shellcheck disable=SC2086  # IMAGES is a list of words
+images=$(IMAGES="$CLUSTER_IMAGES" "$ROOT/hack/build-images.sh")
 kubeconfig=$("$ROOT/hack/local-cluster.sh" up | tail -n1)
-
-# The local node runs the host's environment in place of the trainer image, so the host gets the
-# image's layout: the example script where the image has it (images/trainer/Dockerfile).
-mkdir -p /opt/accelerate/examples
-ln -sfn "$ROOT/examples/train.py" /opt/accelerate/examples/train.py
+# shellcheck disable=SC2086
+"$ROOT/hack/load-images.sh" $images
 
 KUBECONFIG="$kubeconfig" "$ROOT/hack/deploy-operator.sh" >&2
 echo "$kubeconfig"

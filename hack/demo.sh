@@ -8,7 +8,7 @@ NAMESPACE="${DEMO_NAMESPACE:-demo}"
 JOB=cpu-ddp
 started=$(date +%s)
 
-echo "== 1/3 local cluster and operator (first run builds Kubernetes and installs torch: ~15 min)"
+echo "== 1/3 local cluster and operator (the first run builds Kubernetes, the nodes and the images: ~35 min)"
 kubeconfig=$("$ROOT/hack/cluster-up.sh" | tail -n1)
 export KUBECONFIG="$kubeconfig"
 export PATH="$("$ROOT/hack/build-control-plane.sh" | tail -n1):$PATH"
@@ -16,7 +16,7 @@ echo "   cluster ready in $(( $(date +%s) - started ))s; KUBECONFIG=$KUBECONFIG"
 
 echo "== 2/3 kubectl apply -f examples/cpu-ddp.yaml (namespace $NAMESPACE)"
 kubectl create namespace "$NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-kubectl -n "$NAMESPACE" delete acceleratejob "$JOB" --ignore-not-found --wait=true >/dev/null
+kubectl -n "$NAMESPACE" delete acceleratejob "$JOB" --ignore-not-found --cascade=foreground --wait=true >/dev/null
 kubectl -n "$NAMESPACE" apply -f "$ROOT/examples/cpu-ddp.yaml"
 
 echo "== 3/3 training (kubectl -n $NAMESPACE get ajob $JOB)"

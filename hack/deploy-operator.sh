@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install or upgrade the operator in the cluster of $KUBECONFIG with the Helm chart, and wait until
-# it runs. On the local cluster the pod runs this checkout's code (the local node agent runs the
-# host's environment, not the image), so a hash of the code is a pod annotation: a code change
-# rolls the operator, an unchanged checkout leaves it alone.
+# it runs. On the local cluster the image is rebuilt from this checkout under the same tag, so a
+# hash of the code and its Dockerfile is a pod annotation: a change rolls the operator, an
+# unchanged checkout leaves it alone.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -15,8 +15,9 @@ HELM="$(hack/install-tools.sh | tail -n1)/helm"
 CRD=acceleratejobs.accelerate-operator.io
 
 code_files() {
-  find operator trainer crds charts pyproject.toml -type f \
-    \( -name '*.py' -o -name '*.yaml' -o -name '*.toml' -o -name '*.tpl' -o -name '*.json' \) -print0
+  find operator trainer crds charts images/operator pyproject.toml -type f \
+    \( -name '*.py' -o -name '*.yaml' -o -name '*.toml' -o -name '*.tpl' -o -name '*.json' \
+       -o -name Dockerfile \) -print0
 }
 code_hash=$(code_files | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 

@@ -32,7 +32,7 @@ from accelerate_operator.api import parse_job  # noqa: E402
 from accelerate_operator.resources.configmap import render_accelerate_config  # noqa: E402
 from accelerate_operator.resources.pods import build_pod  # noqa: E402
 
-from tests.helpers.examples import EXAMPLES_DIR, load_example, user_config  # noqa: E402
+from devtools.examples import EXAMPLES_DIR, load_example, user_config  # noqa: E402
 
 TINY_MODEL_LAYER = "LlamaDecoderLayer"
 

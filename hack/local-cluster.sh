@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# A local Kubernetes cluster without containers: real etcd, kube-apiserver,
-# kube-controller-manager and kube-scheduler, plus the LOCAL NODE AGENT
-# (hack/local-node/local_node_agent.py), a dev/test stand-in for the kubelet that
-# runs pods as host processes in their own network namespaces. Needs root.
+# A real Kubernetes cluster without Docker: etcd, kube-apiserver, kube-controller-manager and
+# kube-scheduler on the host, and $NODES nodes, each a kubelet + kube-proxy + containerd/runc with
+# CNI bridge networking in network and mount namespaces of its own (hack/lib/nodes.sh), with
+# CoreDNS behind the kube-dns Service. All of it is built from the Go module proxy and Debian's
+# packages; images are built locally and loaded into every node (hack/load-images.sh). Needs root.
 #
-#   hack/local-cluster.sh up            start (idempotent); last stdout line: kubeconfig path
-#   hack/local-cluster.sh down [--purge] stop everything; --purge also deletes cluster state
-#   hack/local-cluster.sh status        what runs
+#   hack/local-cluster.sh up              start (idempotent); last stdout line: kubeconfig path
+#   hack/local-cluster.sh down [--purge]  stop everything; --purge also deletes cluster state
+#   hack/local-cluster.sh status          what runs
+#   hack/local-cluster.sh exec NODE CMD   run CMD on a node (e.g. `exec ao-node-1 crictl ps`)
 #
-# Everything generated lives in $CACHE/cluster (PKI, etcd data, logs, pod dirs).
-# Pods reach the API server at $BRIDGE_IP:6443 (the bridge's address, also the
-# apiserver's advertise address and a SAN of its certificate).
+# Everything generated lives in $CACHE/cluster (PKI, etcd data, logs, node folders with their
+# containerd image stores). Nodes and pods reach the API server at $NODE_GATEWAY_IP:6443 (the
+# host's address on the node bridge, the apiserver's advertise address).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,15 +23,27 @@ LOGS="$C/logs"
 RUN="$C/run"
 KUBECONFIG_OUT="$C/kubeconfig"
 NODES="${LOCAL_CLUSTER_NODES:-2}"
-BRIDGE="ao-br0"
-BRIDGE_IP="10.244.0.1"
-BRIDGE_CIDR="$BRIDGE_IP/16"
+NODE_BRIDGE="ao-br0"           # the nodes' network: node i is 10.240.0.(10+i)
+NODE_GATEWAY_IP="10.240.0.1"
+POD_CIDR="10.244.0.0/16"       # node i's pods: 10.244.(i+1).0/24
 SERVICE_CIDR="10.96.0.0/16"
+CLUSTER_DNS_IP="10.96.0.10"
+CNI_BIN_DIR="${CNI_BIN_DIR:-/usr/lib/cni}"
 API_PORT=6443
 # Non-default etcd and component ports: do not collide with other local etcds (envtest...).
 ETCD_CLIENT_PORT=12379
 ETCD_PEER_PORT=12380
-COMPONENTS_START=(etcd kube-apiserver kube-controller-manager kube-scheduler local-node-agent)
+CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+# shellcheck source=hack/lib/nodes.sh
+source "$ROOT/hack/lib/nodes.sh"
+# shellcheck source=hack/lib/buildah.sh
+source "$ROOT/hack/lib/buildah.sh"
+node_components() {
+  local i
+  for ((i = 0; i < NODES; i++)); do
+    echo "containerd@$(node_name "$i") kubelet@$(node_name "$i") kube-proxy@$(node_name "$i")"
+  done
+}
 
 say() { echo ">> $(date +%T) $*" >&2; }
 die() { echo "error: $*" >&2; exit 1; }
@@ -49,16 +63,19 @@ need() {  # need <command> <debian package>: install missing host tools on a fre
 }
 ensure_tools() {
   need openssl openssl; need ip iproute2; need unshare util-linux; need nsenter util-linux
-  need setsid util-linux; need flock util-linux
+  need setsid util-linux; need flock util-linux; need findmnt util-linux
+  need containerd containerd; need runc runc; need iptables iptables; need conntrack conntrack
+  [[ -x $CNI_BIN_DIR/bridge ]] || need /usr/lib/cni/bridge containernetworking-plugins
 }
 
 # ---------------------------------------------------------------- processes
-pid_of() {  # prints the pid of a component if it runs (checks the binary to survive pid reuse)
-  local f="$RUN/$1.pid" pid
+start_time() { awk '{print $22}' "/proc/$1/stat" 2>/dev/null; }  # survives exec, not pid reuse
+
+pid_of() {  # prints the pid of a component if it runs (pid and start time both recorded)
+  local f="$RUN/$1.pid" pid started
   [[ -f $f ]] || return 1
-  pid=$(<"$f")
-  [[ -n $pid && -r /proc/$pid/cmdline ]] || return 1
-  tr '\0' ' ' </proc/"$pid"/cmdline | grep -q -e "$1" -e "${1//-/_}" || return 1
+  read -r pid started <"$f" || return 1
+  [[ -n $pid && -n $started && $(start_time "$pid") == "$started" ]] || return 1
   echo "$pid"
 }
 
@@ -70,14 +87,8 @@ start_bg() {  # start_bg <name> <command...>: detached, own session, stdio to th
   echo "---- $(date -u +%FT%TZ) start" >>"$LOGS/$name.log"
   # 9>&-: the daemons must not inherit (and hold forever) the up/down lock.
   setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
-  local pid=$! i
-  echo "$pid" >"$RUN/$name.pid"
-  # Wait for the exec: until then /proc/PID/cmdline is bash's and pid_of would start a twin.
-  for ((i = 0; i < 100; i++)); do
-    pid_of "$name" >/dev/null && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.02
-  done
+  local pid=$!
+  echo "$pid $(start_time "$pid")" >"$RUN/$name.pid"
 }
 
 stop_one() {  # stop_one <name> <seconds>: SIGTERM, wait, SIGKILL
@@ -119,20 +130,18 @@ make_pki() {
       -days 3650 -out "$PKI/ca.crt" 2>/dev/null
   fi
   issue apiserver "/CN=kube-apiserver" serverAuth \
-    "IP:127.0.0.1,IP:10.96.0.1,IP:$BRIDGE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    "IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_GATEWAY_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   issue admin "/O=system:masters/CN=kubernetes-admin" clientAuth
   issue apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
   issue controller-manager "/CN=system:kube-controller-manager" clientAuth
   issue scheduler "/CN=system:kube-scheduler" clientAuth
-  # The agent's kubelet endpoint; the apiserver does not verify it (no --kubelet-certificate-authority).
-  issue kubelet "/CN=local-node-agent" serverAuth "IP:127.0.0.1,DNS:localhost"
   if [[ ! -f $PKI/sa.key ]]; then
     openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$PKI/sa.key" 2>/dev/null
     openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
   fi
 }
 
-write_kubeconfig() {  # write_kubeconfig <file> <cert name> <user>: embedded data, portable
+write_kubeconfig() {  # write_kubeconfig <file> <cert name> <user> [server]: embedded data, portable
   local b64='base64 -w0'
   cat >"$1.tmp" <<EOF
 apiVersion: v1
@@ -140,7 +149,7 @@ kind: Config
 clusters:
 - name: local
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: ${4:-https://127.0.0.1:$API_PORT}
     certificate-authority-data: $($b64 <"$PKI/ca.crt")
 users:
 - name: $3
@@ -157,39 +166,37 @@ EOF
 }
 
 # ---------------------------------------------------------------- network
-ensure_bridge() {
-  if [[ ! -e /sys/class/net/$BRIDGE ]]; then
-    say "creating bridge $BRIDGE ($BRIDGE_CIDR)"
-    ip link add "$BRIDGE" type bridge
-    ip addr add "$BRIDGE_CIDR" dev "$BRIDGE"
+ensure_bridge() {  # the host's side of the node network; the host routes between nodes
+  if [[ ! -e /sys/class/net/$NODE_BRIDGE ]]; then
+    say "creating bridge $NODE_BRIDGE ($NODE_GATEWAY_IP/24)"
+    ip link add "$NODE_BRIDGE" type bridge
+    ip addr add "$NODE_GATEWAY_IP/24" dev "$NODE_BRIDGE"
   fi
-  ip link set "$BRIDGE" up
+  ip link set "$NODE_BRIDGE" up
+  sysctl -qw net.ipv4.ip_forward=1
 }
 
 remove_network() {
-  local l
-  for l in /sys/class/net/aov* /sys/class/net/aol*; do
-    [[ -e $l ]] && ip link del "$(basename "$l")" 2>/dev/null || true
-  done
-  for l in /sys/class/net/ao-br*; do
-    [[ -e $l ]] && { say "removing bridge $(basename "$l")"; ip link del "$(basename "$l")" || true; }
-  done
+  [[ -e /sys/class/net/$NODE_BRIDGE ]] || return 0
+  say "removing bridge $NODE_BRIDGE"
+  ip link del "$NODE_BRIDGE" || true
 }
 
 # ---------------------------------------------------------------- health
 kc() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" "$@"; }
 
 ready_nodes() {  # how many of our nodes are Ready
-  kc get nodes -l node.kubernetes.io/local-node-agent=true --request-timeout=5s \
+  kc get nodes -l accelerate-operator.io/local-node=true --request-timeout=5s \
     -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
     2>/dev/null | grep -c True || true
 }
 
 healthy() {
   local c
-  for c in "${COMPONENTS_START[@]}"; do pid_of "$c" >/dev/null || return 1; done
+  for c in "${CONTROL_PLANE[@]}" $(node_components); do pid_of "$c" >/dev/null || return 1; done
   [[ $(kc get --raw /readyz --request-timeout=5s 2>/dev/null) == ok ]] || return 1
-  [[ $(ready_nodes) -ge $NODES ]]
+  [[ $(ready_nodes) -ge $NODES ]] || return 1
+  dns_ready
 }
 
 wait_until() {  # wait_until <seconds> <description> <command...>
@@ -206,18 +213,6 @@ apiserver_ready() { [[ $(kc get --raw /readyz --request-timeout=5s 2>/dev/null) 
 nodes_ready() { [[ $(ready_nodes) -ge $NODES ]]; }
 default_sa() { kc -n default get serviceaccount default --request-timeout=5s >/dev/null 2>&1; }
 
-python_bin() {
-  # The project venv: the agent needs requests+yaml, pods need accelerate-trainer on PATH.
-  local venv
-  if venv=$("$ROOT/hack/python-env.sh" 2>>"$LOGS/python-env.log" | tail -n1) && [[ -x $venv/bin/python ]]; then
-    echo "$venv/bin/python"
-  elif [[ -x $CACHE/venv/bin/python ]]; then
-    echo "$CACHE/venv/bin/python"
-  else
-    die "no Python venv: run hack/python-env.sh (see $LOGS/python-env.log)"
-  fi
-}
-
 start_apiserver() {
   start_bg etcd "$BIN/etcd" --name local --data-dir "$C/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
@@ -232,7 +227,7 @@ start_apiserver() {
   # `kubectl logs -f` streams): after SIGTERM it now exits within about 20s.
   start_bg kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
-    --bind-address 0.0.0.0 --secure-port "$API_PORT" --advertise-address "$BRIDGE_IP" \
+    --bind-address 0.0.0.0 --secure-port "$API_PORT" --advertise-address "$NODE_GATEWAY_IP" \
     --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --client-ca-file "$PKI/ca.crt" \
     --authorization-mode Node,RBAC --allow-privileged=true \
@@ -276,14 +271,35 @@ start_others() {
     --authentication-kubeconfig "$C/scheduler.kubeconfig" \
     --authorization-kubeconfig "$C/scheduler.kubeconfig" \
     --leader-elect=false --bind-address 127.0.0.1 --secure-port 10359 --profiling=false --v=1
-
-  start_bg local-node-agent "$PY" "$ROOT/hack/local-node/local_node_agent.py" \
-    --kubeconfig "$KUBECONFIG_OUT" --nodes "$NODES" --state-dir "$C" \
-    --bridge "$BRIDGE" --bridge-cidr "$BRIDGE_CIDR" \
-    --tls-cert "$PKI/kubelet.crt" --tls-key "$PKI/kubelet.key" --venv-bin "$(dirname "$PY")"
 }
 
-start_others_and_check() { start_others; nodes_ready; }
+start_nodes() {
+  local i
+  for ((i = 0; i < NODES; i++)); do node_start_runtime "$i"; done
+  for ((i = 0; i < NODES; i++)); do
+    wait_until 60 "containerd on $(node_name "$i")" containerd_ready "$i"
+  done
+  # The sandbox and DNS images must be in every node before its kubelet starts pods.
+  "$ROOT/hack/load-images.sh" "$PAUSE_IMAGE" "$COREDNS_IMAGE" >&2
+  for ((i = 0; i < NODES; i++)); do node_start_agents "$i"; done
+}
+
+start_nodes_and_check() { start_nodes; nodes_ready; }
+
+# ---------------------------------------------------------------- cluster DNS
+dns_ready() {
+  [[ $(kc -n kube-system get deployment coredns --request-timeout=5s \
+    -o jsonpath='{.status.readyReplicas}' 2>/dev/null) -ge 1 ]]
+}
+
+deploy_dns() {  # CoreDNS as a Deployment behind the kube-dns Service, as kubeadm and kind do
+  # The image's ID is a pod annotation: a rebuilt image under the same tag rolls the pods.
+  local image_id
+  image_id=$(bah inspect --type image --format '{{.FromImageID}}' "$COREDNS_IMAGE" | cut -c1-16)
+  sed -e "s|@COREDNS_IMAGE@|$COREDNS_IMAGE|" -e "s|@CLUSTER_DNS_IP@|$CLUSTER_DNS_IP|" \
+    -e "s|@IMAGE_ID@|$image_id|" \
+    "$ROOT/hack/manifests/coredns.yaml" | kc apply --server-side --force-conflicts -f - >&2
+}
 
 # ---------------------------------------------------------------- commands
 cmd_up() {
@@ -294,6 +310,9 @@ cmd_up() {
     return
   fi
   ensure_tools
+  local images
+  images=$("$ROOT/hack/build-cluster-images.sh")
+  PAUSE_IMAGE=$(sed -n 1p <<<"$images"); COREDNS_IMAGE=$(sed -n 2p <<<"$images")
   make_pki
   write_kubeconfig "$KUBECONFIG_OUT" admin kubernetes-admin
   write_kubeconfig "$C/controller-manager.kubeconfig" controller-manager system:kube-controller-manager
@@ -312,39 +331,21 @@ cmd_up() {
     stop_one kube-scheduler 10
     stop_one kube-controller-manager 10
   fi
-  PY=$(python_bin)
   start_others
-  wait_until 120 "$NODES Ready nodes" start_others_and_check
+  wait_until 180 "$NODES Ready nodes" start_nodes_and_check
   wait_until 120 "the default ServiceAccount in namespace default" default_sa
+  deploy_dns
+  wait_until 180 "CoreDNS (kubectl -n kube-system get pods)" dns_ready
   say "cluster is up: export KUBECONFIG=$KUBECONFIG_OUT"
   echo "$KUBECONFIG_OUT"
-}
-
-kill_stale_pods() {
-  # If the agent died without cleaning up, kill the pod processes it recorded.
-  [[ -d $C/pods ]] || return 0
-  python3 - "$C/pods" <<'PY'
-import glob, json, os, signal, sys
-for f in glob.glob(os.path.join(sys.argv[1], "*", "state.json")):
-    try:
-        pids = json.load(open(f)).get("pids", [])
-    except (OSError, ValueError):
-        continue
-    for pid, start in pids:
-        try:
-            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19] == start:
-                os.killpg(pid, signal.SIGKILL)
-        except (OSError, IndexError):
-            pass
-PY
 }
 
 cmd_down() {
   local purge=0
   [[ ${1:-} == --purge ]] && purge=1
   mkdir -p "$RUN"
-  stop_one local-node-agent 30
-  kill_stale_pods
+  local i
+  for ((i = 0; i < NODES; i++)); do node_stop "$i"; done
   stop_one kube-scheduler 10
   stop_one kube-controller-manager 10
   stop_one kube-apiserver 5  # graceful shutdown can hang for a minute on open streams
@@ -358,15 +359,23 @@ cmd_down() {
 
 cmd_status() {
   local c pid
-  for c in "${COMPONENTS_START[@]}"; do
+  for c in "${CONTROL_PLANE[@]}" $(node_components); do
     if pid=$(pid_of "$c"); then echo "$c: running (pid $pid)"; else echo "$c: stopped"; fi
   done
-  if [[ -e /sys/class/net/$BRIDGE ]]; then echo "bridge $BRIDGE: $BRIDGE_CIDR"; else echo "bridge $BRIDGE: absent"; fi
+  if [[ -e /sys/class/net/$NODE_BRIDGE ]]; then echo "bridge $NODE_BRIDGE: $NODE_GATEWAY_IP/24"; else echo "bridge $NODE_BRIDGE: absent"; fi
   if pid_of kube-apiserver >/dev/null; then
     BIN=$("$ROOT/hack/build-control-plane.sh" | tail -n1)
     echo "kubeconfig: $KUBECONFIG_OUT"
     kc get nodes --request-timeout=5s 2>&1 || true
   fi
+}
+
+cmd_exec() {  # cmd_exec NODE CMD...: a shell on a node, as `docker exec` on a kind node
+  local node=${1:?usage: exec NODE CMD...}; shift
+  [[ $node =~ ^ao-node-([0-9]+)$ ]] || die "no node '$node' (nodes: $(node_components | awk '{print $2}' | sed 's/kubelet@//' | tr '\n' ' '))"
+  [[ $# -gt 0 ]] || set -- bash
+  export CONTAINER_RUNTIME_ENDPOINT=unix:///run/containerd/containerd.sock
+  in_node "${BASH_REMATCH[1]}" "$@"
 }
 
 lock() {  # serialise concurrent up/down (several test sessions share one cluster)
@@ -380,5 +389,6 @@ case "${1:-}" in
   up) lock; cmd_up ;;
   down) shift; lock; cmd_down "$@" ;;
   status) cmd_status ;;
-  *) echo "usage: $0 up | down [--purge] | status" >&2; exit 2 ;;
+  exec) shift; cmd_exec "$@" ;;
+  *) echo "usage: $0 up | down [--purge] | status | exec NODE CMD..." >&2; exit 2 ;;
 esac

@@ -21,7 +21,7 @@ import pytest
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_ROOT / "operator"), str(_ROOT / "trainer")]
 
-from tests.helpers.cluster import (  # noqa: E402
+from devtools.cluster import (  # noqa: E402
     ROOT,
     create_namespace,
     delete_namespace,

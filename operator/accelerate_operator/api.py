@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .constants import API_VERSION, CONFIG_KEY, GPU_RESOURCE, KIND
+from accelerate_trainer.contract import CONFIG_KEY
+
+from .constants import API_VERSION, GPU_RESOURCE, KIND
 
 DEFAULT_MASTER_PORT = 29500
 # Pods are named <job>-<index>, a DNS label: at most 63 characters.
@@ -143,31 +145,14 @@ def resolve_topology(
     config = config or {}
     recorded = recorded or {}
     yaml_nodes = _config_int(config, "num_machines")
-    yaml_total = _config_int(config, "num_processes")
     yaml_port = _config_int(config, "main_process_port")
-
     if requested.num_nodes is not None:
         nodes = requested.num_nodes
     elif recorded.get("numNodes"):
         nodes = int(recorded["numNodes"])
     else:
         nodes = yaml_nodes or 1
-
-    if requested.nproc_per_node is not None:
-        procs = resolve_nproc_per_node(requested.nproc_per_node, template)
-    elif recorded.get("numProcPerNode"):
-        procs = int(recorded["numProcPerNode"])
-    elif yaml_total is not None:
-        if yaml_total % nodes:
-            raise SpecError(
-                f"accelerate config num_processes={yaml_total} (the TOTAL over all machines) does "
-                f"not divide evenly over {nodes} machine(s); every machine runs the same number: "
-                "fix num_processes, or set spec.numProcPerNode"
-            )
-        procs = yaml_total // nodes
-    else:
-        procs = 1
-
+    procs = _resolve_procs(requested, config, template, recorded, nodes)
     if requested.master_port is not None:
         port = requested.master_port
     elif recorded.get("masterPort"):
@@ -175,6 +160,25 @@ def resolve_topology(
     else:
         port = yaml_port or DEFAULT_MASTER_PORT
     return nodes, procs, port
+
+
+def _resolve_procs(requested: TopologyRequest, config: Mapping[str, Any],
+                   template: Mapping[str, Any], recorded: Mapping[str, Any], nodes: int) -> int:
+    """Processes per node: the spec's, the recorded one, or the YAML's total over `nodes`."""
+    yaml_total = _config_int(config, "num_processes")
+    if requested.nproc_per_node is not None:
+        return resolve_nproc_per_node(requested.nproc_per_node, template)
+    if recorded.get("numProcPerNode"):
+        return int(recorded["numProcPerNode"])
+    if yaml_total is None:
+        return 1
+    if yaml_total % nodes:
+        raise SpecError(
+            f"accelerate config num_processes={yaml_total} (the TOTAL over all machines) does "
+            f"not divide evenly over {nodes} machine(s); every machine runs the same number: "
+            "fix num_processes, or set spec.numProcPerNode"
+        )
+    return yaml_total // nodes
 
 
 def with_config(job: JobSpec, config: Mapping[str, Any]) -> JobSpec:
@@ -235,34 +239,13 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
     template = copy.deepcopy(spec.get("template") or {})
     if not template.get("spec", {}).get("containers"):
         raise SpecError("spec.template.spec.containers must list the trainer container")
-    policy = spec.get("runPolicy") or {}
-    config_from = None
-    if spec.get("accelerateConfigFrom"):
-        ref = spec["accelerateConfigFrom"].get("configMapKeyRef") or {}
-        config_from = ConfigMapKeyRef(name=ref.get("name", ""), key=ref.get("key", ""))
-    checkpoint = None
-    if spec.get("checkpoint"):
-        checkpoint = Checkpoint(
-            volume_name=spec["checkpoint"]["volumeName"],
-            mount_path=spec["checkpoint"].get("mountPath", "/checkpoints"),
-        )
-    requested = TopologyRequest(
-        num_nodes=int(spec["numNodes"]) if spec.get("numNodes") is not None else None,
-        nproc_per_node=spec.get("numProcPerNode"),
-        master_port=int(spec["masterPort"]) if spec.get("masterPort") is not None else None,
-    )
+    config_from = _config_ref(spec)
     inline = (copy.deepcopy(spec["accelerateConfig"])
               if spec.get("accelerateConfig") is not None else None)
+    requested = _topology_request(spec)
     recorded = (status or {}).get("topology") or (body.get("status") or {}).get("topology")
-    # A YAML in a ConfigMap is read only when the children are made (see with_config).
-    resolved = bool(recorded) or inline is not None or config_from is None or None not in (
-        requested.num_nodes, requested.nproc_per_node, requested.master_port)
-    try:
-        nodes, procs, port = resolve_topology(requested, inline, template, recorded)
-    except SpecError:
-        # with_config raises it again when the children are made, where it fails the job.
-        nodes, procs, port = resolve_topology(requested, None, template, recorded)
-        resolved = False
+    (nodes, procs, port), resolved = _initial_topology(requested, inline, template, recorded,
+                                                       reads_configmap=config_from is not None)
     return JobSpec(
         name=metadata["name"],
         namespace=metadata.get("namespace", "default"),
@@ -274,16 +257,61 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
         template=template,
         accelerate_config=inline,
         config_from=config_from,
-        run_policy=RunPolicy(
-            backoff_limit=int(policy.get("backoffLimit", 3)),
-            permanent_exit_codes=tuple(policy.get("permanentExitCodes") or ()),
-            active_deadline_seconds=policy.get("activeDeadlineSeconds"),
-            ttl_seconds_after_finished=policy.get("ttlSecondsAfterFinished"),
-            clean_pod_policy=policy.get("cleanPodPolicy", "Running"),
-            suspend=bool(policy.get("suspend", False)),
-        ),
-        checkpoint=checkpoint,
+        run_policy=_run_policy(spec.get("runPolicy") or {}),
+        checkpoint=_checkpoint(spec),
         requested=requested,
         topology_resolved=resolved,
         config_files=parse_config_files(spec.get("accelerateConfigFiles")),
+    )
+
+
+def _config_ref(spec: Mapping[str, Any]) -> ConfigMapKeyRef | None:
+    if not spec.get("accelerateConfigFrom"):
+        return None
+    ref = spec["accelerateConfigFrom"].get("configMapKeyRef") or {}
+    return ConfigMapKeyRef(name=ref.get("name", ""), key=ref.get("key", ""))
+
+
+def _checkpoint(spec: Mapping[str, Any]) -> Checkpoint | None:
+    if not spec.get("checkpoint"):
+        return None
+    return Checkpoint(volume_name=spec["checkpoint"]["volumeName"],
+                      mount_path=spec["checkpoint"].get("mountPath", "/checkpoints"))
+
+
+def _topology_request(spec: Mapping[str, Any]) -> TopologyRequest:
+    return TopologyRequest(
+        num_nodes=int(spec["numNodes"]) if spec.get("numNodes") is not None else None,
+        nproc_per_node=spec.get("numProcPerNode"),
+        master_port=int(spec["masterPort"]) if spec.get("masterPort") is not None else None,
+    )
+
+
+def _initial_topology(
+    requested: TopologyRequest,
+    inline: Mapping[str, Any] | None,
+    template: Mapping[str, Any],
+    recorded: Mapping[str, Any] | None,
+    *,
+    reads_configmap: bool,
+) -> tuple[tuple[int, int, int], bool]:
+    """The topology as far as the body (and status.topology) tell it, and whether that is final.
+    A YAML in a ConfigMap is read only when the children are made (see with_config)."""
+    resolved = bool(recorded) or inline is not None or not reads_configmap or None not in (
+        requested.num_nodes, requested.nproc_per_node, requested.master_port)
+    try:
+        return resolve_topology(requested, inline, template, recorded), resolved
+    except SpecError:
+        # with_config raises it again when the children are made, where it fails the job.
+        return resolve_topology(requested, None, template, recorded), False
+
+
+def _run_policy(policy: Mapping[str, Any]) -> RunPolicy:
+    return RunPolicy(
+        backoff_limit=int(policy.get("backoffLimit", 3)),
+        permanent_exit_codes=tuple(policy.get("permanentExitCodes") or ()),
+        active_deadline_seconds=policy.get("activeDeadlineSeconds"),
+        ttl_seconds_after_finished=policy.get("ttlSecondsAfterFinished"),
+        clean_pod_policy=policy.get("cleanPodPolicy", "Running"),
+        suspend=bool(policy.get("suspend", False)),
     )

@@ -1,36 +1,68 @@
-"""kopf handlers: thin. Each one finds the job and its pods and hands them to the Reconciler.
+"""kopf handlers: thin. Each finds the job, its pods and children in kopf's indexes and hands
+them to the Reconciler; what depends on time alone runs on the Clock (clock.py).
 
-Pods are tracked through a kopf index (an in-memory view fed by one watch), so a pod event
-reconciles its job without a single GET. Only event handlers and indexes are used: kopf then
-writes nothing to a job (state-based create/update handlers would add an annotation patch per
-job; timers and daemons would add a finalizer, which blocks deleting jobs while the operator is
-down, kopf issue 1074). What depends on time alone runs on one operator-wide clock task."""
+Pods, ConfigMaps and Services are tracked through kopf indexes (in-memory views, each fed by one
+watch filtered on the server by our job-name label), so an event reconciles its job without a
+single GET, and a child deleted by hand is seen missing and recreated. Only event handlers and
+indexes are used: kopf then writes nothing to a job (state-based create/update handlers would add
+an annotation patch per job; timers and daemons would add a finalizer, which blocks deleting jobs
+while the operator is down, kopf issue 1074)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 
-from .constants import FIELD_MANAGER, GROUP, JOB_NAME_LABEL, PLURAL, VERSION
+from .clock import Clock
+from .constants import FIELD_MANAGER, GROUP, PLURAL, VERSION
 from .kube import Kube
 from .reconciler import Reconciler
-from .status import PodState, read_pod_state
+from .status import read_pod_state
 
 log = logging.getLogger("accelerate_operator")
-RECONCILER: Reconciler | None = None
-POD_INDEX: kopf.Index | None = None
-CLOCK: asyncio.Task | None = None
 API_THREADS = 32
-CLOCK_SECONDS = 2.0
+OURS = {JOB_NAME_LABEL: kopf.PRESENT}
+# The logs archived at a restart are ConfigMaps of the job too, but never recreated: not watched.
+RENDERED_CONFIGMAPS = {JOB_NAME_LABEL: kopf.PRESENT, ATTEMPT_LABEL: kopf.ABSENT}
+
+
+@dataclass
+class Operator:
+    """What the handlers share, set up at start-up. The indexes are kopf's live views, passed to
+    handlers only: the first handler call hands them over for the clock."""
+
+    reconciler: Reconciler | None = None
+    clock: Clock | None = None
+    clock_task: asyncio.Task | None = None
+    indexes: dict[str, kopf.Index] = field(default_factory=dict)
+
+    def remember_indexes(self, **indexes: kopf.Index) -> None:
+        self.indexes.update(indexes)
+
+    def pods_of(self, namespace: str, name: str) -> list:
+        return list(self.indexes.get("pod_index", {}).get((namespace, name), []))
+
+    def children_of(self, namespace: str, name: str) -> set[tuple[str, str]]:
+        return {child for index in ("configmap_index", "service_index")
+                for child in self.indexes.get(index, {}).get((namespace, name), [])}
+
+    async def reconcile(self, body: kopf.Body) -> float | None:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        return await self.reconciler.reconcile(body, self.pods_of(namespace, name),
+                                               self.children_of(namespace, name))
+
+
+OPERATOR = Operator()
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global RECONCILER, CLOCK
     # No handler needs a finalizer now; naming the one older versions added lets kopf find and
     # drop it, so those jobs can still be deleted.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
@@ -40,30 +72,34 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
     settings.networking.error_backoffs = [1, 2, 5, 10]
+    # Filter on the server: the cluster's other pods and ConfigMaps, and the archived logs,
+    # never reach us. (A kopf without server-side selectors still filters in the handlers.)
+    selectors = getattr(settings.watching, "label_selectors", None)
+    if selectors is not None:
+        selectors["v1", "pods"] = selectors["v1", "services"] = JOB_NAME_LABEL
+        selectors["v1", "configmaps"] = f"{JOB_NAME_LABEL},!{ATTEMPT_LABEL}"
     # Every API call runs in a thread (the official client is synchronous). asyncio's default
     # pool has min(32, cores + 4) threads, 6 on a 2-core node, which capped the whole operator at
     # 6 calls in flight: 32 lets creates of many jobs overlap (docs/benchmarks.md, finding 1).
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="kube"))
-    RECONCILER = Reconciler(Kube.from_environment(pool_size=API_THREADS))
-    CLOCK = asyncio.create_task(_run_clock(), name="accelerate-operator-clock")
+    OPERATOR.indexes.clear()  # a second operator in one process (tests) starts afresh
+    OPERATOR.reconciler = Reconciler(Kube.from_environment(pool_size=API_THREADS))
+    OPERATOR.clock = Clock(OPERATOR.reconcile, OPERATOR.reconciler.refresh_progress)
+    OPERATOR.clock_task = asyncio.create_task(_run_clock(), name="accelerate-operator-clock")
     log.info("%s started", FIELD_MANAGER)
+
+
+async def _run_clock() -> None:
+    while not OPERATOR.indexes:  # until a handler has handed over the indexes
+        await asyncio.sleep(1)
+    await OPERATOR.clock.run()
 
 
 @kopf.on.cleanup()
 async def stop_clock(**_: Any) -> None:
-    if CLOCK is not None:
-        CLOCK.cancel()
-
-
-async def _run_clock() -> None:
-    while True:
-        await asyncio.sleep(CLOCK_SECONDS)
-        if RECONCILER is not None and POD_INDEX is not None:
-            try:
-                await RECONCILER.tick(_pods_of)
-            except Exception:  # the clock must outlive any one bad pass
-                log.exception("clock tick failed")
+    if OPERATOR.clock_task is not None:
+        OPERATOR.clock_task.cancel()
 
 
 # Indexes are async so kopf calls them inline instead of in its thread pool.
@@ -73,35 +109,55 @@ async def job_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dic
                                 "status": dict(body.status)}}
 
 
-@kopf.index("v1", "pods", labels={JOB_NAME_LABEL: kopf.PRESENT})
+@kopf.index("v1", "pods", labels=OURS)
 async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[JOB_NAME_LABEL]): read_pod_state(body)}
 
 
-def _pods_of(namespace: str, name: str) -> list[PodState]:
-    return list(POD_INDEX.get((namespace, name), [])) if POD_INDEX is not None else []
+@kopf.index("v1", "configmaps", labels=RENDERED_CONFIGMAPS)
+async def configmap_index(namespace: str, name: str, labels: kopf.Labels, **_: Any) -> dict:
+    return {(namespace, labels[JOB_NAME_LABEL]): ("ConfigMap", name)}
+
+
+@kopf.index("v1", "services", labels=OURS)
+async def service_index(namespace: str, name: str, labels: kopf.Labels, **_: Any) -> dict:
+    return {(namespace, labels[JOB_NAME_LABEL]): ("Service", name)}
 
 
 # Level-triggered: every event of a job (its creation, a spec change, the listing at start-up,
 # our own status writes) reconciles it from scratch; a pass with nothing to change is free.
 @kopf.on.event(GROUP, VERSION, PLURAL, id="job-event")
-async def on_job(type: str, body: kopf.Body, namespace: str, name: str,
-                 pod_index: kopf.Index, **_: Any) -> None:
-    global POD_INDEX
-    POD_INDEX = pod_index
+async def on_job(type: str, body: kopf.Body, **kwargs: Any) -> None:
+    OPERATOR.remember_indexes(**_indexes(kwargs))
+    uid = body["metadata"]["uid"]
     if type == "DELETED":
-        RECONCILER.forget(body["metadata"]["uid"])
+        OPERATOR.reconciler.forget(uid)
+        OPERATOR.clock.forget(uid)
         return
-    RECONCILER.remember(body)
-    await RECONCILER.reconcile(body, _pods_of(namespace, name))
+    OPERATOR.clock.track(body)
+    await OPERATOR.clock.run_pass(body)
 
 
-@kopf.on.event("v1", "pods", labels={JOB_NAME_LABEL: kopf.PRESENT}, id="pod-event")
-async def on_pod_event(namespace: str, labels: kopf.Labels, job_index: kopf.Index,
-                       pod_index: kopf.Index, **_: Any) -> None:
-    global POD_INDEX
-    POD_INDEX = pod_index
-    name = labels[JOB_NAME_LABEL]
+@kopf.on.event("v1", "pods", labels=OURS, id="pod-event")
+async def on_pod_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    await _reconcile_owner(namespace, labels, kwargs)
+
+
+@kopf.on.event("v1", "services", labels=OURS, id="service-event")
+@kopf.on.event("v1", "configmaps", labels=RENDERED_CONFIGMAPS, id="configmap-event")
+async def on_child_event(type: str, namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+    """A ConfigMap or Service deleted (by hand, say): the next pass recreates it."""
+    if type == "DELETED":
+        await _reconcile_owner(namespace, labels, kwargs)
+
+
+async def _reconcile_owner(namespace: str, labels: kopf.Labels, kwargs: dict[str, Any]) -> None:
+    indexes = _indexes(kwargs)
+    OPERATOR.remember_indexes(**indexes)
     # A snapshot: the index may change while this handler awaits.
-    for job in list(job_index.get((namespace, name), [])):
-        await RECONCILER.reconcile(job, _pods_of(namespace, name))
+    for job in list(indexes["job_index"].get((namespace, labels[JOB_NAME_LABEL]), [])):
+        await OPERATOR.clock.run_pass(job)
+
+
+def _indexes(kwargs: dict[str, Any]) -> dict[str, kopf.Index]:
+    return {key: value for key, value in kwargs.items() if key.endswith("_index")}

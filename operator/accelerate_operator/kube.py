@@ -5,7 +5,6 @@ Calls are synchronous (the official client); handlers run them in threads."""
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import string
@@ -15,13 +14,14 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from .constants import FIELD_MANAGER, GROUP, PLURAL, VERSION
+from .apierrors import server_message
+from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from .resources.configmap import ConfigSource
 from .status import Event, format_time
 
 log = logging.getLogger("accelerate_operator.kube")
 
-# A node agent that does not answer must not hold a reconcile (or the progress timer) for long.
+# A node agent that does not answer must not hold a reconcile (or the clock's progress read) long.
 LOG_REQUEST_TIMEOUT = 10
 
 
@@ -36,13 +36,6 @@ def _drain(response: Any) -> None:
     (docs/benchmarks.md); reading the raw body returns the connection to the pool."""
     response.read()
     response.release_conn()
-
-
-def _server_message(error: ApiException) -> str:
-    try:
-        return json.loads(error.body).get("message") or error.reason
-    except (TypeError, ValueError):
-        return str(error.reason)
 
 
 class ConfigMapMissing(LookupError):
@@ -84,7 +77,7 @@ class Kube:
         except ApiException as error:
             if error.status == 409:
                 return False
-            message = _server_message(error)
+            message = server_message(error)
             if error.status == 403 and "being terminated" in message:
                 return False  # the namespace is going away, and the job with it
             if error.status in (400, 403, 422):
@@ -175,7 +168,7 @@ class Kube:
                          "namespace": metadata["namespace"]},
             "involvedObject": {
                 "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "AccelerateJob",
+                "kind": KIND,
                 "name": metadata["name"],
                 "namespace": metadata["namespace"],
                 "uid": metadata.get("uid"),

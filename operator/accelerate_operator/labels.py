@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .constants import ATTEMPT_LABEL, FIELD_MANAGER, JOB_NAME_LABEL, NODE_INDEX_LABEL
+from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL, NODE_INDEX_LABEL
+
+from .constants import FIELD_MANAGER
 
 
 def job_labels(job_name: str) -> dict[str, str]:

@@ -1,4 +1,10 @@
-"""Deterministic child names: a restarted operator finds what it created before."""
+"""Deterministic child names: a restarted operator finds what it created before. Also which
+container of the pod template is the trainer's (its name picks the log to read)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 
 def pod_name(job_name: str, index: int) -> str:
@@ -21,3 +27,9 @@ def master_address(job_name: str) -> str:
 def logs_configmap_name(job_name: str, attempt: int) -> str:
     """The archived logs of the pods of `attempt`, kept when the group restarts."""
     return f"{job_name}-logs-attempt-{attempt}"
+
+
+def trainer_container_name(template: Mapping[str, Any]) -> str | None:
+    """The first container of the pod template trains (as the pod builder assumes)."""
+    containers = (template.get("spec") or {}).get("containers") or [{}]
+    return containers[0].get("name")

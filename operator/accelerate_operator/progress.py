@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .status import format_time
+from accelerate_trainer.contract import PROGRESS_LINE
 
-PREFIX = "ACCELERATE_PROGRESS"
-_LINE = re.compile(rf"^{PREFIX} (\{{.*\}})\s*$", re.M)
+from .status import format_time
 
 
 def _finite(value: Any) -> float | None:
@@ -34,7 +32,7 @@ def _count(value: Any) -> int | None:
 def parse_progress(log_text: str) -> dict[str, Any] | None:
     """The last valid progress report in `log_text` (a dict with at least an integer `step`),
     or None when there is none."""
-    for match in reversed(list(_LINE.finditer(log_text))):
+    for match in reversed(list(PROGRESS_LINE.finditer(log_text))):
         try:
             report = json.loads(match.group(1))
         except ValueError:

@@ -16,22 +16,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from accelerate_trainer.contract import ATTEMPT_LABEL, CONFIG_ERROR_EXIT_CODE, NODE_INDEX_LABEL
+
 from .api import JobSpec, build_topology_status
 from .constants import (
-    ATTEMPT_LABEL,
-    CONFIG_ERROR_EXIT_CODE,
+    CONDITION_TYPES,
     CREATED,
     FAILED,
     FINISHED_PHASES,
-    NODE_INDEX_LABEL,
     PENDING,
     RESTARTING,
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
 )
-
-CONDITION_TYPES = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
 
 
 @dataclass(frozen=True)
@@ -223,6 +221,144 @@ def _cleanup(job: JobSpec, pods: Sequence[PodState]) -> tuple[str, ...]:
     )
 
 
+class _Pass:
+    """One planning pass: the status being built, the attempt and restart counters, and the
+    steps plan_reconcile goes through. Each step that decides the pass returns its Plan."""
+
+    def __init__(self, job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodState],
+                 now: datetime):
+        self.job, self.pods, self.now = job, list(pods), now
+        self.out = _StatusBuilder(job, status, now)
+        self.status = status
+        self.attempt = int(status.get("attempt") or 0)
+        self.restarts = int(status.get("restarts") or 0)
+
+    def done(self, create=(), delete=(), delete_job=False, requeue_after=None) -> Plan:
+        self.out.status["attempt"] = self.attempt
+        status = self.out.finish()
+        if requeue_after is None and status.get("phase") not in FINISHED_PHASES:
+            requeue_after = self._seconds_to_deadline()
+        return Plan(status, self.attempt, tuple(create), tuple(delete), tuple(self.out.events),
+                    delete_job, requeue_after)
+
+    def fail(self, reason: str, message: str) -> Plan:
+        self.out.phase(FAILED, reason, message, warning=True)
+        self.out.status["completionTime"] = format_time(self.now)
+        self.out.counts(self.pods)
+        return self.done(delete=_cleanup(self.job, self.pods))
+
+    def _deadline(self) -> datetime | None:
+        seconds = self.job.run_policy.active_deadline_seconds
+        started = parse_time(self.status.get("startTime"))
+        return started + timedelta(seconds=seconds) if seconds and started else None
+
+    def _seconds_to_deadline(self) -> float | None:
+        """When the active deadline will need a pass of its own (the clock's requeue)."""
+        deadline = self._deadline()
+        return max((deadline - self.now).total_seconds(), 0.0) if deadline else None
+
+    def finished(self) -> Plan:
+        """A finished job only cleans up, and deletes itself when its TTL has passed."""
+        self.out.counts(self.pods)
+        ttl = self.job.run_policy.ttl_seconds_after_finished
+        finished_at = parse_time(self.status.get("completionTime"))
+        delete_job, requeue = False, None
+        if ttl is not None and finished_at:
+            expires = finished_at + timedelta(seconds=ttl)
+            delete_job = self.now >= expires
+            requeue = None if delete_job else (expires - self.now).total_seconds()
+        return self.done(delete=_cleanup(self.job, self.pods), delete_job=delete_job,
+                         requeue_after=requeue)
+
+    def suspend(self) -> Plan:
+        self.out.counts(self.pods)
+        self.out.phase(SUSPENDED, "Suspended",
+                       "spec.runPolicy.suspend is true: pods deleted; set it to false to resume")
+        return self.done(delete=[p.name for p in self.pods if not p.deleting])
+
+    def resume(self) -> None:
+        """A fresh group: pods of the suspended attempt may still be terminating."""
+        self.attempt += 1
+        self.out.condition(SUSPENDED, False, "Resumed",
+                           "spec.runPolicy.suspend is false: starting a fresh group")
+        self.out.events.append(
+            Event("Normal", "Resumed", f"starting a fresh group (attempt {self.attempt})"))
+        self.out.status["phase"] = PENDING
+        self.out.previous_phase = PENDING
+
+    def deadline_exceeded(self) -> Plan | None:
+        deadline = self._deadline()
+        if deadline is None or self.now < deadline:
+            return None
+        return self.fail("DeadlineExceeded",
+                         f"the job ran longer than spec.runPolicy.activeDeadlineSeconds "
+                         f"({self.job.run_policy.active_deadline_seconds}s)")
+
+    def group(self) -> Plan:
+        """The pods of the current attempt: restart on a failure, else wait, create, or
+        report how far the group is."""
+        current = [p for p in self.pods if p.attempt == self.attempt]
+        stale = [p for p in self.pods if p.attempt != self.attempt]
+        failures = _failures(self.job, current, self.out.previous_phase == RUNNING)
+        if failures:
+            return self.restart_or_fail(failures[0])
+        if stale:
+            # Wait until the previous attempt's pods are gone: the new ones reuse their names.
+            self.out.counts(current)
+            return self.done(delete=[p.name for p in stale if not p.deleting])
+        return self.progress(current)
+
+    def restart_or_fail(self, first: Failure) -> Plan:
+        policy = self.job.run_policy
+        self.out.status["lastFailure"] = first.describe()
+        if first.exit_code == CONFIG_ERROR_EXIT_CODE:
+            return self.fail("InvalidConfig", first.describe())
+        if first.exit_code is not None and first.exit_code in policy.permanent_exit_codes:
+            return self.fail("PermanentFailure",
+                             f"{first.describe()} (listed in spec.runPolicy.permanentExitCodes)")
+        if self.restarts >= policy.backoff_limit:
+            return self.fail("BackoffLimitExceeded",
+                             f"{first.describe()}; no restarts left "
+                             f"(spec.runPolicy.backoffLimit={policy.backoff_limit})")
+        self.restarts += 1
+        self.attempt += 1
+        self.out.status["restarts"] = self.restarts
+        self.out.counts(self.pods)
+        self.out.phase(RESTARTING, "PodFailed",
+                       f"{first.describe()}; restarting all {self.job.num_nodes} node(s) "
+                       f"(restart {self.restarts} of {policy.backoff_limit})", warning=True)
+        return self.done(delete=[p.name for p in self.pods if not p.deleting])
+
+    def progress(self, current: list[PodState]) -> Plan:
+        job, out = self.job, self.out
+        present = {p.index for p in current}
+        create = [i for i in range(job.num_nodes) if i not in present]
+        # Count the pods this pass creates as Pending: the next pass, which sees them, then finds
+        # nothing to change and writes nothing.
+        out.counts(current + [PodState(f"{job.name}-{i}", i, self.attempt, PENDING)
+                              for i in create])
+        if create and not present:
+            out.status.setdefault("startTime", format_time(self.now))
+        if create or current:
+            message = f"ConfigMap, headless Service and {job.num_nodes} pod(s) created"
+            if out.condition(CREATED, True, "PodsCreated", message):
+                out.events.append(Event("Normal", "PodsCreated", message))
+        succeeded = sum(p.phase == SUCCEEDED for p in current)
+        running = sum(p.phase in (RUNNING, SUCCEEDED) for p in current)
+        if succeeded == job.num_nodes:
+            out.phase(SUCCEEDED, "AllNodesSucceeded",
+                      f"all {job.num_nodes} node(s) finished training successfully")
+            out.status["completionTime"] = format_time(self.now)
+            return self.done(delete=_cleanup(job, current))
+        if running == job.num_nodes and not create:
+            out.phase(RUNNING, "AllNodesRunning",
+                      f"all {job.num_nodes} node(s) running, {job.world_size} process(es) in total")
+            return self.done()
+        if out.previous_phase not in (RESTARTING,):
+            out.status["phase"] = PENDING
+        return self.done(create=create)
+
+
 def plan_reconcile(
     job: JobSpec,
     status: Mapping[str, Any],
@@ -233,112 +369,15 @@ def plan_reconcile(
     config_error_reason: str = "InvalidConfig",
 ) -> Plan:
     """The whole decision for one pass; `config_error` is set when the accelerate config (or
-    anything else only the operator can check) means the job cannot run."""
-    out = _StatusBuilder(job, status, now)
-    attempt = int(status.get("attempt") or 0)
-    restarts = int(status.get("restarts") or 0)
-    policy = job.run_policy
-
-    def done(create=(), delete=(), delete_job=False, requeue_after=None) -> Plan:
-        out.status["attempt"] = attempt
-        return Plan(out.finish(), attempt, tuple(create), tuple(delete), tuple(out.events),
-                    delete_job, requeue_after)
-
-    def fail(reason: str, message: str) -> Plan:
-        out.phase(FAILED, reason, message, warning=True)
-        out.status["completionTime"] = format_time(now)
-        out.counts(pods)
-        return done(delete=_cleanup(job, pods))
-
-    # A finished job only cleans up, and deletes itself when its TTL has passed.
-    if out.previous_phase in FINISHED_PHASES:
-        out.counts(pods)
-        delete_job, requeue = False, None
-        finished_at = parse_time(status.get("completionTime"))
-        if policy.ttl_seconds_after_finished is not None and finished_at:
-            expires = finished_at + timedelta(seconds=policy.ttl_seconds_after_finished)
-            delete_job = now >= expires
-            requeue = None if delete_job else (expires - now).total_seconds()
-        return done(delete=_cleanup(job, pods), delete_job=delete_job, requeue_after=requeue)
-
+    anything else only the operator can check) means the job cannot run. `requeue_after` says
+    when time alone will change the decision (a TTL or a deadline), for the operator's clock."""
+    run = _Pass(job, status, pods, now)
+    if run.out.previous_phase in FINISHED_PHASES:
+        return run.finished()
     if config_error:
-        return fail(config_error_reason, config_error)
-
-    if policy.suspend:
-        out.counts(pods)
-        out.phase(SUSPENDED, "Suspended",
-                  "spec.runPolicy.suspend is true: pods deleted; set it to false to resume")
-        return done(delete=[p.name for p in pods if not p.deleting])
-    if out.previous_phase == SUSPENDED:
-        # A fresh group: pods of the suspended attempt may still be terminating.
-        attempt += 1
-        out.condition(SUSPENDED, False, "Resumed",
-                      "spec.runPolicy.suspend is false: starting a fresh group")
-        out.events.append(Event("Normal", "Resumed", f"starting a fresh group (attempt {attempt})"))
-        out.status["phase"] = PENDING
-        out.previous_phase = PENDING
-
-    started = parse_time(status.get("startTime"))
-    if policy.active_deadline_seconds and started:
-        deadline = started + timedelta(seconds=policy.active_deadline_seconds)
-        if now >= deadline:
-            return fail("DeadlineExceeded",
-                        f"the job ran longer than spec.runPolicy.activeDeadlineSeconds "
-                        f"({policy.active_deadline_seconds}s)")
-
-    current = [p for p in pods if p.attempt == attempt]
-    stale = [p for p in pods if p.attempt != attempt]
-    failures = _failures(job, current, out.previous_phase == RUNNING)
-
-    if failures:
-        first = failures[0]
-        out.status["lastFailure"] = first.describe()
-        if first.exit_code == CONFIG_ERROR_EXIT_CODE:
-            return fail("InvalidConfig", first.describe())
-        if first.exit_code is not None and first.exit_code in policy.permanent_exit_codes:
-            return fail("PermanentFailure",
-                        f"{first.describe()} (listed in spec.runPolicy.permanentExitCodes)")
-        if restarts >= policy.backoff_limit:
-            return fail("BackoffLimitExceeded",
-                        f"{first.describe()}; no restarts left "
-                        f"(spec.runPolicy.backoffLimit={policy.backoff_limit})")
-        restarts += 1
-        attempt += 1
-        out.status["restarts"] = restarts
-        out.counts(pods)
-        out.phase(RESTARTING, "PodFailed",
-                  f"{first.describe()}; restarting all {job.num_nodes} node(s) "
-                  f"(restart {restarts} of {policy.backoff_limit})", warning=True)
-        return done(delete=[p.name for p in pods if not p.deleting])
-
-    if stale:
-        # Wait until the previous attempt's pods are gone: the new ones reuse their names.
-        out.counts(current)
-        return done(delete=[p.name for p in stale if not p.deleting])
-
-    present = {p.index for p in current}
-    create = [i for i in range(job.num_nodes) if i not in present]
-    # Count the pods this pass creates as Pending: the next pass, which sees them, then finds
-    # nothing to change and writes nothing.
-    out.counts(current + [PodState(f"{job.name}-{i}", i, attempt, PENDING) for i in create])
-    if create and not present:
-        out.status.setdefault("startTime", format_time(now))
-    if create or current:
-        message = f"ConfigMap, headless Service and {job.num_nodes} pod(s) created"
-        if out.condition(CREATED, True, "PodsCreated", message):
-            out.events.append(Event("Normal", "PodsCreated", message))
-
-    succeeded = sum(p.phase == SUCCEEDED for p in current)
-    running = sum(p.phase in (RUNNING, SUCCEEDED) for p in current)
-    if succeeded == job.num_nodes:
-        out.phase(SUCCEEDED, "AllNodesSucceeded",
-                  f"all {job.num_nodes} node(s) finished training successfully")
-        out.status["completionTime"] = format_time(now)
-        return done(delete=_cleanup(job, current))
-    if running == job.num_nodes and not create:
-        out.phase(RUNNING, "AllNodesRunning",
-                  f"all {job.num_nodes} node(s) running, {job.world_size} process(es) in total")
-        return done()
-    if out.previous_phase not in (RESTARTING,):
-        out.status["phase"] = PENDING
-    return done(create=create)
+        return run.fail(config_error_reason, config_error)
+    if job.run_policy.suspend:
+        return run.suspend()
+    if run.out.previous_phase == SUSPENDED:
+        run.resume()
+    return run.deadline_exceeded() or run.group()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.helpers.cluster import ROOT, kubectl
+from devtools.cluster import ROOT, kubectl
 
 EXAMPLE = ROOT / "examples" / "cpu-ddp.yaml"
 

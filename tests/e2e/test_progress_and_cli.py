@@ -4,31 +4,26 @@ injected failure restarts the group and its log is archived (`logs --attempt 0`)
 logs of every node, and delete.
 
 One node x two processes of the CPU example, 30 steps slowed to about 0.2 s each so that the
-operator's 5 s progress timer sees it mid-run; rank 1 fails once at step 20 (a marker file, unique
-to the test's namespace, makes the second attempt run through)."""
+operator's 5 s progress timer sees it mid-run; rank 1 fails at step 20 of the first attempt only
+(`--fail-attempt 0`, read from the ACCELERATE_JOB_ATTEMPT the operator sets), so the second
+attempt runs through."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from accelerate_operator.client import AccelerateJobClient
+from accelerate_job import AccelerateJobClient
 
-from tests.helpers.cluster import kubectl, wait_for
+from devtools.cluster import kubectl, wait_for
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    # The fail-once marker is a host /tmp file, shared by both attempts only where pods run as
-    # host processes (the local node); in a real container each attempt has its own /tmp.
-    pytest.mark.skipif(os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1",
-                       reason="needs the local cluster (pods share the host's /tmp)"),
-]
+pytestmark = [pytest.mark.timeout(600)]
 
+SCRIPT = Path("/opt/accelerate/examples/train.py")
 IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
 NAME = "progress"
 MAX_STEPS = 30
@@ -52,82 +47,77 @@ def cli(*args: str, kubeconfig: str, namespace: str, timeout: float = 120,
     return proc
 
 
-def test_progress_logs_across_a_restart_and_the_cli(kubeconfig, namespace, example_script,
-                                                    tmp_path):
-    marker = Path(f"/tmp/accelerate-e2e-{namespace}-fail-once")
-    marker.unlink(missing_ok=True)
+def test_progress_logs_across_a_restart_and_the_cli(kubeconfig, namespace, tmp_path):
     config = tmp_path / "accelerate.yaml"
     config.write_text(CPU_CONFIG)
     client = AccelerateJobClient(kubeconfig=kubeconfig, namespace=namespace)
     started = time.monotonic()
-    try:
-        cli("submit", "--config", str(config), "--image", IMAGE, "--nodes", "1",
-            "--procs-per-node", "2", "--name", NAME, "--backoff-limit", "2",
-            "--env", "OMP_NUM_THREADS=1", "--env", "HF_HUB_OFFLINE=1",
-            "--env", "HF_DATASETS_OFFLINE=1", "--env", f"ACCELERATE_FAIL_ONCE_MARKER={marker}",
-            str(example_script), "--max-steps", str(MAX_STEPS), "--sleep-per-step", "0.2",
-            "--log-every", "1", "--fail-at-step", str(FAIL_AT_STEP), "--fail-rank", "1",
-            kubeconfig=kubeconfig, namespace=namespace)
-        assert client.get(NAME)["spec"]["accelerateConfigFrom"]["configMapKeyRef"] == {
-            "name": f"{NAME}-accelerate-yaml", "key": "accelerate.yaml"}
+    cli("submit", "--config", str(config), "--image", IMAGE, "--nodes", "1",
+        "--procs-per-node", "2", "--name", NAME, "--backoff-limit", "2",
+        "--env", "OMP_NUM_THREADS=1", "--env", "HF_HUB_OFFLINE=1",
+        "--env", "HF_DATASETS_OFFLINE=1",
+        str(SCRIPT), "--max-steps", str(MAX_STEPS), "--sleep-per-step", "0.2",
+        "--log-every", "1", "--fail-at-step", str(FAIL_AT_STEP), "--fail-rank", "1",
+        "--fail-attempt", "0",
+        kubeconfig=kubeconfig, namespace=namespace)
+    assert client.get(NAME)["spec"]["accelerateConfigFrom"]["configMapKeyRef"] == {
+        "name": f"{NAME}-accelerate-yaml", "key": "accelerate.yaml"}
 
-        # Progress while training, as kubectl shows it.
-        def mid_run_progress():
-            row = kubectl("-n", namespace, "get", "ajob", NAME, "--no-headers",
-                          kubeconfig=kubeconfig).stdout.split()
-            status = client.get(NAME).get("status") or {}
-            progress = status.get("progress") or {}
-            running = status.get("phase") == "Running"
-            return running and 0 < progress.get("step", 0) < MAX_STEPS and f"/{MAX_STEPS}" in \
-                " ".join(row) and (row, progress)
-        row, progress = wait_for(mid_run_progress, timeout=240, interval=1,
-                                 description="status.progress mid-run")
-        print(f"progress seen after {time.monotonic() - started:.0f}s: {' '.join(row)}")
-        assert progress["totalSteps"] == MAX_STEPS and progress["summary"] in " ".join(row)
-        assert {"loss", "epoch", "samplesPerSecond", "updateTime"} <= set(progress)
+    # Progress while training, as kubectl shows it.
+    def mid_run_progress():
+        row = kubectl("-n", namespace, "get", "ajob", NAME, "--no-headers",
+                      kubeconfig=kubeconfig).stdout.split()
+        status = client.get(NAME).get("status") or {}
+        progress = status.get("progress") or {}
+        running = status.get("phase") == "Running"
+        return running and 0 < progress.get("step", 0) < MAX_STEPS and f"/{MAX_STEPS}" in \
+            " ".join(row) and (row, progress)
+    row, progress = wait_for(mid_run_progress, timeout=240, interval=1,
+                             description="status.progress mid-run")
+    print(f"progress seen after {time.monotonic() - started:.0f}s: {' '.join(row)}")
+    assert progress["totalSteps"] == MAX_STEPS and progress["summary"] in " ".join(row)
+    assert {"loss", "epoch", "samplesPerSecond", "updateTime"} <= set(progress)
 
-        # The injected failure restarts the group; the first attempt's log is archived.
-        wait_for(lambda: (client.get(NAME).get("status") or {}).get("restarts") == 1,
-                 timeout=240, interval=1, description="the restart after the injected failure")
-        archived = cli("logs", NAME, "--attempt", "0", kubeconfig=kubeconfig,
-                       namespace=namespace).stdout
-        assert f"FAILING on purpose rank=1 step={FAIL_AT_STEP}" in archived
-        assert "RANK_INFO rank=0" in archived or len(archived.splitlines()) >= 250
-        assert client.archived_attempts(NAME) == [0]
-        missing = cli("logs", NAME, "--attempt", "7", kubeconfig=kubeconfig,
-                      namespace=namespace, check=False)
-        assert missing.returncode == 1 and "no archived logs for attempt 7" in missing.stderr
+    # The injected failure restarts the group; the first attempt's log is archived.
+    wait_for(lambda: (client.get(NAME).get("status") or {}).get("restarts") == 1,
+             timeout=240, interval=1, description="the restart after the injected failure")
+    archived = cli("logs", NAME, "--attempt", "0", kubeconfig=kubeconfig,
+                   namespace=namespace).stdout
+    assert f"FAILING on purpose rank=1 step={FAIL_AT_STEP}" in archived
+    assert "RANK_INFO rank=0" in archived or len(archived.splitlines()) >= 250
+    assert client.archived_attempts(NAME) == [0]
+    missing = cli("logs", NAME, "--attempt", "7", kubeconfig=kubeconfig,
+                  namespace=namespace, check=False)
+    assert missing.returncode == 1 and "no archived logs for attempt 7" in missing.stderr
 
-        # Wait through the CLI, then the client: both see Succeeded.
-        waited = cli("wait", NAME, "--timeout", "300", kubeconfig=kubeconfig,
-                     namespace=namespace, timeout=330)
-        assert "Succeeded" in waited.stdout
-        print(f"Succeeded after {time.monotonic() - started:.0f}s")
-        done = client.wait(NAME, "Succeeded", timeout=10)
-        assert done["status"]["restarts"] == 1
-        final = client.progress(NAME)
-        assert final["step"] == MAX_STEPS and final["summary"] == f"{MAX_STEPS}/{MAX_STEPS} (100%)"
+    # Wait through the CLI, then the client: both see Succeeded.
+    waited = cli("wait", NAME, "--timeout", "300", kubeconfig=kubeconfig,
+                 namespace=namespace, timeout=330)
+    assert "Succeeded" in waited.stdout
+    print(f"Succeeded after {time.monotonic() - started:.0f}s")
+    done = client.wait(NAME, "Succeeded", timeout=10)
+    assert done["status"]["restarts"] == 1
+    final = client.progress(NAME)
+    assert final["step"] == MAX_STEPS and final["summary"] == f"{MAX_STEPS}/{MAX_STEPS} (100%)"
 
-        status = json.loads(cli("status", NAME, "-o", "json", kubeconfig=kubeconfig,
-                                namespace=namespace).stdout)
-        assert (status["phase"], status["restarts"]) == ("Succeeded", 1)
-        assert "failed with exit code 1" in status["lastFailure"]
-        logs = cli("logs", NAME, "--all", kubeconfig=kubeconfig, namespace=namespace)
-        assert f"[node 0] TRAINING_DONE steps={MAX_STEPS}" in logs.stdout
-        assert "--attempt N" in logs.stderr  # the hint about the archived attempt
-        assert NAME in cli("list", kubeconfig=kubeconfig, namespace=namespace).stdout
+    status = json.loads(cli("status", NAME, "-o", "json", kubeconfig=kubeconfig,
+                            namespace=namespace).stdout)
+    assert (status["phase"], status["restarts"]) == ("Succeeded", 1)
+    assert "failed with exit code 1" in status["lastFailure"]
+    logs = cli("logs", NAME, "--all", kubeconfig=kubeconfig, namespace=namespace)
+    assert f"[node 0] TRAINING_DONE steps={MAX_STEPS}" in logs.stdout
+    assert "--attempt N" in logs.stderr  # the hint about the archived attempt
+    assert NAME in cli("list", kubeconfig=kubeconfig, namespace=namespace).stdout
 
-        # Delete: the job goes, and its ConfigMaps with it (owner references).
-        cli("delete", NAME, kubeconfig=kubeconfig, namespace=namespace)
-        wait_for(lambda: not client.list(), timeout=60, description="the job to be deleted")
-        gone = cli("status", NAME, kubeconfig=kubeconfig, namespace=namespace, check=False)
-        assert gone.returncode == 1
-        assert gone.stderr == (f"error: no AccelerateJob {NAME} in namespace {namespace}; "
-                               "list them with `accelerate-job list`\n")
-        wait_for(lambda: not [
-            cm for cm in json.loads(kubectl("-n", namespace, "get", "configmaps", "-o", "json",
-                                            kubeconfig=kubeconfig).stdout)["items"]
-            if cm["metadata"]["name"].startswith(f"{NAME}-")], timeout=60,
-            description="the job's ConfigMaps to be garbage collected")
-    finally:
-        marker.unlink(missing_ok=True)
+    # Delete: the job goes, and its ConfigMaps with it (owner references).
+    cli("delete", NAME, kubeconfig=kubeconfig, namespace=namespace)
+    wait_for(lambda: not client.list(), timeout=60, description="the job to be deleted")
+    gone = cli("status", NAME, kubeconfig=kubeconfig, namespace=namespace, check=False)
+    assert gone.returncode == 1
+    assert gone.stderr == (f"error: no AccelerateJob {NAME} in namespace {namespace}; "
+                           "list them with `accelerate-job list`\n")
+    wait_for(lambda: not [
+        cm for cm in json.loads(kubectl("-n", namespace, "get", "configmaps", "-o", "json",
+                                        kubeconfig=kubeconfig).stdout)["items"]
+        if cm["metadata"]["name"].startswith(f"{NAME}-")], timeout=60,
+        description="the job's ConfigMaps to be garbage collected")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers.cluster import ROOT, kubectl
+from devtools.cluster import ROOT, kubectl
 from tests.helpers.jobs import apply_job, phase_is, wait_for_job
 
 MAX_STEPS, CHECKPOINT_EVERY, FAIL_AT = 30, 10, 25
@@ -53,7 +53,11 @@ def recovery_seconds(kubeconfig: str, namespace: str) -> float:
 
 def test_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint(
         kubeconfig, namespace):
+    # A host folder both nodes mount (the local nodes share the host's disk, as pods share an
+    # NFS volume), writable by the image's non-root trainer user.
     host_dir = Path("/tmp") / f"accelerate-operator-ckpt-{uuid.uuid4().hex[:8]}"
+    host_dir.mkdir()
+    host_dir.chmod(0o777)
     apply_job(kubeconfig, namespace, resumable_job(str(host_dir)))
     done = wait_for_job(kubeconfig, namespace, "resume", phase_is("Succeeded", "Failed"),
                         timeout=900, description="the resumed job to finish")

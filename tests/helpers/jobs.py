@@ -88,7 +88,7 @@ def command_job(name: str, script: str, *, nodes: int = 2) -> JobBuilder:
 
 
 def apply_job(kubeconfig: str, namespace: str, body: dict) -> None:
-    from tests.helpers.cluster import kubectl
+    from devtools.cluster import kubectl
 
     body = copy.deepcopy(body)
     body["metadata"] = {"name": body["metadata"]["name"], "namespace": namespace}
@@ -96,7 +96,7 @@ def apply_job(kubeconfig: str, namespace: str, body: dict) -> None:
 
 
 def get_job(kubeconfig: str, namespace: str, name: str) -> dict:
-    from tests.helpers.cluster import kubectl
+    from devtools.cluster import kubectl
 
     out = kubectl("-n", namespace, "get", "acceleratejob", name, "-o", "json",
                   kubeconfig=kubeconfig, check=False)
@@ -106,7 +106,7 @@ def get_job(kubeconfig: str, namespace: str, name: str) -> dict:
 def wait_for_job(kubeconfig: str, namespace: str, name: str, predicate, *, timeout: float = 120,
                  description: str = "") -> dict:
     """Poll the job until `predicate(job)` holds; the failure message shows the last status."""
-    from tests.helpers.cluster import wait_for
+    from devtools.cluster import wait_for
 
     last: dict = {}
 

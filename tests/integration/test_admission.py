@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
-from accelerate_operator.constants import JOB_NAME_LABEL
+from accelerate_trainer.contract import JOB_NAME_LABEL
 
-from tests.helpers.cluster import (
+from devtools.cluster import (
     ROOT,
     create_namespace,
     delete_namespace,

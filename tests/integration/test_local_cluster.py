@@ -1,8 +1,8 @@
-"""Tests of the local test cluster itself (control plane + local node agent), not of the operator.
+"""Tests of the local test cluster itself (control plane + real nodes), not of the operator.
 
 They pin down what the operator's tests rely on: pod phases and exit codes, logs through the API
-server, termination messages, per-pod networks with `<host>.<subdomain>` names, volumes, real
-garbage collection and in-cluster API access under RBAC.
+server, termination messages, pods on two nodes reaching each other by `<host>.<subdomain>` names
+through CoreDNS, volumes, real garbage collection and in-cluster API access under RBAC.
 """
 
 from __future__ import annotations
@@ -15,29 +15,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.helpers.cluster import (  # noqa: E402
+from devtools.cluster import (  # noqa: E402
     create_namespace,
     delete_namespace,
-    ensure_cluster,
     kubectl,
     kubectl_json,
     wait_for,
     wait_for_phase,
 )
+from devtools.images import PYTHON_IMAGE  # noqa: E402
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def kubeconfig() -> str:
-    return ensure_cluster()
-
-
-@pytest.fixture
-def namespace(kubeconfig: str):
-    name = create_namespace(kubeconfig, "infra")
-    yield name
-    delete_namespace(kubeconfig, name)
 
 
 def create(kubeconfig: str, *objects: dict) -> None:
@@ -46,7 +34,8 @@ def create(kubeconfig: str, *objects: dict) -> None:
 
 
 def python_pod(name: str, namespace: str, code: str, **spec: object) -> dict:
-    container = {"name": "main", "image": "python:3.11", "command": ["python3", "-c", code]}
+    container = {"name": "main", "image": PYTHON_IMAGE, "imagePullPolicy": "Never",
+                 "command": ["python3", "-c", code]}
     container.update(spec.pop("container", {}))  # type: ignore[arg-type]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
@@ -118,6 +107,11 @@ def rendezvous_pair(namespace: str) -> list[dict]:
                         container={"args": ["job-0.job"]})
     for pod in (server, client):  # `python3 -c CODE ARG` gives sys.argv == ['-c', ARG]
         pod["metadata"]["labels"]["group"] = "job"
+        # One pod per node: the pair talks across nodes, through the host's routes.
+        one_per_node = {"labelSelector": {"matchLabels": {"group": "job"}},
+                        "topologyKey": "kubernetes.io/hostname"}
+        pod["spec"]["affinity"] = {"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [one_per_node]}}
     return [service, server, client]
 
 
@@ -133,6 +127,11 @@ def test_pods_reach_each_other_by_hostname_while_another_namespace_uses_the_same
                                       timeout=90) == "Succeeded", logs(kubeconfig, ns, pod)
             assert f"got token-{ns} from 10.244." in logs(kubeconfig, ns, "job-1")
             assert "served" in logs(kubeconfig, ns, "job-0")
+            pods = {pod: kubectl_json("-n", ns, "get", "pod", pod, kubeconfig=kubeconfig)
+                    for pod in ("job-0", "job-1")}
+            nodes = {p["spec"]["nodeName"] for p in pods.values()}
+            subnets = {p["status"]["podIP"].rsplit(".", 1)[0] for p in pods.values()}
+            assert len(nodes) == 2 and len(subnets) == 2, (nodes, subnets)
     finally:
         delete_namespace(kubeconfig, other)
 
@@ -151,7 +150,7 @@ def test_configmap_volume_appears_at_its_mount_path(kubeconfig: str, namespace: 
     assert wait_for_phase(kubeconfig, namespace, "reader", ("Succeeded", "Failed")) == \
         "Succeeded", logs(kubeconfig, namespace, "reader")
     assert "hi there" in logs(kubeconfig, namespace, "reader")
-    assert not Path("/etc/infra-test-config/greeting.txt").exists(), "the bind mount leaked"
+    assert not Path("/etc/infra-test-config/greeting.txt").exists(), "the volume leaked to the host"
 
 
 def test_pod_owned_by_a_deleted_configmap_is_garbage_collected(kubeconfig: str, namespace: str):

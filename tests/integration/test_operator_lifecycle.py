@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers.cluster import kubectl, wait_for
+from devtools.cluster import kubectl, wait_for
 from tests.helpers.jobs import (
     apply_job,
     command_job,

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from accelerate_operator.constants import JOB_NAME_LABEL
+from accelerate_trainer.contract import JOB_NAME_LABEL
 
-from tests.helpers.cluster import (
+from devtools.cluster import (
     create_namespace,
     delete_namespace,
     kubectl,

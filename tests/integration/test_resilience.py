@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cluster import ROOT, kubectl, wait_for
+from devtools.cluster import ROOT, kubectl, wait_for
 from tests.helpers.jobs import apply_job, command_job, phase_is, wait_for_job
 
 OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")

@@ -3,8 +3,8 @@ run as a user would: in a ConfigMap (with the files beside it), named by a job t
 topology of its own. Each goes through the operator's render (`prepare_config`), then the
 trainer's validation as in a GPU pod and as in a CPU pod, and the table says what must happen.
 
-The table is the record of what each file does; tests/e2e/test_accelerate_corpus.py runs the same
-files on the cluster."""
+The table is the record of what each file does; tests/e2e/test_accelerate_corpus_on_cluster.py
+runs the same files on the cluster."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 from accelerate_operator.api import SpecError, parse_job
-from accelerate_operator.constants import CONFIG_KEY, CONFIG_MOUNT_PATH
 from accelerate_operator.resources.configmap import ConfigSource, prepare_config
 from accelerate_trainer.__main__ import read_deepspeed_json, validate
 from accelerate_trainer.config import ConfigError, is_cpu_job
+from accelerate_trainer.contract import CONFIG_KEY, CONFIG_MOUNT_PATH
 from accelerate_trainer.topology import Topology
 
 from tests.helpers.corpus import (

@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import kubernetes
 import pytest
 import yaml
-from accelerate_operator import cli
-from accelerate_operator.client import AccelerateJobClient, JobFailed, JobNotFound, WaitTimeout
+from accelerate_job import AccelerateJobClient, JobFailed, JobNotFound, WaitTimeout, cli, render
 from kubernetes.client.rest import ApiException
 
 CPU_CONFIG = """\
@@ -175,7 +174,7 @@ PROGRESS = {"step": 12, "totalSteps": 40, "epoch": 0.0, "loss": 2.3456, "samples
 
 def test_status_shows_phase_nodes_restarts_progress_and_the_last_failure():
     failure = "pod llm-1 failed with exit code 1"
-    text = cli.render_status(job(progress=PROGRESS, lastFailure=failure))
+    text = render.render_status(job(progress=PROGRESS, lastFailure=failure))
     assert text == "\n".join([
         "Name:         llm (namespace team)",
         "Phase:        Running",
@@ -188,7 +187,7 @@ def test_status_shows_phase_nodes_restarts_progress_and_the_last_failure():
 
 
 def test_status_before_any_report():
-    assert cli.progress_bar(None) == "no progress reported yet"
+    assert render.progress_bar(None) == "no progress reported yet"
 
 
 class FakeClient:
@@ -292,7 +291,7 @@ class FakeCore:
 
 def client(bodies=(), core=None) -> AccelerateJobClient:
     c = AccelerateJobClient(namespace="team", api_client=kubernetes.client.ApiClient())
-    c.custom, c.core = FakeCustom(bodies), core or FakeCore()
+    c.requests.custom, c.requests.core = FakeCustom(bodies), core or FakeCore()
     return c
 
 

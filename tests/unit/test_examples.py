@@ -14,7 +14,7 @@ from accelerate_trainer.command import build_launch_plan
 from accelerate_trainer.config import parse_accelerate_yaml
 from accelerate_trainer.topology import parse_topology
 
-from tests.helpers.examples import EXAMPLES_DIR, load_example, user_config
+from devtools.examples import EXAMPLES_DIR, load_example, user_config
 
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
 load = load_example

@@ -63,6 +63,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
                     {"name": "WORLD_SIZE", "value": "4"},
                     {"name": "ACCELERATE_CONFIG_FILE", "value": "/etc/accelerate/config.yaml"},
                     {"name": "ACCELERATE_JOB_NAME", "value": "train"},
+                    {"name": "ACCELERATE_JOB_ATTEMPT", "value": "2"},
                     {"name": "PYTHONUNBUFFERED", "value": "1"},
                 ],
                 "volumeMounts": [

@@ -14,7 +14,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import CONFIG_ERROR_EXIT_CODE
 from .checkpoints import find_resume_checkpoint
 from .command import build_launch_plan
 from .config import (
@@ -28,6 +27,7 @@ from .config import (
     parse_accelerate_yaml,
     resolve_config_path,
 )
+from .contract import CONFIG_ERROR_EXIT_CODE, ENV_CHECKPOINT_DIR, ENV_CONFIG_FILE
 from .deepspeed_checks import parse_deepspeed_json
 from .fsdp_checks import names_from_accelerate
 from .rendezvous import MasterUnreachable, wait_for_master
@@ -47,7 +47,7 @@ def read_config(topology: Topology) -> dict:
     except OSError as error:
         raise ConfigError(
             f"cannot read the accelerate config {path} ({error.strerror}); the operator mounts it "
-            "from the ConfigMap <job>-accelerate-config, or set ACCELERATE_CONFIG_FILE"
+            f"from the ConfigMap <job>-accelerate-config, or set {ENV_CONFIG_FILE}"
         ) from None
     return parse_accelerate_yaml(text, source=str(path))
 
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         write_termination_message(f"invalid configuration: {error}")
         return CONFIG_ERROR_EXIT_CODE
 
-    checkpoint_dir = environ.get("ACCELERATE_CHECKPOINT_DIR")
+    checkpoint_dir = environ.get(ENV_CHECKPOINT_DIR)
     resume_from = find_resume_checkpoint(checkpoint_dir) if checkpoint_dir else None
     if resume_from:
         log.info("resuming from %s", resume_from)

@@ -23,7 +23,6 @@ into the training loop over a bad value, and never writes anywhere but stdout.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -34,7 +33,8 @@ from typing import Any, TextIO
 
 from accelerate.tracking import GeneralTracker
 
-PREFIX = "ACCELERATE_PROGRESS"
+from .contract import format_progress_line
+
 MIN_INTERVAL = 2.0
 RATE_WINDOW = 60.0
 
@@ -107,7 +107,7 @@ class ProgressReporter:
             "samples_per_second": _number(samples_per_second, 2),
             "eta_seconds": self._eta(now, step, total_steps),
         }
-        line = f"{PREFIX} {json.dumps({k: v for k, v in payload.items() if v is not None})}\n"
+        line = format_progress_line(payload)
         stream = self._stream or sys.stdout
         # One write: the processes of a machine share stdout, and a split line would not parse.
         stream.write(line)

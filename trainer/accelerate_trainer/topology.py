@@ -5,7 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_CONFIG_FILE = "/etc/accelerate/config.yaml"
+from .contract import (
+    CONFIG_FILE,
+    ENV_CONFIG_FILE,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_NODE_RANK,
+    ENV_NPROC_PER_NODE,
+    ENV_NUM_NODES,
+    ENV_WORLD_SIZE,
+)
+
+DEFAULT_CONFIG_FILE = CONFIG_FILE
 
 
 class TopologyError(ValueError):
@@ -47,20 +58,20 @@ def _positive_int(env: Mapping[str, str], name: str, *, minimum: int = 1) -> int
 def parse_topology(env: Mapping[str, str]) -> Topology:
     """Read and cross-check MASTER_ADDR, MASTER_PORT, NODE_RANK, NUM_NODES, NPROC_PER_NODE and
     WORLD_SIZE. Raises TopologyError naming the first bad variable."""
-    master_addr = env.get("MASTER_ADDR", "").strip()
+    master_addr = env.get(ENV_MASTER_ADDR, "").strip()
     if not master_addr:
         raise TopologyError(
-            "MASTER_ADDR is not set; without it accelerate silently uses 127.0.0.1 and every node "
-            "trains alone"
+            f"{ENV_MASTER_ADDR} is not set; without it accelerate silently uses 127.0.0.1 and "
+            "every node trains alone"
         )
     topology = Topology(
         master_addr=master_addr,
-        master_port=_positive_int(env, "MASTER_PORT"),
-        node_rank=_positive_int(env, "NODE_RANK", minimum=0),
-        num_nodes=_positive_int(env, "NUM_NODES"),
-        nproc_per_node=_positive_int(env, "NPROC_PER_NODE"),
-        world_size=_positive_int(env, "WORLD_SIZE"),
-        config_file=env.get("ACCELERATE_CONFIG_FILE") or DEFAULT_CONFIG_FILE,
+        master_port=_positive_int(env, ENV_MASTER_PORT),
+        node_rank=_positive_int(env, ENV_NODE_RANK, minimum=0),
+        num_nodes=_positive_int(env, ENV_NUM_NODES),
+        nproc_per_node=_positive_int(env, ENV_NPROC_PER_NODE),
+        world_size=_positive_int(env, ENV_WORLD_SIZE),
+        config_file=env.get(ENV_CONFIG_FILE) or DEFAULT_CONFIG_FILE,
     )
     if topology.master_port > 65535:
         raise TopologyError(f"MASTER_PORT={topology.master_port} is not a TCP port (1-65535)")

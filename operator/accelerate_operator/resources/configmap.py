@@ -30,10 +30,10 @@ from accelerate_trainer.config import (
     parse_accelerate_yaml,
     resolve_config_path,
 )
+from accelerate_trainer.contract import CONFIG_KEY, CONFIG_MOUNT_PATH
 from accelerate_trainer.deepspeed_checks import parse_deepspeed_json
 
 from ..api import JobSpec, SpecError, with_config
-from ..constants import CONFIG_KEY, CONFIG_MOUNT_PATH
 from ..labels import job_labels
 from ..naming import configmap_name
 
@@ -111,9 +111,30 @@ def render_accelerate_config(
     contradicts the job, or names a DeepSpeed JSON that is missing, malformed or does not fit.
     `shipped_in` says where a missing file should be added."""
     files = dict(files or {})
-    shipped = set(files) | binary_names
-    mounts = _mount_dirs(job)
     rendered = {key: value for key, value in user_config.items() if key not in PER_POD_KEYS}
+    deepspeed_json, deepspeed_source = _place_files(
+        job, user_config, rendered, files, set(files) | binary_names, shipped_in)
+    check_job_fits(rendered, num_nodes=job.num_nodes, num_processes=job.world_size,
+                   master_port=job.master_port, deepspeed_json=deepspeed_json,
+                   deepspeed_source=deepspeed_source)
+    rendered.setdefault("compute_environment", "LOCAL_MACHINE")
+    rendered.setdefault("distributed_type", "NO" if job.world_size == 1 else "MULTI_GPU")
+    rendered["num_machines"] = job.num_nodes
+    rendered["num_processes"] = job.world_size
+    rendered["main_process_port"] = job.master_port
+    if distributed_type(rendered) == "DEEPSPEED" and job.num_nodes > 1:
+        deepspeed = dict(rendered.get("deepspeed_config") or {})
+        deepspeed["deepspeed_multinode_launcher"] = "standard"
+        rendered["deepspeed_config"] = deepspeed
+    return rendered
+
+
+def _place_files(job: JobSpec, user_config: Mapping[str, Any], rendered: dict[str, Any],
+                 files: Mapping[str, str], shipped: set[str],
+                 shipped_in: str) -> tuple[dict | None, str]:
+    """Rewrite, in `rendered`, every path the config names to where the pods find it; returns
+    the DeepSpeed JSON it names, parsed (None when not shipped), and how to name it in errors."""
+    mounts = _mount_dirs(job)
     deepspeed_json, deepspeed_source = None, "the DeepSpeed config"
     named_deepspeed = deepspeed_file(user_config)
     for dotted, path in file_references(user_config):
@@ -137,19 +158,7 @@ def render_accelerate_config(
                 f"{', '.join(sorted(shipped)) or 'none'}), or give an absolute path into one "
                 "of the pod's volumes"
             )
-    check_job_fits(rendered, num_nodes=job.num_nodes, num_processes=job.world_size,
-                   master_port=job.master_port, deepspeed_json=deepspeed_json,
-                   deepspeed_source=deepspeed_source)
-    rendered.setdefault("compute_environment", "LOCAL_MACHINE")
-    rendered.setdefault("distributed_type", "NO" if job.world_size == 1 else "MULTI_GPU")
-    rendered["num_machines"] = job.num_nodes
-    rendered["num_processes"] = job.world_size
-    rendered["main_process_port"] = job.master_port
-    if distributed_type(rendered) == "DEEPSPEED" and job.num_nodes > 1:
-        deepspeed = dict(rendered.get("deepspeed_config") or {})
-        deepspeed["deepspeed_multinode_launcher"] = "standard"
-        rendered["deepspeed_config"] = deepspeed
-    return rendered
+    return deepspeed_json, deepspeed_source
 
 
 def build_configmap(job: JobSpec, rendered_config: Mapping[str, Any],

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from accelerate_trainer.contract import ATTEMPT_LABEL
+
 from ..api import JobSpec
-from ..constants import ATTEMPT_LABEL
 from ..labels import job_labels
 from ..naming import logs_configmap_name
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..api import JobSpec
-from ..constants import (
-    CONFIG_KEY,
+from accelerate_trainer.contract import (
+    CONFIG_FILE,
     CONFIG_MOUNT_PATH,
-    CONFIG_VOLUME,
     ENV_CHECKPOINT_DIR,
     ENV_CONFIG_FILE,
+    ENV_JOB_ATTEMPT,
     ENV_JOB_NAME,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
@@ -20,8 +19,10 @@ from ..constants import (
     ENV_NPROC_PER_NODE,
     ENV_NUM_NODES,
     ENV_WORLD_SIZE,
-    SHM_VOLUME,
 )
+
+from ..api import JobSpec
+from ..constants import CONFIG_VOLUME, SHM_VOLUME
 from ..labels import pod_labels
 from ..naming import configmap_name, master_address, pod_name, service_name
 
@@ -43,7 +44,7 @@ def _container_security_defaults(container: dict[str, Any]) -> dict[str, Any]:
     return RESTRICTED_CONTAINER_SECURITY
 
 
-def build_topology_env(job: JobSpec, index: int) -> list[dict[str, str]]:
+def build_topology_env(job: JobSpec, index: int, attempt: int = 0) -> list[dict[str, str]]:
     """The env that tells `accelerate-trainer` where this pod sits. No PET_* names: torchrun
     reads those as defaults and they would leak into the launch."""
     env = {
@@ -53,8 +54,9 @@ def build_topology_env(job: JobSpec, index: int) -> list[dict[str, str]]:
         ENV_NUM_NODES: str(job.num_nodes),
         ENV_NPROC_PER_NODE: str(job.nproc_per_node),
         ENV_WORLD_SIZE: str(job.world_size),
-        ENV_CONFIG_FILE: f"{CONFIG_MOUNT_PATH}/{CONFIG_KEY}",
+        ENV_CONFIG_FILE: CONFIG_FILE,
         ENV_JOB_NAME: job.name,
+        ENV_JOB_ATTEMPT: str(attempt),
         "PYTHONUNBUFFERED": "1",
     }
     if job.checkpoint:
@@ -76,30 +78,16 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
     spec["subdomain"] = service_name(job.name)
     spec["restartPolicy"] = "Never"
     spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
-
-    volumes = spec.setdefault("volumes", [])
-    # Every key: the rendered config.yaml and the files shipped beside it (a DeepSpeed JSON).
-    volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(job.name)}})
-
-    containers = spec["containers"]
-    for container in containers:
+    for container in spec["containers"]:
         container["securityContext"] = _with_defaults(
             container.get("securityContext"), _container_security_defaults(container)
         )
-    trainer = containers[0]
+    trainer = spec["containers"][0]
     # The trainer writes config errors to /dev/termination-log; anything else (a traceback from a
     # training process) reaches the job's status through the last lines of the log.
     trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    trainer["env"] = build_topology_env(job, index) + list(trainer.get("env") or [])
-    mounts = trainer.setdefault("volumeMounts", [])
-    mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True})
-    mounted_paths = {mount.get("mountPath") for mount in mounts}
-    if "/dev/shm" not in mounted_paths:
-        # Docker's default 64 MiB /dev/shm breaks NCCL and DataLoader workers.
-        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
-        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
-    if job.checkpoint and job.checkpoint.mount_path not in mounted_paths:
-        mounts.append({"name": job.checkpoint.volume_name, "mountPath": job.checkpoint.mount_path})
+    trainer["env"] = build_topology_env(job, index, attempt) + list(trainer.get("env") or [])
+    _add_volumes(job, spec, trainer)
 
     return {
         "apiVersion": "v1",
@@ -113,3 +101,19 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
         },
         "spec": spec,
     }
+
+
+def _add_volumes(job: JobSpec, spec: dict[str, Any], trainer: dict[str, Any]) -> None:
+    """The config mount, a memory-backed /dev/shm and the checkpoint volume, on the trainer."""
+    volumes = spec.setdefault("volumes", [])
+    # Every key: the rendered config.yaml and the files shipped beside it (a DeepSpeed JSON).
+    volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(job.name)}})
+    mounts = trainer.setdefault("volumeMounts", [])
+    mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True})
+    mounted_paths = {mount.get("mountPath") for mount in mounts}
+    if "/dev/shm" not in mounted_paths:
+        # Docker's default 64 MiB /dev/shm breaks NCCL and DataLoader workers.
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    if job.checkpoint and job.checkpoint.mount_path not in mounted_paths:
+        mounts.append({"name": job.checkpoint.volume_name, "mountPath": job.checkpoint.mount_path})

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from accelerate_trainer.contract import JOB_NAME_LABEL
+
 from ..api import JobSpec
-from ..constants import JOB_NAME_LABEL
 from ..labels import job_labels
 from ..naming import service_name
 

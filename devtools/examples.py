@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from accelerate_trainer.config import parse_accelerate_yaml
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
 
 def load_example(path: Path) -> tuple[dict, dict[str, dict]]:

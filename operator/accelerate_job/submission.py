@@ -1,6 +1,7 @@
 """Build what `accelerate-job submit` (and AccelerateJobClient.submit) create: the AccelerateJob
 and the ConfigMap holding the user's accelerate YAML. Pure: no clock, no randomness, no API
-calls; the CLI picks the name, the client sends the objects."""
+calls; the CLI picks the name, the client sends the objects. Each object is built once, by
+`prepare_submission`, whether it is then sent or printed (--dry-run)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,15 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from accelerate_operator.api import SpecError, parse_job
+from accelerate_operator.constants import API_VERSION, GPU_RESOURCE, KIND
+from accelerate_operator.labels import job_labels
+from accelerate_operator.resources.configmap import prepare_config
 from accelerate_trainer.config import (
     ConfigError,
     deepspeed_file,
     parse_accelerate_yaml,
 )
-
-from .api import SpecError, parse_job
-from .constants import API_VERSION, GPU_RESOURCE, KIND
-from .labels import job_labels
-from .resources.configmap import prepare_config
 
 DEFAULT_CONFIG_KEY = "accelerate.yaml"
 TRAINER_CONTAINER = "trainer"
@@ -46,16 +46,7 @@ def build_job(
     """An AccelerateJob running `accelerate-trainer SCRIPT ARGS...` in `image`; its accelerate
     YAML is read from ConfigMap `config_map` (default: `<name>-accelerate-yaml`). A topology
     number left as None is not written: the operator takes it from the YAML."""
-    container: dict[str, Any] = {
-        "name": TRAINER_CONTAINER,
-        "image": image,
-        "command": ["accelerate-trainer"],
-        "args": [script, *script_args],
-    }
-    if env:
-        container["env"] = [{"name": key, "value": value} for key, value in env.items()]
-    if gpus_per_node:
-        container["resources"] = {"limits": {GPU_RESOURCE: gpus_per_node}}
+    container = _trainer_container(image, [script, *script_args], env, gpus_per_node)
     spec: dict[str, Any] = {
         **({"numNodes": num_nodes} if num_nodes is not None else {}),
         **({"numProcPerNode": nproc_per_node} if nproc_per_node is not None else {}),
@@ -71,6 +62,21 @@ def build_job(
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+def _trainer_container(image: str, args: list[str], env: Mapping[str, str] | None,
+                       gpus_per_node: int | None) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": TRAINER_CONTAINER,
+        "image": image,
+        "command": ["accelerate-trainer"],
+        "args": args,
+    }
+    if env:
+        container["env"] = [{"name": key, "value": value} for key, value in env.items()]
+    if gpus_per_node:
+        container["resources"] = {"limits": {GPU_RESOURCE: gpus_per_node}}
+    return container
 
 
 def build_config_source(job_name: str, namespace: str, config_yaml: str,
@@ -129,3 +135,16 @@ def check_accelerate_yaml(config_yaml: str, spec: Mapping[str, Any],
         prepare_config(parse_job(body), None)
     except SpecError as error:
         raise ConfigError(str(error)) from None
+
+
+def prepare_submission(job: Mapping[str, Any], config_yaml: str, namespace: str,
+                       files: Mapping[str, str] | None = None,
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job, reading its accelerate YAML from a ConfigMap, and that ConfigMap (the YAML and
+    `files`, those shipped beside it), in `namespace`: what submit creates (the ConfigMap first).
+    Raises ConfigError when the YAML cannot work for the job."""
+    check_accelerate_yaml(config_yaml, job.get("spec") or {}, files)
+    job, configmap_name, key = use_config_source(job)
+    configmap = build_config_source(job["metadata"]["name"], namespace, config_yaml,
+                                    configmap_name, key, files)
+    return job, configmap

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.cluster import kubectl, wait_for
+from devtools.cluster import kubectl, wait_for
 from tests.helpers.corpus import CORPUS, CORPUS_TABLE, DEEPSPEED_JSONS, TEMPLATES
 from tests.helpers.training import IMAGE_TRAIN_SCRIPT
 
@@ -83,8 +83,8 @@ def logged_world_sizes(kubeconfig: str, namespace: str, name: str, nodes: int) -
     return sizes
 
 
-def test_every_accelerate_config_trains_on_cpu_or_fails_naming_why(
-        kubeconfig: str, namespace: str, example_script: Path):
+def test_every_accelerate_config_trains_on_cpu_or_fails_naming_why(kubeconfig: str,
+                                                                    namespace: str):
     data = {key_of(rel): (CORPUS / rel).read_text() for rel in CORPUS_TABLE}
     data |= {p.name: p.read_text() for p in DEEPSPEED_JSONS.glob("*.json")}
     data[MULTI_NODE_CPU] = multi_node_on_cpu()

@@ -1,6 +1,6 @@
 """Helpers for tests that need a Kubernetes cluster: start it, run kubectl, make namespaces, wait.
 
-By default the local cluster (hack/local-cluster.sh: real control plane plus the local node agent)
+By default the local cluster (hack/local-cluster.sh: real control plane and real nodes)
 is started once and reused. Set ACCELERATE_OPERATOR_EXTERNAL_CLUSTER=1 and KUBECONFIG to run the
 same tests against another cluster (kind, a real one). These helpers never delete a cluster.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 

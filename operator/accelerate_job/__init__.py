@@ -1,0 +1,11 @@
+"""The user side of the AccelerateJob operator: `AccelerateJobClient` (Python) and the
+`accelerate-job` CLI (also `kubectl accelerate`), both on one request layer (request.py).
+
+Imports only the operator's pure modules (names, constants, builders' helpers): never kopf, the
+operator's kube.py or its reconciler (.importlinter)."""
+
+from .client import AccelerateJobClient
+from .errors import AccelerateJobError, InvalidConfig, JobFailed, JobNotFound, WaitTimeout
+
+__all__ = ["AccelerateJobClient", "AccelerateJobError", "InvalidConfig", "JobFailed",
+           "JobNotFound", "WaitTimeout"]

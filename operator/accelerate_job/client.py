@@ -1,0 +1,235 @@
+"""`AccelerateJobClient`: submit, watch and read AccelerateJobs from Python (a notebook, a script,
+the `accelerate-job` CLI).
+
+Every call goes through the request layer (request.py), so the client prints nothing and raises
+`AccelerateJobError` subclasses whose message says what is wrong and what to do. Reading logs is
+logs.py's; building what submit creates is submission.py's."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from accelerate_operator.constants import (
+    CONDITION_TYPES,
+    FAILED,
+    FINISHED_PHASES,
+    GROUP,
+    PLURAL,
+    SUCCEEDED,
+    VERSION,
+)
+from accelerate_trainer.config import ConfigError
+
+from .errors import AccelerateJobError, InvalidConfig, JobFailed, JobNotFound, WaitTimeout
+from .logs import LogReader
+from .request import Requests, connect
+from .submission import prepare_submission
+
+if TYPE_CHECKING:
+    import kubernetes
+
+LIST_HINT = "list them with `accelerate-job list`"
+
+
+def true_condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_ and condition.get("status") == "True":
+            return condition
+    return None
+
+
+class AccelerateJobClient:
+    """AccelerateJobs in one namespace of one cluster.
+
+    `kubeconfig` and `context` default to $KUBECONFIG (else ~/.kube/config) and its current
+    context; in a pod without a kubeconfig, the pod's service account. `namespace` defaults to
+    the context's namespace, else `default`."""
+
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None,
+                 namespace: str | None = None, *,
+                 api_client: kubernetes.client.ApiClient | None = None):
+        default_namespace = "default"
+        if api_client is None:
+            connection = connect(kubeconfig, context)
+            api_client, default_namespace = connection.api_client, connection.namespace
+        self.namespace = namespace or default_namespace
+        self.requests = Requests(api_client, self.namespace)
+        self._logs = LogReader(self.requests, self.get)
+
+    def _job_call(self, verb: str, name: str, fn, *args: Any, **kwargs: Any) -> Any:
+        not_found = JobNotFound(f"no AccelerateJob {name} in namespace {self.namespace}; "
+                                f"{LIST_HINT}")
+        return self.requests.call(f"{verb} AccelerateJob {name}", fn, GROUP, VERSION,
+                                  self.namespace, PLURAL, *args, errors={404: not_found},
+                                  **kwargs)
+
+    # ---- jobs -----------------------------------------------------------------------------
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self._job_call("read", name, self.requests.custom.get_namespaced_custom_object,
+                              name)
+
+    def list(self) -> list[dict[str, Any]]:
+        missing_crd = AccelerateJobError(
+            "the AccelerateJob CRD is not installed in this cluster; install the operator with "
+            "its Helm chart (charts/accelerate-operator)")
+        result = self.requests.call("list AccelerateJobs",
+                                    self.requests.custom.list_namespaced_custom_object,
+                                    GROUP, VERSION, self.namespace, PLURAL,
+                                    errors={404: missing_crd})
+        return sorted(result.get("items") or [], key=lambda job: job["metadata"]["name"])
+
+    def progress(self, name: str) -> dict[str, Any] | None:
+        """status.progress (step, totalSteps, loss, eta...), or None before rank 0 reports."""
+        return (self.get(name).get("status") or {}).get("progress")
+
+    def delete(self, name: str) -> None:
+        """Delete the job; its pods, Service and ConfigMaps go with it (owner references)."""
+        self._job_call("delete", name, self.requests.custom.delete_namespaced_custom_object,
+                       name, propagation_policy="Background")
+
+    def submit(self, job: Any, config_yaml: str | None = None, *,
+               config_files: Mapping[str, str] | None = None,
+               dry_run: bool = False) -> dict[str, Any]:
+        """Create an AccelerateJob from a dict (or anything with `.build()` returning one).
+
+        With `config_yaml` (the text `accelerate config` writes), it is stored in a ConfigMap the
+        job reads through spec.accelerateConfigFrom (its own, else `<name>-accelerate-yaml`),
+        owned by the job; `config_files` (file name -> text, a DeepSpeed JSON the YAML names) go
+        into that ConfigMap beside it. The server validates strictly: an unknown field is an error.
+        `dry_run` has the server check everything and persist nothing. Returns the job."""
+        body, name = self._own(job)
+        configmap = None
+        if config_yaml is not None:
+            try:
+                body, configmap = prepare_submission(body, config_yaml, self.namespace,
+                                                     config_files)
+            except ConfigError as error:
+                raise InvalidConfig(str(error)) from None
+        self._refuse_existing(name)
+        dry = "All" if dry_run else None
+        created_configmap = configmap is not None and self._put_configmap(configmap, dry)
+        try:
+            created = self.requests.call(
+                f"create AccelerateJob {name}",
+                self.requests.custom.create_namespaced_custom_object,
+                GROUP, VERSION, self.namespace, PLURAL, body, field_validation="Strict",
+                dry_run=dry, failure=f"the API server rejected AccelerateJob {name}")
+        except AccelerateJobError:
+            if created_configmap and not dry_run:
+                self._delete_configmap(configmap["metadata"]["name"])
+            raise
+        if configmap is not None and not dry_run:
+            self._adopt_configmap(configmap["metadata"]["name"], created)
+        return created
+
+    def _own(self, job: Any) -> tuple[dict[str, Any], str]:
+        """A copy of the job, placed in this client's namespace, and its name."""
+        body = copy.deepcopy(job.build() if hasattr(job, "build") else dict(job))
+        metadata = body.setdefault("metadata", {})
+        name = metadata.get("name")
+        if not name:
+            raise AccelerateJobError("the job has no metadata.name; give it one")
+        metadata["namespace"] = metadata.get("namespace") or self.namespace
+        if metadata["namespace"] != self.namespace:
+            raise AccelerateJobError(
+                f"the job's metadata.namespace is {metadata['namespace']} but this client works in "
+                f"{self.namespace}; make them agree (AccelerateJobClient(namespace=...))")
+        return body, name
+
+    def _refuse_existing(self, name: str) -> None:
+        existing = self.requests.call(
+            f"read AccelerateJob {name}", self.requests.custom.get_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, PLURAL, name, answers={404: None},
+            failure=f"cannot submit {name}")
+        if existing is not None:
+            raise AccelerateJobError(
+                f"AccelerateJob {name} already exists in namespace {self.namespace}; delete it "
+                f"with `accelerate-job delete {name}`, or pick another name")
+
+    def _put_configmap(self, configmap: dict[str, Any], dry: str | None) -> bool:
+        """Create the config ConfigMap, or replace a leftover of the same name. Returns whether
+        it was created (rather than replaced)."""
+        name, core = configmap["metadata"]["name"], self.requests.core
+        if self.requests.call(f"create ConfigMap {name}", core.create_namespaced_config_map,
+                              self.namespace, configmap, dry_run=dry, answers={409: False}
+                              ) is not False:
+            return True
+        self.requests.call(f"replace ConfigMap {name}", core.replace_namespaced_config_map,
+                           name, self.namespace, configmap, dry_run=dry)
+        return False
+
+    def _delete_configmap(self, name: str) -> None:
+        try:
+            self.requests.call(f"delete ConfigMap {name}",
+                               self.requests.core.delete_namespaced_config_map,
+                               name, self.namespace)
+        except AccelerateJobError:
+            pass  # a leftover ConfigMap is harmless: the next submit replaces it
+
+    def _adopt_configmap(self, name: str, job: Mapping[str, Any]) -> None:
+        """Owned by the job, the ConfigMap is deleted with it. Best effort: a user allowed to
+        create but not patch ConfigMaps still gets the job."""
+        owner = {"apiVersion": job["apiVersion"], "kind": job["kind"],
+                 "name": job["metadata"]["name"], "uid": job["metadata"]["uid"]}
+        try:
+            self.requests.call(f"patch ConfigMap {name}",
+                               self.requests.core.patch_namespaced_config_map, name,
+                               self.namespace, {"metadata": {"ownerReferences": [owner]}})
+        except AccelerateJobError:
+            pass
+
+    def wait(self, name: str, condition: str = SUCCEEDED, timeout: float = 3600,
+             poll_interval: float = 2.0) -> dict[str, Any]:
+        """Block until the job's `condition` is True; returns the job. Raises JobFailed when the
+        job fails first, WaitTimeout after `timeout` seconds."""
+        if condition not in CONDITION_TYPES:
+            raise AccelerateJobError(
+                f"unknown condition {condition!r}; an AccelerateJob has the conditions "
+                f"{', '.join(CONDITION_TYPES)}")
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get(name)
+            if true_condition(job, condition):
+                return job
+            _never(job, name, condition)
+            if time.monotonic() >= deadline:
+                status = job.get("status") or {}
+                summary = (status.get("progress") or {}).get("summary")
+                at = f" at {summary}" if summary else ""
+                raise WaitTimeout(
+                    f"AccelerateJob {name} is still {status.get('phase') or 'Pending'}{at} after "
+                    f"{timeout:g}s of waiting for {condition}; wait longer with --timeout, or "
+                    f"look at `accelerate-job status {name}`")
+            time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0.05)))
+
+    # ---- logs -----------------------------------------------------------------------------
+
+    def logs(self, name: str, node: int | str = 0, follow: bool = False,
+             attempt: int | None = None, tail_lines: int | None = None) -> str | Iterator[str]:
+        """The log of node `node` (an index, or "all": every line prefixed `[node N] `).
+
+        `attempt` reads the log the operator archived when it restarted the group after that
+        attempt (its last lines). `follow` returns an iterator of lines instead of the text,
+        following the pods through restarts until the job finishes."""
+        return self._logs.logs(self.get(name), node, follow=follow, attempt=attempt,
+                               tail_lines=tail_lines)
+
+    def archived_attempts(self, name: str) -> list[int]:
+        """The attempts whose logs the operator archived before restarting the group."""
+        return self._logs.archived_attempts(name)
+
+
+def _never(job: Mapping[str, Any], name: str, condition: str) -> None:
+    """Raise when the job finished without `condition`: waiting longer cannot help."""
+    failed = true_condition(job, FAILED)
+    if failed:
+        raise JobFailed(
+            f"AccelerateJob {name} failed ({failed.get('reason')}): "
+            f"{failed.get('message')}; see `accelerate-job logs {name} --all`", job)
+    phase = (job.get("status") or {}).get("phase")
+    if phase in FINISHED_PHASES:
+        raise AccelerateJobError(f"AccelerateJob {name} is {phase} and will never be {condition}")

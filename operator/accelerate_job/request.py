@@ -1,0 +1,106 @@
+"""The client's one request layer: a connection of its own to one cluster, and `call`, which
+runs one API call and turns every failure into an AccelerateJobError that says what to do.
+
+Every client holds its own ApiClient (the kubernetes package's global configuration is left
+alone, so two clients may talk to two clusters). The only module of accelerate_job that knows
+about ApiException, HTTP statuses and transport errors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import urllib3
+from accelerate_operator.apierrors import server_message
+from kubernetes.client.rest import ApiException
+
+from .errors import AccelerateJobError
+
+IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True)
+class Connection:
+    api_client: kubernetes.client.ApiClient
+    namespace: str  # the chosen context's, else the pod's, else "default"
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None) -> Connection:
+    """A connection from a kubeconfig ($KUBECONFIG, else ~/.kube/config) and context (default:
+    its current one); in a pod without a kubeconfig, the pod's service account."""
+    configuration = kubernetes.client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+    have_file = any(Path(p).expanduser().exists() for p in path.split(os.pathsep) if p)
+    if not have_file and not kubeconfig and not context and IN_CLUSTER_NAMESPACE.exists():
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+        return Connection(kubernetes.client.ApiClient(configuration),
+                          IN_CLUSTER_NAMESPACE.read_text().strip())
+    if not have_file:
+        raise AccelerateJobError(
+            f"no kubeconfig at {path}; set KUBECONFIG or pass --kubeconfig (kubeconfig=)")
+    try:
+        kubernetes.config.load_kube_config(config_file=path, context=context,
+                                           client_configuration=configuration,
+                                           persist_config=False)
+        contexts, active = kubernetes.config.list_kube_config_contexts(path)
+    except kubernetes.config.ConfigException as error:
+        raise AccelerateJobError(
+            f"cannot use kubeconfig {path}: {error}; check the file, or pick a context with "
+            "--context") from None
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
+    namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
+    return Connection(kubernetes.client.ApiClient(configuration), namespace)
+
+
+def context_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace a kubeconfig context names, else "default" (also when there is no usable
+    kubeconfig: what needs no cluster still works)."""
+    try:
+        return connect(kubeconfig, context).namespace
+    except Exception:  # no kubeconfig, or a broken one
+        return "default"
+
+
+class Requests:
+    """The API groups the client uses, over one connection, and the one way to call them."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str):
+        self.api_client = api_client
+        self.namespace = namespace
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any,
+             answers: Mapping[int, Any] | None = None,
+             errors: Mapping[int, Exception | Callable[[str], Exception]] | None = None,
+             failure: str | None = None, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)`, to `what` (for messages: "read AccelerateJob x"). A status in
+        `answers` is an answer (its value is returned), one in `errors` raises that error;
+        any other failure raises an AccelerateJobError ("cannot <what>: <server's message>",
+        or `failure` instead of "cannot <what>")."""
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as error:
+            if answers and error.status in answers:
+                return answers[error.status]
+            if errors and error.status in errors:
+                found = errors[error.status]
+                if not isinstance(found, BaseException):
+                    found = found(server_message(error))
+                raise found from None
+            if error.status in (401, 403):
+                raise AccelerateJobError(
+                    f"not allowed to {what}: {server_message(error)}; check your kubeconfig "
+                    "context, or ask a cluster admin for access to acceleratejobs in namespace "
+                    f"{self.namespace}") from None
+            raise AccelerateJobError(
+                f"{failure or f'cannot {what}'}: {server_message(error)}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as error:  # refused, timed out, DNS
+            host = self.api_client.configuration.host
+            raise AccelerateJobError(
+                f"cannot reach the Kubernetes API server at {host} to {what} ({error}); is the "
+                "cluster up and is your kubeconfig's current context the right one?") from None

@@ -1,0 +1,159 @@
+"""What only a real node can show: the trainer image under a kubelet, containerd and runc, with
+CoreDNS and kube-proxy. A master that comes up late, the restricted security context on a
+read-only root, /dev/shm, `kubectl logs/exec/port-forward` into a trainer, and the kernel's OOM
+killer turning into a whole-group restart."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+import subprocess
+from datetime import datetime
+
+import yaml
+
+from devtools.cluster import ROOT, kubectl, kubectl_binary, kubectl_json, wait_for
+from devtools.images import TRAINER_CPU_IMAGE
+from tests.helpers.jobs import apply_job, condition, phase_is, wait_for_job
+
+HOLD_MASTER_SECONDS = 15
+
+
+def example_job(name: str, *args: str) -> dict:
+    body = copy.deepcopy(yaml.safe_load((ROOT / "examples" / "cpu-ddp.yaml").read_text()))
+    body["metadata"] = {"name": name}
+    body["spec"]["template"]["spec"]["containers"][0]["args"] = [
+        "/opt/accelerate/examples/train.py", *args]
+    return body
+
+
+def command_job(name: str, script: str, **container: object) -> dict:
+    """The example's pod template (image, security context, volumes) running a Python snippet."""
+    body = example_job(name)
+    trainer = body["spec"]["template"]["spec"]["containers"][0]
+    trainer.update(command=["python3", "-c", script], args=[], **container)
+    body["spec"]["numProcPerNode"] = 1
+    return body
+
+
+def started_at(pod: dict, container: str) -> datetime:
+    status = next(s for s in pod["status"]["containerStatuses"] if s["name"] == container)
+    state = status["state"].get("running") or status["state"].get("terminated")
+    return datetime.strptime(state["startedAt"], "%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_workers_wait_for_a_master_held_back_by_an_init_container_then_rendezvous(
+        kubeconfig: str, namespace: str):
+    body = example_job("late", "--max-steps=4", "--log-every=1")
+    body["spec"]["template"]["spec"]["initContainers"] = [{
+        "name": "hold-master", "image": TRAINER_CPU_IMAGE, "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c",
+                    f'[ "$(hostname)" != late-0 ] || sleep {HOLD_MASTER_SECONDS}'],
+    }]
+    apply_job(kubeconfig, namespace, body)
+
+    done = wait_for_job(kubeconfig, namespace, "late", phase_is("Succeeded", "Failed"),
+                        timeout=420, description="the job with a late master to finish")
+    assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)
+    assert done["status"]["restarts"] == 0
+    pods = {i: kubectl_json("-n", namespace, "get", "pod", f"late-{i}", kubeconfig=kubeconfig)
+            for i in range(2)}
+    held = (started_at(pods[0], "trainer") - started_at(pods[1], "trainer")).total_seconds()
+    assert held >= HOLD_MASTER_SECONDS - 5, f"the worker started only {held}s before the master"
+    worker_log = kubectl("-n", namespace, "logs", "late-1", kubeconfig=kubeconfig).stdout
+    assert re.search(r"late-0\.late:\d+ to accept connections: ok after", worker_log), \
+        worker_log[-3000:]
+    assert "TRAINING_DONE steps=4" in kubectl("-n", namespace, "logs", "late-0",
+                                              kubeconfig=kubeconfig).stdout
+
+
+SERVE = """
+import http.server, os, pathlib
+pathlib.Path('/workspace/hello.txt').write_text('hello from ' + os.environ['ACCELERATE_NODE_RANK'])
+os.chdir('/workspace')
+print('serving', flush=True)
+http.server.HTTPServer(('', 8000), http.server.SimpleHTTPRequestHandler).serve_forever()
+"""
+
+PROBE = """
+import os, pathlib, shutil
+print('uid', os.getuid())
+try:
+    pathlib.Path('/probe').write_text('x'); print('root writable')
+except OSError as e:
+    print('root read-only', e.errno)
+print('shm_bytes', shutil.disk_usage('/dev/shm').total)
+"""
+
+
+def test_running_trainer_is_non_root_on_a_read_only_root_and_reachable_by_logs_exec_port_forward(
+        kubeconfig: str, namespace: str):
+    apply_job(kubeconfig, namespace, command_job("probe", SERVE))
+    wait_for(lambda: "serving" in kubectl("-n", namespace, "logs", "probe-1",
+                                          kubeconfig=kubeconfig, check=False).stdout,
+             timeout=180, description="the trainer container of probe-1 to serve")
+
+    probed = kubectl("-n", namespace, "exec", "probe-1", "-c", "trainer", "--",
+                     "python3", "-c", PROBE, kubeconfig=kubeconfig).stdout
+    assert "uid 1000" in probed, probed
+    assert "root read-only 30" in probed, probed  # EROFS
+    shm = int(re.search(r"shm_bytes (\d+)", probed).group(1))
+    assert shm > 64 * 2**20, f"/dev/shm is only {shm} bytes: DataLoader workers need more"
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        local_port = s.getsockname()[1]
+    forward = subprocess.Popen(
+        [kubectl_binary(), "--kubeconfig", kubeconfig, "-n", namespace, "port-forward",
+         "pod/probe-1", f"{local_port}:8000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        def fetch() -> str:
+            with socket.create_connection(("127.0.0.1", local_port), timeout=5) as conn:
+                conn.sendall(b"GET /hello.txt HTTP/1.0\r\n\r\n")
+                return conn.makefile("rb").read().decode()
+        assert "hello from 1" in wait_for(fetch, timeout=30, description="the port-forward")
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+
+
+GREEDY = """
+import time
+print('allocating', flush=True)
+blocks = []
+while True:
+    blocks.append(bytearray(64 * 2**20))
+    time.sleep(0.01)
+"""
+
+
+def test_oom_killed_pod_restarts_the_whole_group_with_the_reason_in_the_condition(
+        kubeconfig: str, namespace: str):
+    body = command_job("greedy", GREEDY, resources={
+        "requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}})
+    body["spec"]["runPolicy"]["backoffLimit"] = 1
+    apply_job(kubeconfig, namespace, body)
+
+    restarting = wait_for_job(
+        kubeconfig, namespace, "greedy",
+        lambda job: "OOMKilled" in (condition(job, "Restarting").get("message") or ""),
+        timeout=180, description="a Restarting condition that names OOMKilled")
+    assert restarting["status"]["restarts"] >= 1
+    failed = wait_for_job(kubeconfig, namespace, "greedy", phase_is("Failed"), timeout=180,
+                          description="the job to fail after its one restart")
+    assert "OOMKilled" in condition(failed, "Failed")["message"]
+    events = kubectl("-n", namespace, "get", "events", "-o", "json",
+                     kubeconfig=kubeconfig).stdout
+    assert any(e["reason"] == "OOMKilling" or "OOMKilled" in e.get("message", "")
+               for e in json.loads(events)["items"]), "no event names the OOM kill"
+
+
+def test_crictl_on_each_node_lists_the_trainer_image(kubeconfig: str):
+    for node in ("ao-node-0", "ao-node-1"):
+        images = subprocess.run(
+            [str(ROOT / "hack" / "local-cluster.sh"), "exec", node, "ctr", "-n", "k8s.io",
+             "images", "ls", "-q"], capture_output=True, text=True, check=True, timeout=60).stdout
+        assert TRAINER_CPU_IMAGE in images.split(), f"{node} lacks {TRAINER_CPU_IMAGE}"

@@ -1,0 +1,82 @@
+"""A fake of kube.py's Kube for the reconcile steps: objects in dicts, every call recorded, no
+cluster. `pods()` and `children()` play kopf's indexes (what the handlers pass to a pass)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from accelerate_operator.kube import ConfigMapMissing, Rejected
+from accelerate_operator.resources.configmap import ConfigSource
+from accelerate_operator.status import PodState, read_pod_state
+
+
+class FakeKube:
+    def __init__(self, configmaps: Mapping[str, Mapping[str, str]] | None = None):
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.user_configmaps = dict(configmaps or {})
+        self.logs: dict[str, str] = {}
+        self.calls: list[tuple] = []
+        self.statuses: list[dict[str, Any]] = []
+        self.events: list[Any] = []
+        self.refuse_pods: str | None = None
+        self.job_deleted = False
+
+    # ---- Kube's interface ----------------------------------------------------------------
+    def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
+        key = (manifest["kind"], manifest["metadata"]["name"])
+        self.calls.append(("create", *key))
+        if manifest["kind"] == "Pod" and self.refuse_pods:
+            raise Rejected(f"the API server refused Pod {key[1]}: {self.refuse_pods}")
+        if key in self.objects:
+            return False
+        self.objects[key] = copy.deepcopy(dict(manifest))
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.calls.append(("delete", "Pod", name))
+        self.objects.pop(("Pod", name), None)
+
+    def read_pod_log(self, namespace: str, name: str, tail_lines: int, previous: bool = False,
+                     container: str | None = None) -> str:
+        self.calls.append(("log", name))
+        return self.logs.get(name, "")
+
+    def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
+        self.calls.append(("read", "ConfigMap", name))
+        data = self.user_configmaps.get(name, {})
+        if key not in data:
+            raise ConfigMapMissing(f"ConfigMap {name!r} with key {key!r} does not exist")
+        return ConfigSource(name=name, key=key, text=data[key], files=dict(data))
+
+    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self.calls.append(("patch", "status", name))
+        self.statuses.append(copy.deepcopy(dict(status)))
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self.calls.append(("delete", "AccelerateJob", name))
+        self.job_deleted = True
+
+    def post_event(self, job: Mapping[str, Any], event: Any, now: Any) -> None:
+        self.calls.append(("event", event.reason))
+        self.events.append(event)
+
+    # ---- what kopf's indexes would show ---------------------------------------------------
+    def pods(self) -> list[PodState]:
+        return [read_pod_state(o) for (kind, _), o in self.objects.items() if kind == "Pod"]
+
+    def children(self) -> set[tuple[str, str]]:
+        return {key for key in self.objects if key[0] in ("ConfigMap", "Service")}
+
+    def set_pod_phase(self, name: str, phase: str, *, exit_code: int | None = None) -> None:
+        pod = self.objects[("Pod", name)]
+        status: dict[str, Any] = {"phase": phase}
+        if phase == "Running":
+            status["conditions"] = [{"type": "Ready", "status": "True"}]
+        if exit_code is not None:
+            status["containerStatuses"] = [{"state": {"terminated": {"exitCode": exit_code}}}]
+        pod["status"] = status
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(name for k, name in self.objects if k == kind)

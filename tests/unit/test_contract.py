@@ -1,0 +1,62 @@
+"""The operator-trainer contract (accelerate_trainer.contract) read from both ends: what the
+operator's builders write, the trainer parses, and what the trainer prints, the operator reads."""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime
+
+from accelerate_operator.api import parse_job
+from accelerate_operator.progress import build_progress_status, parse_progress
+from accelerate_operator.resources.configmap import build_configmap
+from accelerate_operator.resources.pods import build_pod
+from accelerate_operator.status import plan_reconcile
+from accelerate_trainer import contract
+from accelerate_trainer.progress import ProgressReporter
+from accelerate_trainer.topology import parse_topology
+
+from tests.helpers.jobs import JobBuilder, pod
+
+
+def test_the_trainer_reads_its_place_from_the_env_the_operator_sets():
+    job = parse_job(JobBuilder("llm").nodes(3).procs(2).build())
+    container = build_pod(job, 2, attempt=0)["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    topology = parse_topology(env)
+    assert (topology.node_rank, topology.num_nodes, topology.nproc_per_node,
+            topology.world_size) == (2, 3, 2, 6)
+    assert topology.master_addr == "llm-0.llm"
+
+
+def test_the_trainer_finds_the_config_where_the_operator_mounts_it():
+    job = parse_job(JobBuilder("llm").build())
+    manifest = build_pod(job, 0, attempt=0)
+    mount = next(m for m in manifest["spec"]["containers"][0]["volumeMounts"]
+                 if m["mountPath"] == contract.CONFIG_MOUNT_PATH)
+    volume = next(v for v in manifest["spec"]["volumes"] if v["name"] == mount["name"])
+    # The whole ConfigMap, every key a file of its own name: config.yaml and the files beside it.
+    assert volume["configMap"] == {"name": "llm-accelerate-config"}
+    assert contract.CONFIG_KEY in build_configmap(job, {})["data"]
+    assert parse_topology({**{e["name"]: e["value"] for e in
+                              manifest["spec"]["containers"][0]["env"]}}).config_file == \
+        contract.CONFIG_FILE
+
+
+def test_a_progress_line_the_trainer_prints_is_one_the_operator_reads():
+    stream = io.StringIO()
+    ProgressReporter(stream=stream, enabled=True).report(step=3, total_steps=10, loss=0.5)
+    report = parse_progress("some output\n" + stream.getvalue() + "more output\n")
+    assert build_progress_status(report, datetime(2026, 1, 1))["summary"] == "3/10 (30%)"
+
+
+def test_the_trainer_config_exit_code_fails_the_job_at_once():
+    job = parse_job(JobBuilder("llm").nodes(1).build())
+    plan = plan_reconcile(job, {"phase": "Running", "attempt": 0}, [
+        pod("llm", 0, "Failed", exit_code=contract.CONFIG_ERROR_EXIT_CODE)], datetime(2026, 1, 1))
+    assert plan.status["phase"] == "Failed" and plan.status["restarts"] == 0
+
+
+def test_pods_carry_the_label_keys_of_the_contract():
+    labels = build_pod(parse_job(JobBuilder("llm").build()), 1, attempt=4)["metadata"]["labels"]
+    assert (labels[contract.JOB_NAME_LABEL], labels[contract.NODE_INDEX_LABEL],
+            labels[contract.ATTEMPT_LABEL]) == ("llm", "1", "4")

@@ -1,0 +1,57 @@
+"""The contract between the operator and the trainer: what one side writes and the other reads.
+
+The operator (accelerate_operator) sets these env vars on every trainer container, mounts the
+rendered accelerate YAML at CONFIG_FILE, labels the pods with these keys, reads the trainer's exit
+code and parses rank 0's progress lines from its log. The trainer (accelerate_trainer) reads the
+env, opens the file, exits with CONFIG_ERROR_EXIT_CODE on a bad config and prints the progress
+lines. Both import the names from here, so they cannot drift apart.
+
+It lives in the trainer package because the training image must not need the operator's
+dependencies; the operator imports nothing else of the trainer but this module and the config
+checks (.importlinter). Names and one line format only: no I/O, no imports beyond the standard
+library.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+# ---- the env of every trainer container (users may not set these: a CEL rule in the CRD) ----
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_NODE_RANK = "NODE_RANK"
+ENV_NUM_NODES = "NUM_NODES"
+ENV_NPROC_PER_NODE = "NPROC_PER_NODE"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_CONFIG_FILE = "ACCELERATE_CONFIG_FILE"
+ENV_CHECKPOINT_DIR = "ACCELERATE_CHECKPOINT_DIR"
+ENV_JOB_NAME = "ACCELERATE_JOB_NAME"
+# Which whole-group attempt a pod belongs to: 0, then 1 after the first restart...
+ENV_JOB_ATTEMPT = "ACCELERATE_JOB_ATTEMPT"
+
+# ---- the rendered accelerate YAML, mounted from the ConfigMap `<job>-accelerate-config` ----
+CONFIG_MOUNT_PATH = "/etc/accelerate"
+CONFIG_KEY = "config.yaml"
+CONFIG_FILE = f"{CONFIG_MOUNT_PATH}/{CONFIG_KEY}"
+
+# ---- exit codes ----
+# EX_CONFIG from sysexits.h: the operator treats this exit code as permanent (no restart can fix
+# a bad config), so a job with a broken config fails at once instead of using up its restarts.
+CONFIG_ERROR_EXIT_CODE = 78
+
+# ---- labels on every child; the job-name label is how the operator finds a job's pods ----
+JOB_NAME_LABEL = "accelerate-operator.io/job-name"
+NODE_INDEX_LABEL = "accelerate-operator.io/node-index"
+ATTEMPT_LABEL = "accelerate-operator.io/attempt"
+
+# ---- the progress line: `ACCELERATE_PROGRESS {json}` on rank 0's stdout ----
+PROGRESS_PREFIX = "ACCELERATE_PROGRESS"
+PROGRESS_LINE = re.compile(rf"^{PROGRESS_PREFIX} (\{{.*\}})\s*$", re.M)
+
+
+def format_progress_line(report: Mapping[str, Any]) -> str:
+    """One progress line, newline included; keys whose value is None are left out."""
+    return f"{PROGRESS_PREFIX} {json.dumps({k: v for k, v in report.items() if v is not None})}\n"
