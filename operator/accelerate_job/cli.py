@@ -28,7 +28,7 @@ from accelerate_trainer.config import ConfigError
 from .errors import AccelerateJobError, InvalidConfig
 from .render import dump, render_status, render_table, summarize
 from .request import context_namespace
-from .submission import build_job, prepare_submission
+from .submission import build_job, files_named_by, prepare_submission
 
 PROG = "accelerate-job"
 
@@ -77,9 +77,11 @@ def _add_submit(commands: Any, connection: argparse.ArgumentParser, prog: str) -
     submit.add_argument("--config", required=True, metavar="FILE",
                         help="the accelerate YAML (`accelerate config --config_file FILE`)")
     submit.add_argument("--image", required=True, help="the trainer image")
-    submit.add_argument("--nodes", type=_positive, default=1, help="pods (machines); default 1")
-    submit.add_argument("--procs-per-node", type=_procs, default=1, metavar="N|auto",
-                        help="training processes per pod (auto: one per GPU); default 1")
+    submit.add_argument("--nodes", type=_positive, default=None,
+                        help="pods (machines); default: the YAML's num_machines, else 1")
+    submit.add_argument("--procs-per-node", type=_procs, default=None, metavar="N|auto",
+                        help="training processes per pod (auto: one per GPU); default: the "
+                             "YAML's num_processes / num_machines, else 1")
     submit.add_argument("--gpus", type=_positive, default=None, metavar="N",
                         help="nvidia.com/gpu per pod")
     submit.add_argument("--name", help="the job's name (default: the script's name and a suffix)")
@@ -173,8 +175,8 @@ class SubmitOptions:
     image: str
     script: str
     script_args: tuple[str, ...]
-    nodes: int
-    procs_per_node: int | str
+    nodes: int | None  # None: not written, the operator takes it from the YAML
+    procs_per_node: int | str | None
     gpus: int | None
     env: tuple[tuple[str, str], ...]
     backoff_limit: int | None
@@ -225,9 +227,20 @@ def _read_config(path: str) -> str:
                            f"`accelerate config --config_file {path}`") from None
 
 
+def _read_named_files(config: str, config_yaml: str) -> dict[str, str]:
+    """The files the YAML names (its DeepSpeed JSON), read beside it, to ship with it."""
+    files = {}
+    for named in files_named_by(config_yaml):
+        path = Path(config).parent / named
+        if path.is_file():
+            files[path.name] = path.read_text()
+    return files
+
+
 def cmd_submit(args: argparse.Namespace, term: Terminal) -> int:
     options = SubmitOptions.from_args(args)
     config_yaml = _read_config(options.config)
+    files = _read_named_files(options.config, config_yaml)
     name = args.name or default_job_name(
         options.script, "".join(random.choices(string.ascii_lowercase + string.digits, k=5)))
     client = None if args.dry_run else _client(args)
@@ -236,13 +249,13 @@ def cmd_submit(args: argparse.Namespace, term: Terminal) -> int:
     job = options.build_job(name, namespace)
     if client is None:
         try:
-            job, configmap = prepare_submission(job, config_yaml, namespace)
+            job, configmap = prepare_submission(job, config_yaml, namespace, files)
         except ConfigError as error:
             raise CommandError(f"{options.config}: {error}") from None
         dump([configmap, job], args.output or "yaml", term.out)
         return 0
     try:
-        created = client.submit(job, config_yaml=config_yaml)
+        created = client.submit(job, config_yaml=config_yaml, config_files=files)
     except InvalidConfig as error:
         raise CommandError(f"{options.config}: {error}") from None
     if args.output:

@@ -92,18 +92,21 @@ class AccelerateJobClient:
                        name, propagation_policy="Background")
 
     def submit(self, job: Any, config_yaml: str | None = None, *,
+               config_files: Mapping[str, str] | None = None,
                dry_run: bool = False) -> dict[str, Any]:
         """Create an AccelerateJob from a dict (or anything with `.build()` returning one).
 
         With `config_yaml` (the text `accelerate config` writes), it is stored in a ConfigMap the
         job reads through spec.accelerateConfigFrom (its own, else `<name>-accelerate-yaml`),
-        owned by the job. The server validates strictly: an unknown field is an error.
+        owned by the job; `config_files` (file name -> text, a DeepSpeed JSON the YAML names) go
+        into that ConfigMap beside it. The server validates strictly: an unknown field is an error.
         `dry_run` has the server check everything and persist nothing. Returns the job."""
         body, name = self._own(job)
         configmap = None
         if config_yaml is not None:
             try:
-                body, configmap = prepare_submission(body, config_yaml, self.namespace)
+                body, configmap = prepare_submission(body, config_yaml, self.namespace,
+                                                     config_files)
             except ConfigError as error:
                 raise InvalidConfig(str(error)) from None
         self._refuse_existing(name)

@@ -9,11 +9,13 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from accelerate_operator.api import SpecError, parse_job
 from accelerate_operator.constants import API_VERSION, GPU_RESOURCE, KIND
 from accelerate_operator.labels import job_labels
+from accelerate_operator.resources.configmap import prepare_config
 from accelerate_trainer.config import (
-    check_distribution,
-    check_topology_keys,
+    ConfigError,
+    deepspeed_file,
     parse_accelerate_yaml,
 )
 
@@ -33,8 +35,8 @@ def build_job(
     image: str,
     script: str,
     script_args: Sequence[str] = (),
-    num_nodes: int = 1,
-    nproc_per_node: int | str = 1,
+    num_nodes: int | None = None,
+    nproc_per_node: int | str | None = None,
     config_map: str | None = None,
     config_key: str = DEFAULT_CONFIG_KEY,
     env: Mapping[str, str] | None = None,
@@ -42,11 +44,12 @@ def build_job(
     backoff_limit: int | None = None,
 ) -> dict[str, Any]:
     """An AccelerateJob running `accelerate-trainer SCRIPT ARGS...` in `image`; its accelerate
-    YAML is read from ConfigMap `config_map` (default: `<name>-accelerate-yaml`)."""
+    YAML is read from ConfigMap `config_map` (default: `<name>-accelerate-yaml`). A topology
+    number left as None is not written: the operator takes it from the YAML."""
     container = _trainer_container(image, [script, *script_args], env, gpus_per_node)
     spec: dict[str, Any] = {
-        "numNodes": num_nodes,
-        "numProcPerNode": nproc_per_node,
+        **({"numNodes": num_nodes} if num_nodes is not None else {}),
+        **({"numProcPerNode": nproc_per_node} if nproc_per_node is not None else {}),
         "accelerateConfigFrom": {"configMapKeyRef": {
             "name": config_map or config_source_name(name), "key": config_key}},
         "template": {"spec": {"containers": [container]}},
@@ -78,8 +81,10 @@ def _trainer_container(image: str, args: list[str], env: Mapping[str, str] | Non
 
 def build_config_source(job_name: str, namespace: str, config_yaml: str,
                         name: str | None = None,
-                        key: str = DEFAULT_CONFIG_KEY) -> dict[str, Any]:
-    """The ConfigMap holding the user's accelerate YAML as written (the operator renders it)."""
+                        key: str = DEFAULT_CONFIG_KEY,
+                        files: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ConfigMap holding the user's accelerate YAML as written (the operator renders it),
+    and the files it names (a DeepSpeed JSON) beside it, by file name."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -88,7 +93,7 @@ def build_config_source(job_name: str, namespace: str, config_yaml: str,
             "namespace": namespace,
             "labels": job_labels(job_name),
         },
-        "data": {key: config_yaml},
+        "data": {key: config_yaml, **dict(files or {})},
     }
 
 
@@ -106,25 +111,40 @@ def use_config_source(job: Mapping[str, Any]) -> tuple[dict[str, Any], str, str]
     return job, name, key
 
 
-def check_accelerate_yaml(config_yaml: str, spec: Mapping[str, Any]) -> None:
-    """Raise accelerate_trainer.config.ConfigError when the YAML cannot work for a job with this
-    spec, before anything is created (the operator would fail the job with the same message)."""
+def files_named_by(config_yaml: str) -> list[str]:
+    """The paths of files the YAML needs shipped with it: the DeepSpeed JSON of a DEEPSPEED
+    config (relative paths are relative to the YAML's folder)."""
+    try:
+        named = deepspeed_file(parse_accelerate_yaml(config_yaml))
+    except ConfigError:
+        return []  # check_accelerate_yaml says what is wrong
+    return [named] if named else []
+
+
+def check_accelerate_yaml(config_yaml: str, spec: Mapping[str, Any],
+                          files: Mapping[str, str] | None = None) -> None:
+    """Raise accelerate_trainer.config.ConfigError when the YAML (with `files`, those shipped
+    beside it) cannot work for a job with this spec, before anything is created: the operator's
+    own render, so it fails the job with the same message."""
     config = parse_accelerate_yaml(config_yaml, source="the accelerate config")
-    procs = spec.get("numProcPerNode", 1)
-    if isinstance(procs, int) and not isinstance(procs, bool):
-        nodes = int(spec.get("numNodes", 1))
-        check_topology_keys(config, num_nodes=nodes, num_processes=nodes * procs,
-                            master_port=int(spec.get("masterPort", 29500)))
-        check_distribution(config, num_nodes=nodes, num_processes=nodes * procs)
+    spec = {key: value for key, value in spec.items() if key != "accelerateConfigFrom"}
+    body = {"metadata": {"name": "submit"},
+            "spec": {**spec, "accelerateConfig": config,
+                     "accelerateConfigFiles": dict(files or {})}}
+    try:
+        prepare_config(parse_job(body), None)
+    except SpecError as error:
+        raise ConfigError(str(error)) from None
 
 
-def prepare_submission(job: Mapping[str, Any], config_yaml: str,
-                       namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The job, reading its accelerate YAML from a ConfigMap, and that ConfigMap, in `namespace`:
-    what submit creates (the ConfigMap first). Raises ConfigError when the YAML cannot work for
-    the job."""
-    check_accelerate_yaml(config_yaml, job.get("spec") or {})
+def prepare_submission(job: Mapping[str, Any], config_yaml: str, namespace: str,
+                       files: Mapping[str, str] | None = None,
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job, reading its accelerate YAML from a ConfigMap, and that ConfigMap (the YAML and
+    `files`, those shipped beside it), in `namespace`: what submit creates (the ConfigMap first).
+    Raises ConfigError when the YAML cannot work for the job."""
+    check_accelerate_yaml(config_yaml, job.get("spec") or {}, files)
     job, configmap_name, key = use_config_source(job)
     configmap = build_config_source(job["metadata"]["name"], namespace, config_yaml,
-                                    configmap_name, key)
+                                    configmap_name, key, files)
     return job, configmap

@@ -1,16 +1,32 @@
 """Parse an AccelerateJob body into frozen dataclasses. Pure: no API calls.
 
 The CRD's schema and CEL rules reject most bad input at admission; what reaches here is checked
-again only where the operator alone can know (a ConfigMap's content, `auto` processes)."""
+again only where the operator alone can know (a ConfigMap's content, `auto` processes).
+
+The topology (nodes, processes per node, rendezvous port) may come from the spec or from the
+accelerate YAML: a field the spec leaves out takes the YAML's value (`resolve_topology`), and a
+field both give must agree (the shared config checks reject the job otherwise). Once resolved it
+is recorded in `status.topology`, which later passes read back, so a job whose YAML lives in a
+ConfigMap does not need that ConfigMap read on every pass."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelerate_trainer.contract import CONFIG_KEY
+
 from .constants import API_VERSION, GPU_RESOURCE, KIND
+
+DEFAULT_MASTER_PORT = 29500
+# Pods are named <job>-<index>, a DNS label: at most 63 characters.
+MAX_HOSTNAME = 63
+# ConfigMap keys (the file names mounted beside the accelerate YAML).
+FILE_NAME = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
 class SpecError(ValueError):
@@ -40,6 +56,15 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class TopologyRequest:
+    """The topology fields as the spec gives them; None where the spec leaves one out."""
+
+    num_nodes: int | None = None
+    nproc_per_node: int | str | None = None  # an integer or "auto"
+    master_port: int | None = None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """One AccelerateJob as the builders need it."""
 
@@ -55,6 +80,11 @@ class JobSpec:
     config_from: ConfigMapKeyRef | None = None
     run_policy: RunPolicy = field(default_factory=RunPolicy)
     checkpoint: Checkpoint | None = None
+    requested: TopologyRequest = field(default_factory=TopologyRequest)
+    # False while the topology still depends on a ConfigMap this pass has not read.
+    topology_resolved: bool = True
+    # spec.accelerateConfigFiles: file name -> content, mounted beside the accelerate YAML.
+    config_files: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -92,43 +122,196 @@ def resolve_nproc_per_node(value: Any, template: Mapping[str, Any]) -> int:
     raise SpecError(f"spec.numProcPerNode must be a positive integer or \"auto\", got {value!r}")
 
 
-def parse_job(body: Mapping[str, Any]) -> JobSpec:
+def _config_int(config: Mapping[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"accelerate config key {key}={value!r} must be a positive integer")
+    return value
+
+
+def resolve_topology(
+    requested: TopologyRequest,
+    config: Mapping[str, Any] | None,
+    template: Mapping[str, Any],
+    recorded: Mapping[str, Any] | None = None,
+) -> tuple[int, int, int]:
+    """(nodes, processes per node, master port): each from the spec where it gives one, else
+    from `recorded` (status.topology, what an earlier pass resolved), else from the accelerate
+    YAML (num_machines, num_processes / num_machines, main_process_port), else 1, 1, 29500.
+    Where both the spec and the YAML give a value and they differ, the spec's is returned here
+    and the shared config checks reject the job."""
+    config = config or {}
+    recorded = recorded or {}
+    yaml_nodes = _config_int(config, "num_machines")
+    yaml_port = _config_int(config, "main_process_port")
+    if requested.num_nodes is not None:
+        nodes = requested.num_nodes
+    elif recorded.get("numNodes"):
+        nodes = int(recorded["numNodes"])
+    else:
+        nodes = yaml_nodes or 1
+    procs = _resolve_procs(requested, config, template, recorded, nodes)
+    if requested.master_port is not None:
+        port = requested.master_port
+    elif recorded.get("masterPort"):
+        port = int(recorded["masterPort"])
+    else:
+        port = yaml_port or DEFAULT_MASTER_PORT
+    return nodes, procs, port
+
+
+def _resolve_procs(requested: TopologyRequest, config: Mapping[str, Any],
+                   template: Mapping[str, Any], recorded: Mapping[str, Any], nodes: int) -> int:
+    """Processes per node: the spec's, the recorded one, or the YAML's total over `nodes`."""
+    yaml_total = _config_int(config, "num_processes")
+    if requested.nproc_per_node is not None:
+        return resolve_nproc_per_node(requested.nproc_per_node, template)
+    if recorded.get("numProcPerNode"):
+        return int(recorded["numProcPerNode"])
+    if yaml_total is None:
+        return 1
+    if yaml_total % nodes:
+        raise SpecError(
+            f"accelerate config num_processes={yaml_total} (the TOTAL over all machines) does "
+            f"not divide evenly over {nodes} machine(s); every machine runs the same number: "
+            "fix num_processes, or set spec.numProcPerNode"
+        )
+    return yaml_total // nodes
+
+
+def with_config(job: JobSpec, config: Mapping[str, Any]) -> JobSpec:
+    """`job` with its topology resolved against the accelerate YAML it will run (read from its
+    ConfigMap, or inline). Raises SpecError when the YAML's numbers cannot make a topology."""
+    nodes, procs, port = resolve_topology(job.requested, config, job.template)
+    _check_name_fits(job.name, nodes)
+    return dataclasses.replace(job, num_nodes=nodes, nproc_per_node=procs, master_port=port,
+                               topology_resolved=True)
+
+
+def build_topology_status(job: JobSpec) -> dict[str, Any]:
+    """status.topology: what the job really runs, whichever side each number came from."""
+    return {
+        "numNodes": job.num_nodes,
+        "numProcPerNode": job.nproc_per_node,
+        "worldSize": job.world_size,
+        "masterPort": job.master_port,
+        "summary": f"{job.num_nodes}x{job.nproc_per_node}",
+    }
+
+
+def _check_name_fits(name: str, num_nodes: int) -> None:
+    """The CRD checks this where it knows numNodes; a count from a ConfigMap is checked here."""
+    longest = f"{name}-{num_nodes - 1}"
+    if len(longest) > MAX_HOSTNAME:
+        raise SpecError(
+            f"metadata.name is too long for {num_nodes} node(s): the pod hostname {longest!r} "
+            f"must fit in {MAX_HOSTNAME} characters; shorten the job name"
+        )
+
+
+def parse_config_files(files: Mapping[str, Any] | None) -> dict[str, str]:
+    """spec.accelerateConfigFiles: file names become ConfigMap keys, mounted beside the YAML."""
+    parsed = {}
+    for name, content in (files or {}).items():
+        if not FILE_NAME.match(name) or name in (".", ".."):
+            raise SpecError(
+                f"spec.accelerateConfigFiles key {name!r} is not a file name (letters, digits, "
+                "'-', '_' and '.'; no folders); the config refers to it by that name"
+            )
+        if name == CONFIG_KEY:
+            raise SpecError(
+                f"spec.accelerateConfigFiles may not hold {CONFIG_KEY!r}: that name is the "
+                "rendered accelerate YAML; rename the file (and the path in the config)"
+            )
+        if not isinstance(content, str):
+            raise SpecError(f"spec.accelerateConfigFiles[{name!r}] must be the file's text")
+        parsed[name] = content
+    return parsed
+
+
+def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> JobSpec:
+    """`status` is the job's latest status (the reconciler's view may be newer than the body's):
+    its `topology` keeps the numbers an earlier pass resolved."""
     metadata = body.get("metadata", {})
     spec = body.get("spec", {})
     template = copy.deepcopy(spec.get("template") or {})
     if not template.get("spec", {}).get("containers"):
         raise SpecError("spec.template.spec.containers must list the trainer container")
-    policy = spec.get("runPolicy") or {}
-    config_from = None
-    if spec.get("accelerateConfigFrom"):
-        ref = spec["accelerateConfigFrom"].get("configMapKeyRef") or {}
-        config_from = ConfigMapKeyRef(name=ref.get("name", ""), key=ref.get("key", ""))
-    checkpoint = None
-    if spec.get("checkpoint"):
-        checkpoint = Checkpoint(
-            volume_name=spec["checkpoint"]["volumeName"],
-            mount_path=spec["checkpoint"].get("mountPath", "/checkpoints"),
-        )
+    config_from = _config_ref(spec)
+    inline = (copy.deepcopy(spec["accelerateConfig"])
+              if spec.get("accelerateConfig") is not None else None)
+    requested = _topology_request(spec)
+    recorded = (status or {}).get("topology") or (body.get("status") or {}).get("topology")
+    (nodes, procs, port), resolved = _initial_topology(requested, inline, template, recorded,
+                                                       reads_configmap=config_from is not None)
     return JobSpec(
         name=metadata["name"],
         namespace=metadata.get("namespace", "default"),
         uid=metadata.get("uid", ""),
         generation=int(metadata.get("generation", 1)),
-        num_nodes=int(spec.get("numNodes", 1)),
-        nproc_per_node=resolve_nproc_per_node(spec.get("numProcPerNode", 1), template),
-        master_port=int(spec.get("masterPort", 29500)),
+        num_nodes=nodes,
+        nproc_per_node=procs,
+        master_port=port,
         template=template,
-        accelerate_config=copy.deepcopy(spec["accelerateConfig"])
-        if spec.get("accelerateConfig") is not None
-        else None,
+        accelerate_config=inline,
         config_from=config_from,
-        run_policy=RunPolicy(
-            backoff_limit=int(policy.get("backoffLimit", 3)),
-            permanent_exit_codes=tuple(policy.get("permanentExitCodes") or ()),
-            active_deadline_seconds=policy.get("activeDeadlineSeconds"),
-            ttl_seconds_after_finished=policy.get("ttlSecondsAfterFinished"),
-            clean_pod_policy=policy.get("cleanPodPolicy", "Running"),
-            suspend=bool(policy.get("suspend", False)),
-        ),
-        checkpoint=checkpoint,
+        run_policy=_run_policy(spec.get("runPolicy") or {}),
+        checkpoint=_checkpoint(spec),
+        requested=requested,
+        topology_resolved=resolved,
+        config_files=parse_config_files(spec.get("accelerateConfigFiles")),
+    )
+
+
+def _config_ref(spec: Mapping[str, Any]) -> ConfigMapKeyRef | None:
+    if not spec.get("accelerateConfigFrom"):
+        return None
+    ref = spec["accelerateConfigFrom"].get("configMapKeyRef") or {}
+    return ConfigMapKeyRef(name=ref.get("name", ""), key=ref.get("key", ""))
+
+
+def _checkpoint(spec: Mapping[str, Any]) -> Checkpoint | None:
+    if not spec.get("checkpoint"):
+        return None
+    return Checkpoint(volume_name=spec["checkpoint"]["volumeName"],
+                      mount_path=spec["checkpoint"].get("mountPath", "/checkpoints"))
+
+
+def _topology_request(spec: Mapping[str, Any]) -> TopologyRequest:
+    return TopologyRequest(
+        num_nodes=int(spec["numNodes"]) if spec.get("numNodes") is not None else None,
+        nproc_per_node=spec.get("numProcPerNode"),
+        master_port=int(spec["masterPort"]) if spec.get("masterPort") is not None else None,
+    )
+
+
+def _initial_topology(
+    requested: TopologyRequest,
+    inline: Mapping[str, Any] | None,
+    template: Mapping[str, Any],
+    recorded: Mapping[str, Any] | None,
+    *,
+    reads_configmap: bool,
+) -> tuple[tuple[int, int, int], bool]:
+    """The topology as far as the body (and status.topology) tell it, and whether that is final.
+    A YAML in a ConfigMap is read only when the children are made (see with_config)."""
+    resolved = bool(recorded) or inline is not None or not reads_configmap or None not in (
+        requested.num_nodes, requested.nproc_per_node, requested.master_port)
+    try:
+        return resolve_topology(requested, inline, template, recorded), resolved
+    except SpecError:
+        # with_config raises it again when the children are made, where it fails the job.
+        return resolve_topology(requested, None, template, recorded), False
+
+
+def _run_policy(policy: Mapping[str, Any]) -> RunPolicy:
+    return RunPolicy(
+        backoff_limit=int(policy.get("backoffLimit", 3)),
+        permanent_exit_codes=tuple(policy.get("permanentExitCodes") or ()),
+        active_deadline_seconds=policy.get("activeDeadlineSeconds"),
+        ttl_seconds_after_finished=policy.get("ttlSecondsAfterFinished"),
+        clean_pod_policy=policy.get("cleanPodPolicy", "Running"),
+        suspend=bool(policy.get("suspend", False)),
     )

@@ -16,6 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from .apierrors import server_message
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+from .resources.configmap import ConfigSource
 from .status import Event, format_time
 
 log = logging.getLogger("accelerate_operator.kube")
@@ -108,7 +109,15 @@ class Kube:
                 return ""
             raise
 
-    def read_configmap_key(self, namespace: str, name: str, key: str) -> str:
+    def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
+        """The accelerate YAML under `key` and every other key of the ConfigMap (the files
+        shipped beside it)."""
+        configmap = self._read_configmap(namespace, name, key)
+        return ConfigSource(name=name, key=key, text=configmap.data[key],
+                            files=dict(configmap.data or {}),
+                            binary_files=dict(configmap.binary_data or {}))
+
+    def _read_configmap(self, namespace: str, name: str, key: str) -> Any:
         try:
             configmap = self.core.read_namespaced_config_map(name, namespace)
         except ApiException as error:
@@ -127,7 +136,7 @@ class Kube:
                 f"(it has: {', '.join(sorted(data)) or 'none'}); "
                 "fix spec.accelerateConfigFrom.configMapKeyRef.key"
             )
-        return data[key]
+        return configmap
 
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         try:

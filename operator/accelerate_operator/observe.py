@@ -3,8 +3,9 @@
 The pods and children come from kopf's indexes (passed in: no API call), completed by what this
 operator created that the indexes do not show yet; the status is the server's, unless our own
 last write is newer. The only read that calls the API server, through kube.py, is the user's
-ConfigMap named by spec.accelerateConfigFrom, and only while the rendered config has yet to be
-created. Observing decides nothing: that is plan.py's."""
+ConfigMap named by spec.accelerateConfigFrom (the YAML and the files beside it), and only while
+the rendered config has yet to be created or the topology still depends on that YAML (no
+status.topology yet). Observing decides nothing: that is plan.py's."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ async def observe(kube: Kube, memory: Memory, body: Mapping[str, Any], job: JobS
                                                      frozenset(children))
     seen = Observed(body=body, job=job, status=status, pods=tuple(all_pods),
                     children=all_children, refused=memory.refusals.get(uid))
-    if seen.finished or not job.config_from or seen.has("ConfigMap", configmap_name(job.name)):
+    rendered = seen.has("ConfigMap", configmap_name(job.name))
+    if seen.finished or not job.config_from or (rendered and job.topology_resolved):
         return seen
     ref = job.config_from
     try:
-        text = await asyncio.to_thread(kube.read_configmap_key, job.namespace, ref.name, ref.key)
+        source = await asyncio.to_thread(kube.read_config_source, job.namespace, ref.name,
+                                         ref.key)
     except ConfigMapMissing as error:
         return replace(seen, config_error=str(error))
-    return replace(seen, config_text=text)
+    return replace(seen, config_source=source)
 

@@ -1,6 +1,7 @@
 """Plan: from what a pass observed to what it must do. One pure function, `plan_pass`.
 
-It renders the accelerate config, builds every missing child (the rendered ConfigMap, the
+It renders the accelerate config (resolving the topology the spec leaves to the YAML), builds
+every missing child (the rendered ConfigMap, the
 headless Service, the pods) with the builders in resources/, asks status.plan_reconcile for the
 new status and the pods to create and delete, and says which logs to archive, which events to
 post and whether the job's TTL has passed. No clock (`now` is an argument), no API calls:
@@ -14,12 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from accelerate_trainer.config import ConfigError, parse_accelerate_yaml
+from accelerate_trainer.config import ConfigError
 
-from .api import JobSpec
+from .api import JobSpec, SpecError
 from .constants import FINISHED_PHASES
 from .naming import configmap_name, service_name, trainer_container_name
-from .resources.configmap import build_configmap, render_accelerate_config
+from .resources.configmap import ConfigSource, prepare_config
 from .resources.pods import build_pod
 from .resources.service import build_service
 from .status import Event, Plan, PodState, plan_reconcile
@@ -35,9 +36,9 @@ class Observed:
     pods: tuple[PodState, ...]
     # (kind, name) of the job's ConfigMaps and Services that exist.
     children: frozenset[tuple[str, str]]
-    # The text of the user's accelerate YAML (spec.accelerateConfigFrom), read only while the
-    # rendered ConfigMap has to be created.
-    config_text: str | None = None
+    # The user's ConfigMap (spec.accelerateConfigFrom): the accelerate YAML and the files beside
+    # it, read only while the rendered ConfigMap has to be created or the topology depends on it.
+    config_source: ConfigSource | None = None
     # Why the job cannot run, as found while observing (its ConfigMap is missing), or the API
     # server's refusal of one of its pods in an earlier pass.
     config_error: str | None = None
@@ -77,11 +78,11 @@ class Actions:
 
 
 def plan_pass(seen: Observed, now: datetime) -> Actions:
-    children, config_error = _missing_children(seen)
+    job, children, config_error = _missing_children(seen)
     reason = "InvalidConfig"
     if seen.refused and not config_error:
         config_error, reason = seen.refused, "PodRejected"
-    plan = plan_reconcile(seen.job, seen.status, seen.pods, now, config_error=config_error,
+    plan = plan_reconcile(job, seen.status, seen.pods, now, config_error=config_error,
                           config_error_reason=reason)
     finishing = not seen.finished and plan.status.get("phase") in FINISHED_PHASES
     return Actions(
@@ -89,7 +90,7 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
         read_final_progress=finishing,
         delete=plan.delete,
         children=() if finishing else tuple(children),
-        pods=tuple(build_pod(seen.job, index, plan.attempt) for index in plan.create),
+        pods=tuple(build_pod(job, index, plan.attempt) for index in plan.create),
         status=_changed(seen.status, plan.status),
         events=plan.events,
         delete_job=plan.delete_job,
@@ -97,36 +98,27 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
     )
 
 
-def _missing_children(seen: Observed) -> tuple[list[dict[str, Any]], str | None]:
-    """The ConfigMap and Service to (re)create, or why the job cannot run. A finished job gets
-    none back; a child deleted by hand is recreated by the next pass that sees it missing."""
+def _missing_children(seen: Observed) -> tuple[JobSpec, list[dict[str, Any]], str | None]:
+    """The job with its topology resolved against its accelerate YAML, the ConfigMap and Service
+    to (re)create, or why the job cannot run. A finished job gets none back; a child deleted by
+    hand is recreated by the next pass that sees it missing."""
     job = seen.job
     if seen.finished:
-        return [], None
+        return job, [], None
     if seen.config_error:
-        return [], seen.config_error
+        return job, [], seen.config_error
     children = []
-    if not seen.has("ConfigMap", configmap_name(job.name)):
+    rendered = seen.has("ConfigMap", configmap_name(job.name))
+    if not rendered or not job.topology_resolved:
         try:
-            children.append(build_configmap(job, _render(seen)))
-        except ConfigError as error:
-            return [], str(error)
+            job, configmap = prepare_config(job, seen.config_source)
+        except (ConfigError, SpecError) as error:
+            return seen.job, [], str(error)
+        if not rendered:
+            children.append(configmap)
     if not seen.has("Service", service_name(job.name)):
         children.append(build_service(job))
-    return children, None
-
-
-def _render(seen: Observed) -> dict[str, Any]:
-    """The rendered accelerate config; raises ConfigError naming the file the user must fix."""
-    job, ref = seen.job, seen.job.config_from
-    if ref is None:
-        return render_accelerate_config(job, dict(job.accelerate_config or {}))
-    source = f"ConfigMap {ref.name!r} key {ref.key!r}"
-    user_config = parse_accelerate_yaml(seen.config_text or "", source=source)
-    try:
-        return render_accelerate_config(job, user_config)
-    except ConfigError as error:
-        raise ConfigError(f"{source}: {error}") from None
+    return job, children, None
 
 
 def _archive(seen: Observed, plan: Plan) -> Archive | None:

@@ -24,12 +24,13 @@ log = logging.getLogger("accelerate_operator")
 MAX_PASSES = 2
 
 
-def parse_spec(body: Mapping[str, Any]) -> JobSpec | None:
+def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | None:
     """The parsed job, or None (logged) when it cannot be parsed or is being deleted (its
-    children go with it)."""
+    children go with it). `status` is the latest one (our own last write may be newer than the
+    body's): its topology, once resolved, is not read from the ConfigMap again."""
     metadata = body["metadata"]
     try:
-        job = parse_job(body)
+        job = parse_job(body, status)
     except SpecError as error:
         log.warning("job %s/%s cannot be parsed: %s", metadata.get("namespace"),
                     metadata["name"], error)
@@ -49,9 +50,10 @@ class Reconciler:
         ((kind, name) of its ConfigMaps and Services) are what kopf's indexes show. Returns
         when time alone will next change the job (seconds), for the clock, or None."""
         pods, children = list(pods), frozenset(children)
-        async with self.memory.lock(body["metadata"]["uid"]):
+        uid = body["metadata"]["uid"]
+        async with self.memory.lock(uid):
             for _ in range(MAX_PASSES):
-                job = parse_spec(body)
+                job = parse_spec(body, self.memory.written.latest(uid, body.get("status") or {}))
                 if job is None:
                     return None
                 seen = await observe(self.kube, self.memory, body, job, pods, children)

@@ -18,7 +18,7 @@ from typing import Any
 
 from accelerate_trainer.contract import ATTEMPT_LABEL, CONFIG_ERROR_EXIT_CODE, NODE_INDEX_LABEL
 
-from .api import JobSpec
+from .api import JobSpec, build_topology_status
 from .constants import (
     CONDITION_TYPES,
     CREATED,
@@ -135,6 +135,8 @@ class _StatusBuilder:
         self.now = now
         self.status = copy.deepcopy(dict(status))
         self.status["observedGeneration"] = job.generation
+        if job.topology_resolved:
+            self.status["topology"] = build_topology_status(job)
         self.previous_phase = status.get("phase")
         self.events: list[Event] = []
         self.conditions = {c["type"]: dict(c) for c in status.get("conditions") or []}

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from accelerate_operator.kube import ConfigMapMissing, Rejected
+from accelerate_operator.resources.configmap import ConfigSource
 from accelerate_operator.status import PodState, read_pod_state
 
 
@@ -42,11 +43,12 @@ class FakeKube:
         self.calls.append(("log", name))
         return self.logs.get(name, "")
 
-    def read_configmap_key(self, namespace: str, name: str, key: str) -> str:
+    def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
         self.calls.append(("read", "ConfigMap", name))
-        if key not in self.user_configmaps.get(name, {}):
+        data = self.user_configmaps.get(name, {})
+        if key not in data:
             raise ConfigMapMissing(f"ConfigMap {name!r} with key {key!r} does not exist")
-        return self.user_configmaps[name][key]
+        return ConfigSource(name=name, key=key, text=data[key], files=dict(data))
 
     def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.calls.append(("patch", "status", name))

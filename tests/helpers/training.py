@@ -23,6 +23,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = ROOT / "examples" / "train.py"
+# Where the trainer image keeps it; jobs on the cluster name it by this path.
+IMAGE_TRAIN_SCRIPT = Path("/opt/accelerate/examples/train.py")
 
 
 def free_port() -> int:

@@ -212,7 +212,7 @@ MALFORMED = [
     # topology keys that contradict the job
     pytest.param(config(num_machines=3),
                  ["spec.accelerateConfig.num_machines contradicts spec.numNodes",
-                  "remove num_machines or make it equal"], id="num_machines-contradicts-numNodes"),
+                  "remove one or make them equal"], id="num_machines-contradicts-numNodes"),
     pytest.param(config(num_processes=3),
                  ["spec.accelerateConfig.num_processes (the TOTAL over all machines) contradicts "
                   "spec.numNodes x spec.numProcPerNode", "remove num_processes or make it equal"],
@@ -222,8 +222,23 @@ MALFORMED = [
                  id="num_processes-per-node-instead-of-total"),
     pytest.param(config(main_process_port=29501),
                  ["spec.accelerateConfig.main_process_port contradicts spec.masterPort",
-                  "remove main_process_port or set spec.masterPort"],
+                  "remove one or make them equal"],
                  id="main_process_port-contradicts-masterPort"),
+    # topology from the YAML alone: num_processes must divide over the machines
+    pytest.param(chain(drop("spec", "numNodes"), drop("spec", "numProcPerNode"),
+                       config(num_machines=2, num_processes=3)),
+                 ["spec.accelerateConfig.num_processes (the TOTAL over all machines)",
+                  "does not divide evenly over the machines"],
+                 id="yaml-num_processes-not-divisible-by-num_machines"),
+    pytest.param(chain(drop("spec", "numNodes"), config(num_machines=3, num_processes=4)),
+                 ["spec.accelerateConfig.num_processes (the TOTAL over all machines) contradicts"],
+                 id="yaml-num_machines-times-spec-procs-contradicts-num_processes"),
+    pytest.param(chain(name("a" * 61), drop("spec", "numNodes"), config(num_machines=11),
+                       spec(numProcPerNode=1)), [TOO_LONG],
+                 id="name-too-long-for-num_machines-from-the-yaml"),
+    pytest.param(spec(accelerateConfigFiles={"ds.json": 3}),
+                 ["spec.accelerateConfigFiles.ds.json in body must be of type string"],
+                 id="accelerateConfigFiles-not-text"),
     pytest.param(spec(masterPort=0),
                  ["spec.masterPort in body should be greater than or equal to 1024"],
                  id="masterPort-0"),
@@ -331,6 +346,37 @@ def test_longest_names_that_fit_a_pod_hostname_are_accepted(
     assert proc.returncode == 0, proc.stderr
 
 
+def test_topology_left_out_of_the_spec_is_not_defaulted(kubeconfig: str, admission_ns: str):
+    """No numNodes, numProcPerNode or masterPort is written into the object: the operator takes
+    them from the accelerate YAML (here its num_machines, num_processes and main_process_port)."""
+    body = valid_job(namespace=admission_ns)
+    for key in ("numNodes", "numProcPerNode", "masterPort"):
+        del body["spec"][key]
+    body["spec"]["accelerateConfig"].update(num_machines=2, num_processes=8,
+                                            main_process_port=9999)
+    proc = server_apply(kubeconfig, body, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    stored = json.loads(proc.stdout)["spec"]
+    assert not {"numNodes", "numProcPerNode", "masterPort"} & set(stored), stored
+
+
+def test_spec_and_yaml_may_each_give_part_of_the_topology(kubeconfig: str, admission_ns: str):
+    """The issue's case: numNodes and numProcPerNode in the spec, the port from the YAML."""
+    body = valid_job(namespace=admission_ns, nodes=2, procs=4)
+    del body["spec"]["masterPort"]
+    body["spec"]["accelerateConfig"].update(num_machines=2, num_processes=8,
+                                            main_process_port=9999)
+    proc = server_apply(kubeconfig, body)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_files_beside_the_config_are_accepted(kubeconfig: str, admission_ns: str):
+    body = valid_job(namespace=admission_ns)
+    body["spec"]["accelerateConfigFiles"] = {"ds_config.json": '{"zero_optimization": {}}'}
+    proc = server_apply(kubeconfig, body)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_consistent_topology_keys_are_accepted(kubeconfig: str, admission_ns: str):
     body = valid_job(namespace=admission_ns)
     body["spec"]["accelerateConfig"].update(num_machines=2, num_processes=4,
@@ -351,8 +397,8 @@ def test_distributed_type_no_is_accepted_for_one_process(kubeconfig: str, admiss
 IMMUTABLE_TOPOLOGY = ("spec.numNodes, spec.numProcPerNode and spec.masterPort are immutable; "
                       "delete the job and create it again")
 IMMUTABLE_TEMPLATE = "spec.template is immutable; delete the job and create it again"
-IMMUTABLE_CONFIG = ("spec.accelerateConfig and spec.accelerateConfigFrom are immutable; delete the "
-                    "job and create it again")
+IMMUTABLE_CONFIG = ("spec.accelerateConfig, spec.accelerateConfigFrom and "
+                    "spec.accelerateConfigFiles are immutable; delete the job and create it again")
 
 
 @pytest.fixture(scope="module")
@@ -369,6 +415,9 @@ IMMUTABLE_PATCHES = [
     pytest.param({"spec": {"numNodes": 3}}, IMMUTABLE_TOPOLOGY, id="numNodes"),
     pytest.param({"spec": {"numProcPerNode": 1}}, IMMUTABLE_TOPOLOGY, id="numProcPerNode"),
     pytest.param({"spec": {"masterPort": 29600}}, IMMUTABLE_TOPOLOGY, id="masterPort"),
+    pytest.param({"spec": {"masterPort": None}}, IMMUTABLE_TOPOLOGY, id="masterPort-removed"),
+    pytest.param({"spec": {"accelerateConfigFiles": {"ds.json": "{}"}}}, IMMUTABLE_CONFIG,
+                 id="accelerateConfigFiles-added"),
     pytest.param({"spec": {"template": {"spec": {"containers": [
         {"name": "trainer", "image": "python:3.13-slim", "command": SLEEP}]}}}},
         IMMUTABLE_TEMPLATE, id="template-image"),
@@ -467,9 +516,24 @@ def job_from_configmap(job: str, cm_name: str) -> dict[str, Any]:
     return body
 
 
+CORPUS = ROOT / "tests" / "accelerate_corpus"
+DEEPSPEED_TEMPLATE = (CORPUS / "config_yaml_templates" / "deepspeed.yaml").read_text()
+
+
+def with_files(cm: dict[str, Any], **files: str) -> dict[str, Any]:
+    cm["data"].update(files)
+    return cm
+
+
 BAD_CONFIGMAPS = {
     # case: (ConfigMap to create or None, text in the Failed condition)
     "missing": (None, "which does not exist"),
+    # accelerate's DeepSpeed template without the JSON it names, then with a broken one
+    "deepspeed-json-missing": (configmap("accel-cfg", DEEPSPEED_TEMPLATE),
+                               "zero_stage1_config.json' is not shipped with the config"),
+    "deepspeed-json-malformed": (with_files(configmap("accel-cfg", DEEPSPEED_TEMPLATE),
+                                            **{"zero_stage1_config.json": '{"fp16": {'}),
+                                 "is not valid JSON"),
     "invalid-yaml": (configmap("accel-cfg", "distributed_type: [MULTI_CPU\n  use_cpu: {\n"),
                      "is not valid YAML"),
     "contradicts-numNodes": (configmap("accel-cfg", "distributed_type: MULTI_CPU\nuse_cpu: true\n"
@@ -508,6 +572,33 @@ def test_bad_config_from_fails_the_job_with_invalid_config_and_no_pod(
     time.sleep(3)  # a late pod would show up by now
     assert pods_of(kubeconfig, namespace, "bad") == []
     assert read("-n", namespace, "get", "pods", kubeconfig=kubeconfig)["items"] == []
+
+
+def test_topology_from_the_configmap_yaml_is_used_and_shown(kubeconfig: str, namespace: str):
+    """The issue's case: accelerate's multi_node template (switched to CPU) in a ConfigMap, a job
+    with numNodes 2 and numProcPerNode 4 and no masterPort: the YAML's port 9999 is used, and
+    the status and `kubectl get` show the topology. Suspended: no pod needs to run."""
+    template = yaml.safe_load((CORPUS / "config_yaml_templates" / "multi_node.yaml").read_text())
+    template.update(distributed_type="MULTI_CPU", use_cpu=True)
+    job = job_from_configmap("multi-node", "multi-node-cfg")
+    job["spec"]["numProcPerNode"] = 4
+    del job["spec"]["masterPort"]
+    job["spec"]["runPolicy"]["suspend"] = True
+    create(kubeconfig, namespace, configmap("multi-node-cfg", yaml.safe_dump(template)), job)
+
+    status = wait_for(lambda: job_status(kubeconfig, namespace, "multi-node").get("topology"),
+                      timeout=60, description="status.topology")
+    assert status == {"numNodes": 2, "numProcPerNode": 4, "worldSize": 8, "masterPort": 9999,
+                      "summary": "2x4"}
+    assert job_status(kubeconfig, namespace, "multi-node")["phase"] == "Suspended"
+    rendered = read("-n", namespace, "get", "configmap", "multi-node-accelerate-config",
+                    kubeconfig=kubeconfig)
+    config = yaml.safe_load(rendered["data"]["config.yaml"])
+    assert (config["num_machines"], config["num_processes"], config["main_process_port"]) == (
+        2, 8, 9999)
+    row = kubectl("-n", namespace, "get", "ajob", "multi-node", "-o", "wide",
+                  kubeconfig=kubeconfig).stdout
+    assert "2x4" in row and "9999" in row, row
 
 
 def test_contradicting_configmap_is_named_in_the_failure(kubeconfig: str, namespace: str):

@@ -336,3 +336,41 @@ def test_logs_of_an_attempt_never_archived_list_the_archived_ones():
 def test_a_node_out_of_range_is_named():
     with pytest.raises(Exception, match="has 2 node.s.: pick a node from 0 to 1"):
         client([job()]).logs("llm", node=2)
+
+
+# ---- accelerate's own templates, as a user would submit them ------------------------------------
+
+
+def test_submit_picks_up_the_deepspeed_json_the_config_names():
+    """accelerate's deepspeed template names ../deepspeed_config_templates/zero_stage1_config.json:
+    it is read beside the YAML and shipped in the same ConfigMap; no topology flag is written."""
+    from tests.helpers.corpus import DEEPSPEED_JSONS, TEMPLATES
+
+    code, out, err = run("submit", "--config", str(TEMPLATES / "deepspeed.yaml"), "--image", "i",
+                         "--name", "ds", "-n", "x", "--dry-run", "-o", "json", "t.py")
+    assert code == 0, err
+    configmap, job = json.loads(out)["items"]
+    assert configmap["data"]["zero_stage1_config.json"] == (
+        DEEPSPEED_JSONS / "zero_stage1_config.json").read_text()
+    assert not {"numNodes", "numProcPerNode", "masterPort"} & set(job["spec"])
+
+
+def test_submit_of_a_deepspeed_config_whose_json_is_missing_is_refused(tmp_path):
+    from tests.helpers.corpus import TEMPLATES
+
+    path = tmp_path / "deepspeed.yaml"
+    path.write_text((TEMPLATES / "deepspeed.yaml").read_text())
+    code, out, err = run("submit", "--config", str(path), "--image", "i", "--name", "ds",
+                         "-n", "x", "--dry-run", "t.py")
+    assert code == 1 and out == ""
+    assert "zero_stage1_config.json' is not shipped with the config" in err
+
+
+def test_submit_of_the_multi_node_template_takes_its_topology_from_the_yaml():
+    from tests.helpers.corpus import TEMPLATES
+
+    code, out, err = run("submit", "--config", str(TEMPLATES / "multi_node.yaml"), "--image", "i",
+                         "--name", "mn", "-n", "x", "--dry-run", "-o", "json", "t.py")
+    assert code == 0, err
+    spec = json.loads(out)["items"][1]["spec"]
+    assert not {"numNodes", "numProcPerNode", "masterPort"} & set(spec)

@@ -34,8 +34,8 @@ def test_the_trainer_finds_the_config_where_the_operator_mounts_it():
     mount = next(m for m in manifest["spec"]["containers"][0]["volumeMounts"]
                  if m["mountPath"] == contract.CONFIG_MOUNT_PATH)
     volume = next(v for v in manifest["spec"]["volumes"] if v["name"] == mount["name"])
-    assert volume["configMap"]["items"] == [{"key": contract.CONFIG_KEY,
-                                             "path": contract.CONFIG_KEY}]
+    # The whole ConfigMap, every key a file of its own name: config.yaml and the files beside it.
+    assert volume["configMap"] == {"name": "llm-accelerate-config"}
     assert contract.CONFIG_KEY in build_configmap(job, {})["data"]
     assert parse_topology({**{e["name"]: e["value"] for e in
                               manifest["spec"]["containers"][0]["env"]}}).config_file == \

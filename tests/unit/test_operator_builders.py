@@ -74,8 +74,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
             }],
             "volumes": [
                 {"name": "accelerate-config", "configMap": {
-                    "name": "train-accelerate-config",
-                    "items": [{"key": "config.yaml", "path": "config.yaml"}]}},
+                    "name": "train-accelerate-config"}},
                 {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             ],
         },

@@ -12,6 +12,7 @@ from accelerate_operator.clock import PROGRESS_SECONDS, RESYNC_SECONDS, Clock
 from accelerate_operator.memory import InFlight
 from accelerate_operator.plan import Observed, plan_pass
 from accelerate_operator.reconciler import Reconciler
+from accelerate_operator.resources.configmap import ConfigSource
 
 from tests.helpers.fake_kube import FakeKube
 from tests.helpers.jobs import JobBuilder, pod
@@ -114,6 +115,30 @@ def test_the_config_from_a_configmap_is_read_once_while_its_copy_is_missing():
         "config.yaml"]
 
 
+def test_a_topology_left_to_the_yaml_is_read_from_the_configmap_then_from_status():
+    kube = FakeKube({"mine": {
+        "a.yaml": "distributed_type: MULTI_CPU\nuse_cpu: true\nnum_machines: 2\n"
+                  "num_processes: 4\nmain_process_port: 9999\n",
+        "ds.json": "{}"}})
+    body = JobBuilder("llm").config_from("mine", "a.yaml").build()
+    for key in ("numNodes", "numProcPerNode", "masterPort"):
+        body["spec"].pop(key, None)
+    cluster = Cluster(body, kube)
+    cluster.reconcile()
+    assert cluster.kube.names("Pod") == ["llm-0", "llm-1"]
+    assert cluster.body["status"]["topology"] == {"numNodes": 2, "numProcPerNode": 2,
+                                                  "worldSize": 4, "masterPort": 9999,
+                                                  "summary": "2x2"}
+    rendered = kube.objects[("ConfigMap", "llm-accelerate-config")]["data"]
+    assert rendered["ds.json"] == "{}"  # shipped beside the config
+    pod_env = {e["name"]: e["value"] for e in
+               kube.objects[("Pod", "llm-1")]["spec"]["containers"][0]["env"]}
+    assert (pod_env["NUM_NODES"], pod_env["MASTER_PORT"]) == ("2", "9999")
+    kube.calls.clear()
+    cluster.reconcile()  # status.topology is known now: the ConfigMap is not read again
+    assert ("read", "ConfigMap", "mine") not in kube.calls
+
+
 def test_a_restart_archives_the_old_groups_logs_then_creates_a_new_group():
     cluster = Cluster(JobBuilder("llm").nodes(2).build())
     cluster.reconcile()
@@ -166,8 +191,8 @@ def test_plan_builds_only_the_missing_children():
 
 def test_plan_names_the_configmap_whose_config_contradicts_the_job():
     body = JobBuilder("llm").nodes(2).config_from("mine", "a.yaml").build()
-    actions = plan_pass(observed(body, config_text="distributed_type: MULTI_CPU\n"
-                                                   "use_cpu: true\nnum_machines: 3\n"), NOW)
+    text = "distributed_type: MULTI_CPU\nuse_cpu: true\nnum_machines: 3\n"
+    actions = plan_pass(observed(body, config_source=ConfigSource("mine", "a.yaml", text)), NOW)
     assert actions.status["phase"] == "Failed" and not actions.children and not actions.pods
     assert actions.status["conditions"][-1]["message"].startswith("ConfigMap 'mine' key 'a.yaml'")
 

@@ -113,8 +113,9 @@ def test_deepspeed_multinode_without_a_launcher_key_is_accepted():
 
 
 def test_unknown_top_level_key_is_named_with_the_accepted_keys():
-    with pytest.raises(ConfigError, match=r"unknown accelerate config key\(s\) num_gpus_per_node; "
-                                          r"accelerate 1\.\d+\.\d+ accepts: .*num_machines"):
+    with pytest.raises(ConfigError, match=r"unknown accelerate config key\(s\) num_gpus_per_node: "
+                                          r"this image has accelerate 1\.\d+\.\d+.*"
+                                          r"It accepts: .*num_machines"):
         check_against_accelerate_schema(load("invalid_unknown_key.yaml"))
 
 

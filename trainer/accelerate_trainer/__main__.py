@@ -17,14 +17,19 @@ from pathlib import Path
 from .checkpoints import find_resume_checkpoint
 from .command import build_launch_plan
 from .config import (
+    OTHER_ACCELERATORS,
     ConfigError,
     check_against_accelerate_schema,
     check_job_fits,
+    deepspeed_file,
     distributed_type,
     is_cpu_job,
     parse_accelerate_yaml,
+    resolve_config_path,
 )
 from .contract import CONFIG_ERROR_EXIT_CODE, ENV_CHECKPOINT_DIR, ENV_CONFIG_FILE
+from .deepspeed_checks import parse_deepspeed_json
+from .fsdp_checks import names_from_accelerate
 from .rendezvous import MasterUnreachable, wait_for_master
 from .topology import Topology, TopologyError, parse_topology
 
@@ -47,16 +52,48 @@ def read_config(topology: Topology) -> dict:
     return parse_accelerate_yaml(text, source=str(path))
 
 
-def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None) -> None:
+def read_deepspeed_json(config: Mapping, config_file: str) -> tuple[dict | None, str]:
+    """The DeepSpeed JSON a DEEPSPEED config names, parsed, and where it was read; a relative
+    path is read from the config's own folder (the operator mounts shipped files there)."""
+    named = deepspeed_file(config)
+    if named is None:
+        return None, "the DeepSpeed config"
+    path = Path(resolve_config_path(named, str(Path(config_file).parent)))
+    source = f"deepspeed_config.deepspeed_config_file {named!r} ({path})"
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(
+            f"{source} cannot be read ({error.strerror}); every rank would crash reading it. "
+            "Ship it beside the accelerate YAML (a key of the same ConfigMap, or "
+            "spec.accelerateConfigFiles), or point it into one of the pod's volumes"
+        ) from None
+    return parse_deepspeed_json(text, source), source
+
+
+def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None,
+             deepspeed_json: Mapping | None = None,
+             deepspeed_source: str = "the DeepSpeed config") -> None:
     check_against_accelerate_schema(config)
     check_job_fits(config, num_nodes=topology.num_nodes, num_processes=topology.world_size,
-                   master_port=topology.master_port)
+                   master_port=topology.master_port, deepspeed_json=deepspeed_json,
+                   deepspeed_source=deepspeed_source,
+                   fsdp_names=names_from_accelerate())
     dtype = distributed_type(config)
+    if str(config.get("mixed_precision")).lower() == "fp8" and (
+            is_cpu_job(config) or visible_gpus == 0):
+        raise ConfigError(
+            "mixed_precision fp8 needs GPUs with FP8 support (Hopper or newer, with "
+            "TransformerEngine, MS-AMP or torchao) but this pod has none; use bf16 or request "
+            "nvidia.com/gpu"
+        )
     if visible_gpus is not None and not is_cpu_job(config) and dtype != "NO":
         if visible_gpus == 0:
+            needs = OTHER_ACCELERATORS.get(dtype, "GPUs")
             raise ConfigError(
-                f"distributed_type {dtype} needs GPUs but this pod sees none, so every process "
-                "would train alone; request nvidia.com/gpu, or set use_cpu: true for CPU training"
+                f"distributed_type {dtype} needs {needs} but this pod sees none, so every "
+                "process would train alone; request nvidia.com/gpu, or set use_cpu: true "
+                "(MULTI_CPU) for CPU training"
             )
         if visible_gpus < topology.nproc_per_node:
             raise ConfigError(
@@ -95,9 +132,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         topology = parse_topology(environ)
         config = read_config(topology)
+        deepspeed_json, deepspeed_source = read_deepspeed_json(config, topology.config_file)
         # Importing torch only to count GPUs costs seconds on every CPU job's start.
         gpus = None if is_cpu_job(config) else count_visible_gpus()
-        validate(topology, config, visible_gpus=gpus)
+        validate(topology, config, visible_gpus=gpus, deepspeed_json=deepspeed_json,
+                 deepspeed_source=deepspeed_source)
     except (TopologyError, ConfigError) as error:
         log.error("invalid configuration: %s", error)
         write_termination_message(f"invalid configuration: {error}")

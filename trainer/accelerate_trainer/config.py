@@ -5,25 +5,53 @@ bad enum values, but nothing checks the topology, and several valid-looking conf
 undistributed (see shared/accelerate-facts.md). The checks here close those gaps. The topology
 checks import nothing heavy, so the operator uses them too; `check_against_accelerate_schema`
 imports accelerate and runs in the trainer only.
+
+Files a config names (the DeepSpeed JSON above all) resolve against the config's own folder when
+the path is relative, as a user reads the config beside them: `resolve_config_path`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import posixpath
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
+
+from .deepspeed_checks import FILE_KEY as DEEPSPEED_FILE_KEY
+from .deepspeed_checks import check_deepspeed
+from .errors import ConfigError
+from .fsdp_checks import FsdpNames, check_fsdp
 
 # distributed_type values that run the training processes through torchrun (accelerate's
 # multi_gpu_launcher), the only launcher that works between pods without SSH.
 SHARDED_TYPES = frozenset({"FSDP", "DEEPSPEED", "MEGATRON_LM"})
 CPU_TYPES = frozenset({"MULTI_CPU"})
 LEGACY_KEYS = frozenset({"fp16", "dynamo_backend"})
-
-
-class ConfigError(ValueError):
-    """The accelerate config is invalid; the message names the key and the fix."""
+# Keys an older `accelerate config` wrote that newer accelerate versions dropped:
+# key -> (which accelerate wrote it, what deleting it changes).
+OBSOLETE_KEYS = {
+    "ipex_config": (
+        "accelerate 0.x (0.28's `accelerate config` wrote it for Intel Extension for PyTorch)",
+        "it can simply be deleted: it only switched IPEX optimisations on, and training runs "
+        "the same without them",
+    ),
+}
+# The paths an accelerate config may name: (block, key), block None for a top-level key.
+FILE_KEYS = (
+    ("deepspeed_config", DEEPSPEED_FILE_KEY),
+    ("deepspeed_config", "deepspeed_hostfile"),
+    ("mpirun_config", "mpirun_hostfile"),
+    (None, "command_file"),
+)
+# Accelerators other than NVIDIA GPUs, by the distributed_type that needs them.
+OTHER_ACCELERATORS = {
+    "MULTI_XPU": "Intel XPUs", "MULTI_NPU": "Ascend NPUs", "MULTI_MLU": "Cambricon MLUs",
+    "MULTI_SDAA": "SDAA devices", "MULTI_MUSA": "Moore Threads GPUs", "MULTI_HPU": "Gaudi HPUs",
+    "MULTI_NEURON": "AWS Neuron devices", "XLA": "TPUs",
+}
 
 
 def parse_accelerate_yaml(text: str, source: str = "the accelerate config") -> dict[str, Any]:
@@ -91,15 +119,67 @@ def check_distribution(config: Mapping[str, Any], *, num_nodes: int, num_process
             )
 
 
+def check_environment(config: Mapping[str, Any]) -> None:
+    """Keys whose value means the config was written for somewhere other than a pod."""
+    environment = config.get("compute_environment", "LOCAL_MACHINE")
+    if environment != "LOCAL_MACHINE":
+        raise ConfigError(
+            f"compute_environment {environment!r} launches on Amazon SageMaker, not on these "
+            "pods; set compute_environment: LOCAL_MACHINE and remove the SageMaker keys "
+            "(ec2_instance_type, iam_role_name, ...)"
+        )
+    dtype = config.get("distributed_type")
+    if isinstance(dtype, bool):
+        raise ConfigError(
+            f"distributed_type is the boolean {dtype} (YAML reads a bare NO as false); quote "
+            "it: distributed_type: 'NO'"
+        )
+
+
+def file_references(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(dotted key, path) for every file the config names."""
+    found = []
+    for block, key in FILE_KEYS:
+        holder = config.get(block) if block else config
+        if isinstance(holder, Mapping) and isinstance(holder.get(key), str) and holder[key]:
+            found.append((f"{block}.{key}" if block else key, holder[key]))
+    return found
+
+
+def deepspeed_file(config: Mapping[str, Any]) -> str | None:
+    """The DeepSpeed JSON the launch will read: only a DEEPSPEED job reads it."""
+    if distributed_type(config) != "DEEPSPEED":
+        return None
+    path = (config.get("deepspeed_config") or {}).get(DEEPSPEED_FILE_KEY)
+    return path if isinstance(path, str) and path else None
+
+
+def resolve_config_path(path: str, config_dir: str) -> str:
+    """A path as the config means it: relative ones against the config's own folder."""
+    return posixpath.normpath(posixpath.join(config_dir, path))
+
+
 def check_job_fits(
-    config: Mapping[str, Any], *, num_nodes: int, num_processes: int, master_port: int
+    config: Mapping[str, Any],
+    *,
+    num_nodes: int,
+    num_processes: int,
+    master_port: int,
+    deepspeed_json: Mapping[str, Any] | None = None,
+    deepspeed_source: str = "the DeepSpeed config",
+    fsdp_names: FsdpNames | None = None,
 ) -> None:
-    """Everything the operator (at render) and the trainer (in each pod) both check: the
-    topology keys agree with the job, and the config really distributes over it."""
+    """Everything the operator (at render) and the trainer (in each pod) both check: the config
+    is for pods, its topology keys agree with the job, it really distributes over it, and its
+    DeepSpeed (with `deepspeed_json`, the parsed file it names) and FSDP settings can work."""
+    check_environment(config)
     check_topology_keys(
         config, num_nodes=num_nodes, num_processes=num_processes, master_port=master_port
     )
     check_distribution(config, num_nodes=num_nodes, num_processes=num_processes)
+    if distributed_type(config) == "DEEPSPEED":
+        check_deepspeed(config, deepspeed_json, world_size=num_processes, source=deepspeed_source)
+    check_fsdp(config, fsdp_names or FsdpNames())
 
 
 def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
@@ -110,10 +190,23 @@ def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
     # Older `accelerate config` files still load: accelerate converts these two on read.
     known = {field.name for field in dataclasses.fields(ClusterConfig)} | LEGACY_KEYS
     unknown = sorted(set(config) - known)
-    if unknown:
+    obsolete = [key for key in unknown if key in OBSOLETE_KEYS]
+    if obsolete:
+        key = obsolete[0]
+        written_by, deletable = OBSOLETE_KEYS[key]
         raise ConfigError(
-            f"unknown accelerate config key(s) {', '.join(unknown)}; accelerate "
-            f"{_accelerate_version()} accepts: {', '.join(sorted(known))}"
+            f"accelerate config key {key} was written by {written_by}; this image has accelerate "
+            f"{_accelerate_version()}, which no longer knows it and would refuse the file: "
+            f"{deletable}"
+        )
+    if unknown:
+        hints = [f"{key} (did you mean {close[0]}?)" if close else key
+                 for key in unknown
+                 for close in [difflib.get_close_matches(key, known, n=1)]]
+        raise ConfigError(
+            f"unknown accelerate config key(s) {', '.join(hints)}: this image has accelerate "
+            f"{_accelerate_version()}, which does not know them (a newer or older accelerate may "
+            f"have written them; delete or rename them). It accepts: {', '.join(sorted(known))}"
         )
     dtype = distributed_type(config)
     valid_types = [member.value for member in DistributedType]

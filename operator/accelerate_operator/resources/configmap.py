@@ -1,30 +1,122 @@
-"""The ConfigMap `<job>-accelerate-config`: the user's accelerate YAML with the topology filled in.
+"""The ConfigMap `<job>-accelerate-config`: the user's accelerate YAML with the topology filled in,
+and the files it names (a DeepSpeed JSON) beside it.
 
-The user's own keys are kept; the job decides num_machines, num_processes and main_process_port
-(a contradiction is an error, checked by the trainer's shared checks), and machine_rank and
-main_process_ip are per pod, so they are left to each pod's command line."""
+The user's own keys are kept. The topology (num_machines, num_processes, main_process_port) is
+what `api.with_config` resolved from the spec and the YAML; a value the YAML contradicts is an
+error, checked by the trainer's shared checks. machine_rank and main_process_ip are per pod, so
+they are left to each pod's command line.
+
+Files travel with the config: the other keys of the ConfigMap that holds the YAML, and
+spec.accelerateConfigFiles, are written beside `config.yaml` and mounted with it. A path in the
+config that names one of them (relative to the config's folder, or by its file name wherever the
+path pointed when the user wrote it, since ConfigMap keys are flat) is rewritten to where it is
+mounted. What can be checked without the image is checked here, before any pod exists: the
+DeepSpeed JSON is there, parses, and fits the YAML and the job. Pure: no API calls."""
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from accelerate_trainer.config import check_job_fits, distributed_type
-from accelerate_trainer.contract import CONFIG_KEY
+from accelerate_trainer.config import (
+    ConfigError,
+    check_job_fits,
+    deepspeed_file,
+    distributed_type,
+    file_references,
+    parse_accelerate_yaml,
+    resolve_config_path,
+)
+from accelerate_trainer.contract import CONFIG_KEY, CONFIG_MOUNT_PATH
+from accelerate_trainer.deepspeed_checks import parse_deepspeed_json
 
-from ..api import JobSpec
+from ..api import JobSpec, SpecError, with_config
 from ..labels import job_labels
 from ..naming import configmap_name
 
 PER_POD_KEYS = ("machine_rank", "main_process_ip")
 
 
-def render_accelerate_config(job: JobSpec, user_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Raises accelerate_trainer.config.ConfigError when the config contradicts the job."""
-    check_job_fits(user_config, num_nodes=job.num_nodes, num_processes=job.world_size,
-                   master_port=job.master_port)
+@dataclass(frozen=True)
+class ConfigSource:
+    """The ConfigMap spec.accelerateConfigFrom names, as read: the YAML and its other keys."""
+
+    name: str
+    key: str
+    text: str
+    files: Mapping[str, str] = field(default_factory=dict)
+    binary_files: Mapping[str, str] = field(default_factory=dict)  # base64, as the API has them
+
+    @property
+    def label(self) -> str:
+        return f"ConfigMap {self.name!r} key {self.key!r}"
+
+
+def collect_files(job: JobSpec, source: ConfigSource | None) -> dict[str, str]:
+    """The text files shipped beside the YAML: the source ConfigMap's other keys, then
+    spec.accelerateConfigFiles. A name given twice, or one that would hide the rendered
+    config.yaml, is an error naming it."""
+    files: dict[str, str] = {}
+    if source:
+        for name, text in source.files.items():
+            if name == source.key:
+                continue
+            if name == CONFIG_KEY:
+                raise ConfigError(
+                    f"ConfigMap {source.name!r} has a key {CONFIG_KEY!r} beside the accelerate "
+                    f"YAML {source.key!r}; that name is the rendered config the pods read: "
+                    "rename the key (and the path in the config)"
+                )
+            files[name] = text
+    for name, text in job.config_files.items():
+        if name in files or (source and name in source.binary_files):
+            raise ConfigError(
+                f"file {name!r} is both a key of ConfigMap {source.name!r} and in "
+                "spec.accelerateConfigFiles; keep one"
+            )
+        files[name] = text
+    return files
+
+
+def _mount_dirs(job: JobSpec) -> list[str]:
+    containers = (job.template.get("spec") or {}).get("containers") or [{}]
+    return [m["mountPath"] for m in containers[0].get("volumeMounts") or [] if m.get("mountPath")]
+
+
+def _place(path: str, shipped: set[str], mounts: list[str]) -> tuple[str, bool]:
+    """Where the pod finds the file `path` names, and whether it is a shipped file."""
+    in_folder = resolve_config_path(path, CONFIG_MOUNT_PATH)
+    if posixpath.dirname(in_folder) == CONFIG_MOUNT_PATH and posixpath.basename(
+            in_folder) in shipped:
+        return in_folder, True
+    in_volume = any(in_folder == m or in_folder.startswith(m.rstrip("/") + "/") for m in mounts)
+    name = posixpath.basename(path)
+    if name in shipped and not in_volume:
+        return f"{CONFIG_MOUNT_PATH}/{name}", True
+    return in_folder, False
+
+
+def render_accelerate_config(
+    job: JobSpec,
+    user_config: Mapping[str, Any],
+    files: Mapping[str, str] | None = None,
+    *,
+    binary_names: frozenset[str] = frozenset(),
+    shipped_in: str = "spec.accelerateConfigFiles",
+) -> dict[str, Any]:
+    """The config the pods read. Raises accelerate_trainer.config.ConfigError when it
+    contradicts the job, or names a DeepSpeed JSON that is missing, malformed or does not fit.
+    `shipped_in` says where a missing file should be added."""
+    files = dict(files or {})
     rendered = {key: value for key, value in user_config.items() if key not in PER_POD_KEYS}
+    deepspeed_json, deepspeed_source = _place_files(
+        job, user_config, rendered, files, set(files) | binary_names, shipped_in)
+    check_job_fits(rendered, num_nodes=job.num_nodes, num_processes=job.world_size,
+                   master_port=job.master_port, deepspeed_json=deepspeed_json,
+                   deepspeed_source=deepspeed_source)
     rendered.setdefault("compute_environment", "LOCAL_MACHINE")
     rendered.setdefault("distributed_type", "NO" if job.world_size == 1 else "MULTI_GPU")
     rendered["num_machines"] = job.num_nodes
@@ -37,8 +129,42 @@ def render_accelerate_config(job: JobSpec, user_config: Mapping[str, Any]) -> di
     return rendered
 
 
-def build_configmap(job: JobSpec, rendered_config: Mapping[str, Any]) -> dict[str, Any]:
-    return {
+def _place_files(job: JobSpec, user_config: Mapping[str, Any], rendered: dict[str, Any],
+                 files: Mapping[str, str], shipped: set[str],
+                 shipped_in: str) -> tuple[dict | None, str]:
+    """Rewrite, in `rendered`, every path the config names to where the pods find it; returns
+    the DeepSpeed JSON it names, parsed (None when not shipped), and how to name it in errors."""
+    mounts = _mount_dirs(job)
+    deepspeed_json, deepspeed_source = None, "the DeepSpeed config"
+    named_deepspeed = deepspeed_file(user_config)
+    for dotted, path in file_references(user_config):
+        placed, is_shipped = _place(path, shipped, mounts)
+        block, _, key = dotted.rpartition(".")
+        holder = dict(rendered[block]) if block else rendered
+        holder[key] = placed
+        if block:
+            rendered[block] = holder
+        if dotted != "deepspeed_config.deepspeed_config_file" or path != named_deepspeed:
+            continue
+        deepspeed_source = f"{dotted} {path!r}"
+        if is_shipped and posixpath.basename(placed) in files:
+            deepspeed_json = parse_deepspeed_json(files[posixpath.basename(placed)],
+                                                  f"{deepspeed_source} (shipped as {placed})")
+        elif not posixpath.isabs(path):
+            raise ConfigError(
+                f"{deepspeed_source} is not shipped with the config: the pods would find no "
+                f"{placed} and every rank would crash reading it. Add "
+                f"{posixpath.basename(path)!r} to {shipped_in} (shipped now: "
+                f"{', '.join(sorted(shipped)) or 'none'}), or give an absolute path into one "
+                "of the pod's volumes"
+            )
+    return deepspeed_json, deepspeed_source
+
+
+def build_configmap(job: JobSpec, rendered_config: Mapping[str, Any],
+                    files: Mapping[str, str] | None = None,
+                    binary_files: Mapping[str, str] | None = None) -> dict[str, Any]:
+    manifest: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
@@ -47,5 +173,33 @@ def build_configmap(job: JobSpec, rendered_config: Mapping[str, Any]) -> dict[st
             "labels": job_labels(job.name),
             "ownerReferences": [job.owner_reference],
         },
-        "data": {CONFIG_KEY: yaml.safe_dump(dict(rendered_config), sort_keys=False)},
+        "data": {CONFIG_KEY: yaml.safe_dump(dict(rendered_config), sort_keys=False),
+                 **dict(files or {})},
     }
+    if binary_files:
+        manifest["binaryData"] = dict(binary_files)
+    return manifest
+
+
+def prepare_config(job: JobSpec, source: ConfigSource | None) -> tuple[JobSpec, dict[str, Any]]:
+    """From the job and the ConfigMap it reads its YAML from (None for an inline config): the
+    job with its topology resolved, and the ConfigMap `<job>-accelerate-config` to create.
+    Raises SpecError or ConfigError, naming the file to fix, when the job cannot run."""
+    if source:
+        user_config = parse_accelerate_yaml(source.text, source=source.label)
+        shipped_in = f"ConfigMap {source.name!r} (a key beside {source.key!r})"
+    else:
+        user_config = dict(job.accelerate_config or {})
+        shipped_in = "spec.accelerateConfigFiles"
+    try:
+        job = with_config(job, user_config)
+        files = collect_files(job, source)
+        binary = {k: v for k, v in (source.binary_files if source else {}).items()
+                  if k not in (CONFIG_KEY, source.key)}
+        rendered = render_accelerate_config(job, user_config, files,
+                                            binary_names=frozenset(binary), shipped_in=shipped_in)
+    except (ConfigError, SpecError) as error:
+        if source:  # say which file the user has to fix
+            raise type(error)(f"{source.label}: {error}") from None
+        raise
+    return job, build_configmap(job, rendered, files, binary)

@@ -8,7 +8,6 @@ from typing import Any
 
 from accelerate_trainer.contract import (
     CONFIG_FILE,
-    CONFIG_KEY,
     CONFIG_MOUNT_PATH,
     ENV_CHECKPOINT_DIR,
     ENV_CONFIG_FILE,
@@ -107,13 +106,8 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
 def _add_volumes(job: JobSpec, spec: dict[str, Any], trainer: dict[str, Any]) -> None:
     """The config mount, a memory-backed /dev/shm and the checkpoint volume, on the trainer."""
     volumes = spec.setdefault("volumes", [])
-    volumes.append({
-        "name": CONFIG_VOLUME,
-        "configMap": {
-            "name": configmap_name(job.name),
-            "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
-        },
-    })
+    # Every key: the rendered config.yaml and the files shipped beside it (a DeepSpeed JSON).
+    volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(job.name)}})
     mounts = trainer.setdefault("volumeMounts", [])
     mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True})
     mounted_paths = {mount.get("mountPath") for mount in mounts}

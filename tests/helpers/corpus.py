@@ -1,0 +1,69 @@
+"""accelerate's own config files (tests/accelerate_corpus) and what each must do here: the one
+record shared by the unit test (render and validation) and the end-to-end test (on the cluster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+CORPUS = Path(__file__).resolve().parents[1] / "accelerate_corpus"
+TEMPLATES = CORPUS / "config_yaml_templates"
+TEST_CONFIGS = CORPUS / "test_configs"
+DEEPSPEED_JSONS = CORPUS / "deepspeed_config_templates"
+
+NEEDS_GPUS = "needs GPUs but this pod sees none"
+FP8 = "mixed_precision fp8 needs GPUs with FP8 support"
+IPEX = ("accelerate config key ipex_config was written by accelerate 0.x (0.28's `accelerate "
+        "config` wrote it for Intel Extension for PyTorch); this image has accelerate 1.")
+
+
+class Expect(NamedTuple):
+    """What one file does. None = passes; a string = fails with a message containing it."""
+
+    topology: tuple[int, int, int] | None  # nodes, processes per node, port (None: render fails)
+    render: str | None
+    on_gpu_pod: str | None
+    on_cpu_pod: str | None
+
+
+CORPUS_TABLE = {
+    # examples/config_yaml_templates
+    "config_yaml_templates/deepspeed.yaml": Expect((1, 2, 29500), None, None, NEEDS_GPUS),
+    "config_yaml_templates/fp8.yaml": Expect((1, 1, 29500), None, None, FP8),
+    "config_yaml_templates/fsdp.yaml": Expect((1, 2, 29500), None, None, NEEDS_GPUS),
+    "config_yaml_templates/multi_gpu.yaml": Expect((1, 2, 29500), None, None, NEEDS_GPUS),
+    "config_yaml_templates/multi_node.yaml": Expect((2, 4, 9999), None, None, NEEDS_GPUS),
+    "config_yaml_templates/multi_xpu.yaml": Expect((1, 2, 29500), None, None,
+                                                   "MULTI_XPU needs Intel XPUs"),
+    "config_yaml_templates/single_accelerator.yaml": Expect((1, 1, 29500), None, None, None),
+    "config_yaml_templates/single_gpu.yaml": Expect((1, 1, 29500), None, None, None),
+    # tests/test_configs
+    "test_configs/0_11_0.yaml": Expect((1, 1, 29500), None, None, None),
+    "test_configs/0_12_0.yaml": Expect((1, 1, 29500), None, None, None),
+    "test_configs/0_28_0_mpi.yaml": Expect((4, 4, 29500), None, IPEX, IPEX),
+    "test_configs/0_30_0_sagemaker.yaml": Expect(
+        None, "compute_environment 'AMAZON_SAGEMAKER' launches on Amazon SageMaker", None, None),
+    "test_configs/0_34_0_fp8.yaml": Expect((1, 2, 29500), None, None, FP8),
+    "test_configs/debug.yaml": Expect((1, 1, 29500), None, None, None),
+    "test_configs/downcast.yaml": Expect((1, 1, 29500), None, None, None),
+    "test_configs/fsdp.yaml": Expect((1, 1, 29500), None, None,
+                                     "distributed_type MEGATRON_LM " + NEEDS_GPUS),
+    "test_configs/invalid_keys.yaml": Expect(
+        (1, 1, 29500), None, "unknown accelerate config key(s) another_invalid_key, invalid_key",
+        "unknown accelerate config key(s) another_invalid_key, invalid_key"),
+    "test_configs/latest.yaml": Expect((1, 1, 29500), None,
+                                       "command (did you mean commands?)",
+                                       "command (did you mean commands?)"),
+    "test_configs/latest_fsdp.yaml": Expect((1, 1, 29500), None, None, NEEDS_GPUS),
+    "test_configs/megatron.yaml": Expect((1, 1, 29500), None, None, NEEDS_GPUS),
+    "test_configs/mpi_multicpu.yaml": Expect((4, 4, 29500), None, IPEX, IPEX),
+    "test_configs/one_proc.yaml": Expect((1, 1, 29500), None, None, None),
+    "test_configs/validate_launch_cmd.yaml": Expect((1, 1, 29500), None, None, None),
+}
+
+# The JSON each DeepSpeed file names, shipped in the same ConfigMap.
+SHIPPED = {"config_yaml_templates/deepspeed.yaml": ["zero_stage1_config.json"]}
+
+
+def corpus_files() -> list[str]:
+    return sorted(str(p.relative_to(CORPUS)) for p in CORPUS.glob("*/*.yaml"))
