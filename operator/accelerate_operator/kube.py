@@ -6,6 +6,7 @@ Calls are synchronous (the official client); handlers run them in threads."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import string
 from collections.abc import Mapping
@@ -56,7 +57,9 @@ class Kube:
         try:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(client_configuration=configuration)
+            # $KUBECONFIG read now: the client's own default was fixed when it was imported.
+            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
+                                               client_configuration=configuration)
         # Pods of many jobs are created in parallel: urllib3's default pool of 4 would
         # serialise them.
         configuration.connection_pool_maxsize = pool_size

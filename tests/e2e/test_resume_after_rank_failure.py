@@ -27,8 +27,8 @@ def resumable_job(checkpoint_host_dir: str) -> dict:
     spec["runPolicy"] = {"backoffLimit": 2, "cleanPodPolicy": "None"}
     spec["checkpoint"] = {"volumeName": "checkpoints", "mountPath": "/checkpoints"}
     pod = spec["template"]["spec"]
-    pod["volumes"] = [{"name": "checkpoints",
-                       "hostPath": {"path": checkpoint_host_dir, "type": "DirectoryOrCreate"}}]
+    pod["volumes"].append({"name": "checkpoints",
+                           "hostPath": {"path": checkpoint_host_dir, "type": "DirectoryOrCreate"}})
     trainer = pod["containers"][0]
     trainer["args"] = [
         "/opt/accelerate/examples/train.py", f"--max-steps={MAX_STEPS}", "--log-every=1",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import kubernetes
 import pytest
 from kopf.testing import KopfRunner
 
@@ -51,7 +52,10 @@ def children(kubeconfig: str, namespace: str) -> set[str]:
 
 
 def test_handlers_in_process_create_children_recreate_a_deleted_one_and_finish_the_job(
-        kubeconfig, namespace, deployed_operator_paused):
+        kubeconfig, namespace, deployed_operator_paused, monkeypatch):
+    # kopf logs in through the kubernetes client, whose default kubeconfig path was fixed from
+    # $KUBECONFIG when it was imported (before the session fixture set it).
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
     argv = ["run", "--standalone", "--namespace", namespace, "-m", "accelerate_operator.handlers"]
     with KopfRunner(argv, timeout=300) as runner:
         apply_job(kubeconfig, namespace, command_job("inproc", RUN_20_SECONDS, nodes=2).build())

@@ -70,7 +70,7 @@ def apiserver_pid() -> int:
     kube-apiserver binary."""
     cache = Path(os.environ.get("ACCELERATE_OPERATOR_CACHE",
                                 Path.home() / ".cache" / "accelerate-operator"))
-    pid = int((cache / "cluster" / "run" / "kube-apiserver.pid").read_text())
+    pid = int((cache / "cluster" / "run" / "kube-apiserver.pid").read_text().split()[0])
     if alive(pid):
         return pid
     found = subprocess.run(["pgrep", "-f", f"^{cache}/bin/[^ ]*/kube-apiserver "],
