@@ -84,13 +84,19 @@ node_cgroups() {  # cgroup v1: the kubelet's cgroupRoot must exist in every hier
   done
 }
 
+put() {  # put FILE: stdin into FILE, only if it differs (kube-proxy exits when its config is written)
+  local tmp="$1.tmp"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv "$tmp" "$1"; fi
+}
+
 node_configs() {
   local i=$1 name ip dir; name=$(node_name "$i"); ip=$(node_ip "$i"); dir=$(node_dir "$i")
   local server="https://$NODE_GATEWAY_IP:$API_PORT"
   write_kubeconfig "$dir/kubelet.kubeconfig" "kubelet-$name" "system:node:$name" "$server"
   write_kubeconfig "$dir/kube-proxy.kubeconfig" kube-proxy system:kube-proxy "$server"
 
-  cat >"$dir/containerd.toml" <<EOF
+  put "$dir/containerd.toml" <<EOF
 version = 2
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
                     "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
@@ -110,7 +116,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = "/etc/cni/net.d"
 EOF
 
-  cat >"$dir/cni/10-ao-bridge.conflist" <<EOF
+  put "$dir/cni/10-ao-bridge.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "ao-pods",
@@ -125,7 +131,7 @@ EOF
 
   # Pods resolve cluster names through CoreDNS; the host's own search domains stay out.
   grep -E '^nameserver' /etc/resolv.conf >"$dir/resolv.conf" 2>/dev/null || true
-  cat >"$dir/kubelet.yaml" <<EOF
+  put "$dir/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: $ip
@@ -156,7 +162,7 @@ fileCheckFrequency: 10s
 shutdownGracePeriod: 0s
 EOF
 
-  cat >"$dir/kube-proxy.yaml" <<EOF
+  put "$dir/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $dir/kube-proxy.kubeconfig}
