@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import socket
 import subprocess
 from datetime import datetime
 
+import pytest
 import yaml
 
 from devtools.cluster import ROOT, kubectl, kubectl_binary, kubectl_json, wait_for
@@ -151,7 +153,9 @@ def test_oom_killed_pod_restarts_the_whole_group_with_the_reason_in_the_conditio
                for e in json.loads(events)["items"]), "no event names the OOM kill"
 
 
-def test_crictl_on_each_node_lists_the_trainer_image(kubeconfig: str):
+@pytest.mark.skipif(os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1",
+                    reason="looks into the local cluster's nodes (on kind: docker exec)")
+def test_each_node_holds_the_trainer_image_in_its_containerd(kubeconfig: str):
     for node in ("ao-node-0", "ao-node-1"):
         images = subprocess.run(
             [str(ROOT / "hack" / "local-cluster.sh"), "exec", node, "ctr", "-n", "k8s.io",
