@@ -81,7 +81,14 @@ pid_of() {  # prints the pid of a component if it runs (pid and start time both 
 
 start_bg() {  # start_bg <name> <command...>: detached, own session, stdio to the log
   local name=$1; shift
-  pid_of "$name" >/dev/null && return 0
+  # A daemon started with other flags (an older checkout of this script) is restarted.
+  local args_hash; args_hash=$(printf '%s\n' "$@" | sha256sum | cut -c1-16)
+  if pid_of "$name" >/dev/null; then
+    [[ "$(cat "$RUN/$name.args" 2>/dev/null)" != "$args_hash" ]] || return 0
+    say "$name runs with other flags: restarting it"
+    stop_one "$name" 30
+  fi
+  echo "$args_hash" >"$RUN/$name.args"
   say "starting $name (log: $LOGS/$name.log)"
   STARTED+=" $name "
   echo "---- $(date -u +%FT%TZ) start" >>"$LOGS/$name.log"
@@ -223,6 +230,8 @@ start_apiserver() {
     --unsafe-no-fsync --quota-backend-bytes 8589934592 --log-level warn
 
   # 0.0.0.0: pods in network namespaces reach it through the bridge IP.
+  # --enable-aggregator-routing: webhooks (Kueue's) are called at their endpoints' pod IPs, which
+  # the host routes, not at Service ClusterIPs, which only the nodes' kube-proxy serves.
   # --request-timeout also bounds the graceful shutdown (60s by default, held open by
   # `kubectl logs -f` streams): after SIGTERM it now exits within about 20s.
   start_bg kube-apiserver "$BIN/kube-apiserver" \
@@ -237,6 +246,7 @@ start_apiserver() {
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types InternalIP \
+    --enable-aggregator-routing=true \
     --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
     --request-timeout 20s \
     --profiling=false --v=1
@@ -305,7 +315,11 @@ deploy_dns() {  # CoreDNS as a Deployment behind the kube-dns Service, as kubead
 cmd_up() {
   mkdir -p "$LOGS" "$RUN"
   BIN=$("$ROOT/hack/build-control-plane.sh" | tail -n1)
-  if [[ -f $KUBECONFIG_OUT ]] && healthy; then
+  # The quick path only when the cluster was brought up by these very scripts: after an edit
+  # the full path runs, and start_bg restarts each daemon whose flags changed.
+  local scripts_hash; scripts_hash=$(cat "${BASH_SOURCE[0]}" "$ROOT"/hack/lib/*.sh | sha256sum | cut -c1-16)
+  if [[ -f $KUBECONFIG_OUT ]] && [[ "$(cat "$RUN/scripts.hash" 2>/dev/null)" == "$scripts_hash" ]] &&
+    healthy; then
     echo "$KUBECONFIG_OUT"
     return
   fi
@@ -336,6 +350,7 @@ cmd_up() {
   wait_until 120 "the default ServiceAccount in namespace default" default_sa
   deploy_dns
   wait_until 180 "CoreDNS (kubectl -n kube-system get pods)" dns_ready
+  echo "$scripts_hash" >"$RUN/scripts.hash"
   say "cluster is up: export KUBECONFIG=$KUBECONFIG_OUT"
   echo "$KUBECONFIG_OUT"
 }
