@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # devtools: the same cluster helpers the tests use
-    sys.path.insert(0, str(ROOT))
+# devtools (the same cluster helpers the tests use), and this checkout's packages rather than
+# whichever checkout last installed itself into the shared venv.
+sys.path[:0] = [str(p) for p in (ROOT, ROOT / "operator", ROOT / "trainer")
+                if str(p) not in sys.path]
 
 import kubernetes  # noqa: E402
 from accelerate_operator.constants import GROUP, PLURAL, VERSION  # noqa: E402

@@ -7,8 +7,8 @@
 #   bench/run.sh                     everything at full size (12-15 minutes on 2 loaded cores,
 #                                    most of it the pods' torch imports)
 #   bench/run.sh --quick             smaller runs for development (about 5 minutes)
-#   bench/run.sh startup throughput  only these (startup, throughput, overhead; `threads` runs
-#                                    the executor experiment of docs/benchmarks.md, finding 1)
+#   bench/run.sh startup throughput  only these (startup, throughput, overhead; `writes` runs
+#                                    the API-client experiment of docs/benchmarks.md, finding 5)
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS
 # (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results, one JSON line per
@@ -22,13 +22,15 @@ selected=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    startup|throughput|overhead|threads) selected+=("$arg") ;;
-    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [threads]" >&2; exit 2 ;;
+    startup|throughput|overhead|writes) selected+=("$arg") ;;
+    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [writes]" >&2; exit 2 ;;
   esac
 done
 [[ ${#selected[@]} -gt 0 ]] || selected=(startup throughput overhead)
 
 PY="$(hack/python-env.sh | tail -n1)/bin/python"
+# This checkout's packages, whichever checkout last installed itself into the shared venv.
+export PYTHONPATH="$ROOT/operator:$ROOT/trainer${PYTHONPATH:+:$PYTHONPATH}"
 
 # The cluster is shared: someone may be restarting it. Wait and retry rather than fail at once.
 kubeconfig=""
@@ -54,7 +56,7 @@ for bench in "${selected[@]}"; do
     startup) "$PY" bench/startup.py $startup_args ${BENCH_STARTUP_ARGS:-} ;;
     throughput) "$PY" bench/throughput.py $throughput_args ${BENCH_THROUGHPUT_ARGS:-} ;;
     overhead) "$PY" bench/overhead.py $overhead_args ${BENCH_OVERHEAD_ARGS:-} ;;
-    threads) "$PY" bench/reconciler_threads.py ${BENCH_THREADS_ARGS:-} ;;
+    writes) "$PY" bench/api_writes.py ${BENCH_WRITES_ARGS:-} ;;
   esac
   echo
 done

@@ -1,8 +1,8 @@
 """Apply: carry a pass's Actions out through kube.py, and read rank 0's progress into the status.
 
-Decides nothing (plan.py has): it only orders the calls, runs them in threads (the official
-client is synchronous) with bounded parallelism, and records in Memory what the next pass must
-know: what it created, the status it wrote, a pod the API server refused."""
+Decides nothing (plan.py has): it only orders the calls, runs them with bounded parallelism,
+and records in Memory what the next pass must know: what it created, the status it wrote, a pod
+the API server refused."""
 
 from __future__ import annotations
 
@@ -47,20 +47,19 @@ class Applier:
             await self._archive_logs(job, actions.archive)
         if actions.read_final_progress:
             await self._final_progress(seen.body)
-        await asyncio.gather(*(asyncio.to_thread(self.kube.delete_pod, job.namespace, name)
+        await asyncio.gather(*(self.kube.delete_pod(job.namespace, name)
                                for name in actions.delete))
         for manifests in (actions.children, actions.pods):  # the pods mount the ConfigMap
             if not await self._create_all(job, manifests):
                 return False
         if actions.status is not None:
-            await asyncio.to_thread(self.kube.patch_job_status, job.namespace, job.name,
-                                    actions.status)
+            await self.kube.patch_job_status(job.namespace, job.name, actions.status)
             self.memory.written.remember(job.uid, actions.status)
         for event in actions.events:
-            await asyncio.to_thread(self.kube.post_event, seen.body, event, now)
+            await self.kube.post_event(seen.body, event, now)
         if actions.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished has passed", job.namespace, job.name)
-            await asyncio.to_thread(self.kube.delete_job, job.namespace, job.name)
+            await self.kube.delete_job(job.namespace, job.name)
         return True
 
     async def _create_all(self, job: JobSpec, manifests: Sequence[Mapping[str, Any]]) -> bool:
@@ -83,15 +82,15 @@ class Applier:
 
     async def _create(self, manifest: Mapping[str, Any]) -> None:
         async with self._create_slots:
-            await asyncio.to_thread(self.kube.create_if_absent, manifest)
+            await self.kube.create_if_absent(manifest)
 
     async def _archive_logs(self, job: JobSpec, archive: Archive) -> None:
         """Keep the last lines of the pods about to be deleted for a restart, in the ConfigMap
         `<job>-logs-attempt-<attempt>`. Best effort: a restart never waits on a failed archive."""
         try:
             texts = await asyncio.gather(*(
-                asyncio.to_thread(self.kube.read_pod_log, job.namespace, name, ARCHIVED_LINES,
-                                  container=archive.container)
+                self.kube.read_pod_log(job.namespace, name, ARCHIVED_LINES,
+                                       container=archive.container)
                 for name in archive.pods))
             logs = dict(zip(archive.pods, texts, strict=True))
             await self._create(build_logs_configmap(job, archive.attempt, logs))
@@ -113,10 +112,8 @@ class Applier:
         metadata = body["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
         template = (body.get("spec") or {}).get("template") or {}
-        text = await asyncio.to_thread(
-            self.kube.read_pod_log, namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
-            container=trainer_container_name(template),
-        )
+        text = await self.kube.read_pod_log(namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
+                                            container=trainer_container_name(template))
         report = parse_progress(text)
         if report is None:
             return
@@ -126,4 +123,4 @@ class Applier:
             return
         # A merge patch keeps keys it does not name: null out those the new report lacks.
         patch = {**{key: None for key in current if key not in new}, **new}
-        await asyncio.to_thread(self.kube.patch_job_status, namespace, name, {"progress": patch})
+        await self.kube.patch_job_status(namespace, name, {"progress": patch})

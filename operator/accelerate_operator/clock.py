@@ -5,7 +5,9 @@ is down, kopf issue 1074), so one task ticks every CLOCK_SECONDS for all jobs in
 - a job's next pass is due when its plan said time would change it (`requeue_after`: an active
   deadline, a TTL after finishing), and at the latest RESYNC_SECONDS after its last pass (event
   handlers are not retried: this repeats a pass that failed on a passing API error);
-- a Running job's progress is read from rank 0's log every PROGRESS_SECONDS.
+- a Running job's progress is read from rank 0's log every PROGRESS_SECONDS;
+- every TRIM_SECONDS, if fewer jobs are followed than at the last look, the memory of those gone
+  is handed back to the system (heap.py).
 
 The schedule is a cache: a restart loses it, the start-up listing reconciles every job again,
 and each pass schedules its job again. A finished job without a TTL leaves the schedule."""
@@ -21,12 +23,14 @@ from typing import Any
 
 from .api import SpecError, parse_job
 from .constants import FINISHED_PHASES, RUNNING
+from .heap import release_freed_memory
 
 log = logging.getLogger("accelerate_operator")
 
 CLOCK_SECONDS = 2.0
 RESYNC_SECONDS = 30.0
 PROGRESS_SECONDS = 5.0
+TRIM_SECONDS = 30.0
 
 Body = Mapping[str, Any]
 
@@ -55,6 +59,7 @@ class Clock:
                  now: Callable[[], float] = time.monotonic):
         self._reconcile, self._refresh_progress, self._now = reconcile, refresh_progress, now
         self._jobs: dict[str, _Due] = {}
+        self._jobs_at_last_look = 0
 
     def track(self, body: Body) -> None:
         """A job event: follow the job while time can still change it (unfinished, or finished
@@ -106,10 +111,21 @@ class Clock:
         """Reconcile the job now (an event, or due), then schedule its next pass."""
         self.schedule(body["metadata"]["uid"], await self._reconcile(body))
 
+    def jobs_went_away(self) -> bool:
+        """Whether fewer jobs are followed than at the last call (finished or deleted)."""
+        went_away = len(self._jobs) < self._jobs_at_last_look
+        self._jobs_at_last_look = len(self._jobs)
+        return went_away
+
     async def run(self, period: float = CLOCK_SECONDS) -> None:
+        ticks_per_trim = max(1, round(TRIM_SECONDS / period))
+        ticks = 0
         while True:
             await asyncio.sleep(period)
             try:
                 await self.tick()
             except Exception:  # the clock must outlive any one bad tick
                 log.exception("clock tick failed")
+            ticks += 1
+            if ticks % ticks_per_trim == 0 and self.jobs_went_away():
+                release_freed_memory()

@@ -9,7 +9,6 @@ status.topology yet). Observing decides nothing: that is plan.py's."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -37,8 +36,7 @@ async def observe(kube: Kube, memory: Memory, body: Mapping[str, Any], job: JobS
         return seen
     ref = job.config_from
     try:
-        source = await asyncio.to_thread(kube.read_config_source, job.namespace, ref.name,
-                                         ref.key)
+        source = await kube.read_config_source(job.namespace, ref.name, ref.key)
     except ConfigMapMissing as error:
         return replace(seen, config_error=str(error))
     return replace(seen, config_source=source)

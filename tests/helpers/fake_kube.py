@@ -1,5 +1,6 @@
 """A fake of kube.py's Kube for the reconcile steps: objects in dicts, every call recorded, no
-cluster. `pods()` and `children()` play kopf's indexes (what the handlers pass to a pass)."""
+cluster; async, as Kube is. `pods()` and `children()` play kopf's indexes (what the handlers
+pass to a pass)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class FakeKube:
         self.job_deleted = False
 
     # ---- Kube's interface ----------------------------------------------------------------
-    def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
+    async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
         key = (manifest["kind"], manifest["metadata"]["name"])
         self.calls.append(("create", *key))
         if manifest["kind"] == "Pod" and self.refuse_pods:
@@ -34,31 +35,31 @@ class FakeKube:
         self.objects[key] = copy.deepcopy(dict(manifest))
         return True
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    async def delete_pod(self, namespace: str, name: str) -> None:
         self.calls.append(("delete", "Pod", name))
         self.objects.pop(("Pod", name), None)
 
-    def read_pod_log(self, namespace: str, name: str, tail_lines: int, previous: bool = False,
+    async def read_pod_log(self, namespace: str, name: str, tail_lines: int, previous: bool = False,
                      container: str | None = None) -> str:
         self.calls.append(("log", name))
         return self.logs.get(name, "")
 
-    def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
+    async def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
         self.calls.append(("read", "ConfigMap", name))
         data = self.user_configmaps.get(name, {})
         if key not in data:
             raise ConfigMapMissing(f"ConfigMap {name!r} with key {key!r} does not exist")
         return ConfigSource(name=name, key=key, text=data[key], files=dict(data))
 
-    def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.calls.append(("patch", "status", name))
         self.statuses.append(copy.deepcopy(dict(status)))
 
-    def delete_job(self, namespace: str, name: str) -> None:
+    async def delete_job(self, namespace: str, name: str) -> None:
         self.calls.append(("delete", "AccelerateJob", name))
         self.job_deleted = True
 
-    def post_event(self, job: Mapping[str, Any], event: Any, now: Any) -> None:
+    async def post_event(self, job: Mapping[str, Any], event: Any, now: Any) -> None:
         self.calls.append(("event", event.reason))
         self.events.append(event)
 
