@@ -91,13 +91,12 @@ class Kube:
         return context
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
-        c = self.configuration
-        if c.refresh_api_key_hook is not None:  # a rotated service-account or exec token
-            c.refresh_api_key_hook(c)
+        """The client's own auth settings (they refresh a rotated service-account or exec
+        token) turned into headers."""
         headers = {"Accept": "application/json"}
-        token = c.get_api_key_with_prefix("authorization")
-        if token:
-            headers["Authorization"] = token
+        for auth in self.configuration.auth_settings().values():
+            if auth["in"] == "header" and auth["value"]:
+                headers[auth["key"]] = auth["value"]
         if content_type:
             headers["Content-Type"] = content_type
         return headers
