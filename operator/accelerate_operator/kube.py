@@ -98,14 +98,16 @@ class Kube:
             if error.status != 404:
                 raise
 
-    def read_pod_log(self, namespace: str, name: str, tail_lines: int, previous: bool = False,
-                     container: str | None = None) -> str:
-        """The last `tail_lines` lines of a pod's log; "" when the pod (or its log) is gone or
-        has not started (400: the container is still waiting)."""
+    def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
+                     previous: bool = False, container: str | None = None,
+                     limit_bytes: int | None = None) -> str:
+        """The last `tail_lines` lines of a pod's log (or, with tail_lines None, its first
+        `limit_bytes` bytes); "" when the pod (or its log) is gone or has not started (400: the
+        container is still waiting)."""
         try:
             return self.core.read_namespaced_pod_log(
                 name, namespace, container=container, tail_lines=tail_lines, previous=previous,
-                _request_timeout=LOG_REQUEST_TIMEOUT,
+                limit_bytes=limit_bytes, _request_timeout=LOG_REQUEST_TIMEOUT,
             ) or ""
         except ApiException as error:
             if error.status in (400, 404):

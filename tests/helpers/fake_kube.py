@@ -38,8 +38,9 @@ class FakeKube:
         self.calls.append(("delete", "Pod", name))
         self.objects.pop(("Pod", name), None)
 
-    def read_pod_log(self, namespace: str, name: str, tail_lines: int, previous: bool = False,
-                     container: str | None = None) -> str:
+    def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
+                     previous: bool = False, container: str | None = None,
+                     limit_bytes: int | None = None) -> str:
         self.calls.append(("log", name))
         return self.logs.get(name, "")
 
