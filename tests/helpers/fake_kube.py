@@ -41,7 +41,7 @@ class FakeKube:
     def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
                      previous: bool = False, container: str | None = None,
                      limit_bytes: int | None = None) -> str:
-        self.calls.append(("log", name))
+        self.calls.append(("log", name) if limit_bytes is None else ("log-head", name))
         return self.logs.get(name, "")
 
     def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
