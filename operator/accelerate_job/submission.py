@@ -20,7 +20,7 @@ from accelerate_trainer.config import (
     deepspeed_file,
     parse_accelerate_yaml,
 )
-from accelerate_trainer.contract import CODE_ARCHIVE_KEY
+from accelerate_trainer.contract import CODE_ARCHIVE_KEY, JOB_NAME_LABEL
 
 from .code import CodeArchive
 
@@ -173,15 +173,21 @@ def use_code(job: Mapping[str, Any], code: CodeArchive) -> dict[str, Any]:
 def build_code_configmap(job: Mapping[str, Any], code: CodeArchive) -> dict[str, Any]:
     """The ConfigMap carrying the packed code, owned by `job` when it has a uid (the created
     job: the ConfigMap is never without an owner, so garbage collection takes it with the job;
-    no controller or blockOwnerDeletion, which would need more rights than creating a job)."""
+    no controller or blockOwnerDeletion, which would need more rights than creating a job).
+
+    Immutable, so the kubelets do not watch it. It has no job-name label: the operator never
+    reads it (the pods mount it), so its server-filtered watches never carry up to 1 MiB per
+    job."""
     metadata = job["metadata"]
+    labels = {key: value for key, value in job_labels(metadata["name"]).items()
+              if key != JOB_NAME_LABEL}
     manifest: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
             "name": job["spec"]["code"]["configMap"],
             "namespace": metadata["namespace"],
-            "labels": job_labels(metadata["name"]),
+            "labels": {**labels, "app.kubernetes.io/component": "code"},
         },
         "binaryData": {CODE_ARCHIVE_KEY: base64.b64encode(code.data).decode("ascii")},
         "immutable": True,

@@ -186,6 +186,12 @@ def test_status_shows_phase_nodes_restarts_progress_and_the_last_failure():
     ])
 
 
+def test_status_names_the_versions_the_trainer_reported():
+    text = render.render_status(job(trainer={"attempt": 1, "versions": {
+        "python": "3.11.9", "accelerate": "1.15.0", "torch": "2.15.0"}}))
+    assert "Trainer:      python 3.11.9, accelerate 1.15.0, torch 2.15.0" in text.splitlines()
+
+
 def test_status_before_any_report():
     assert render.progress_bar(None) == "no progress reported yet"
 

@@ -205,11 +205,12 @@ def test_submit_dry_run_prints_the_job_with_its_code_and_the_code_configmap(proj
     assert shipped == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
+        # No job-name label: the operator's watches never carry the code.
         "metadata": {"name": "mine-code", "namespace": "team", "labels": {
             "app.kubernetes.io/name": "accelerate-job",
             "app.kubernetes.io/instance": "mine",
             "app.kubernetes.io/managed-by": "accelerate-operator",
-            "accelerate-operator.io/job-name": "mine"}},
+            "app.kubernetes.io/component": "code"}},
         "binaryData": {"code.tar.gz": base64.b64encode(packed.data).decode()},
         "immutable": True,
     }
