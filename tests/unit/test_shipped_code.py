@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import site
 import tarfile
 from pathlib import Path
 
@@ -397,24 +398,27 @@ def test_the_shipped_code_is_read_from_the_env_the_operator_sets():
         requirements="r.txt")
 
 
-def test_requirements_go_to_a_prefix_in_the_workspace_and_onto_pythonpath(tmp_path, monkeypatch):
-    assert build_pip_argv("/w/r.txt", "/w/.accelerate-packages", python="py") == [
-        "py", "-m", "pip", "install", "--no-input", "--prefix", "/w/.accelerate-packages",
-        "-r", "/w/r.txt"]
+def test_requirements_go_to_a_virtualenv_that_sees_the_images_packages(tmp_path, monkeypatch):
+    """pip runs in a virtualenv of the workspace whose .pth lists the image's site-packages: the
+    image's packages count as installed, and a changed version goes beside them (pip never
+    uninstalls from the read-only image, as `--prefix` would)."""
+    assert build_pip_argv("/w/r.txt", "/w/.accelerate-venv/bin/python") == [
+        "/w/.accelerate-venv/bin/python", "-m", "pip", "install", "--no-input", "-r", "/w/r.txt"]
     target = shipped(tmp_path, build_tarball({"r.txt": b"six\n"}), requirements="r.txt")
     unpack_code(target)
     ran = []
-
-    def pip(argv, env, cwd):
-        ran.append(argv)
-        site = Path(argv[argv.index("--prefix") + 1]) / "lib" / "python3.11" / "site-packages"
-        site.mkdir(parents=True)
-        return 0
-    monkeypatch.setattr(trainer_workspace.subprocess, "call", pip)
-    site = install_requirements(target, {})
-    assert site == [f"{target.workspace}/.accelerate-packages/lib/python3.11/site-packages"]
-    assert workspace_env(target, site, {"PYTHONPATH": "/x"}) == {
-        "PYTHONPATH": os.pathsep.join([site[0], target.workspace, "/x"])}
+    monkeypatch.setattr(trainer_workspace.subprocess, "call",
+                        lambda argv, env, cwd: ran.append((argv, env["TMPDIR"])) or 0)
+    packages = install_requirements(target, {})
+    venv = Path(target.workspace) / ".accelerate-venv"
+    assert ran == [([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "-r",
+                     str(Path(target.workspace) / "r.txt")], f"{target.workspace}/.tmp")]
+    assert packages == [str(next(venv.glob("lib/python*/site-packages")))]
+    pth = (Path(packages[0]) / "_accelerate_image.pth").read_text().splitlines()
+    assert pth == site.getsitepackages()
+    assert workspace_env(target, packages, {"PYTHONPATH": "/x", "PATH": "/bin"}) == {
+        "PYTHONPATH": os.pathsep.join([packages[0], target.workspace, "/x"]),
+        "PATH": os.pathsep.join([str(venv / "bin"), "/bin"])}
 
 
 def test_a_failed_requirements_install_says_where_its_output_is(tmp_path, monkeypatch):

@@ -5,9 +5,11 @@ The archive comes whole or not at all: it is one ConfigMap key (the kubelet moun
 atomically, and the container does not start until it can), its sha256 must be the one the job
 names (a ConfigMap edited after submit is refused), and every member must be a plain file or
 folder inside the workspace. Any failure raises before anything is launched, so a script never
-runs against half a tree. The requirements are installed with `pip install --prefix` into the
-workspace (the image's own environment is read-only and stays as it is; what it already holds is
-not installed again), with pip's output in the pod's log."""
+runs against half a tree. The requirements are installed into a virtualenv of the workspace that
+sees the image's packages (a .pth file), so what the image already holds is not installed again,
+a version the requirements change is installed beside it (pip leaves the image's read-only
+environment alone: `--prefix` would try to uninstall from it), and pip's output is in the pod's
+log."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import hashlib
 import io
 import logging
 import os
+import site
 import subprocess
 import sys
 import tarfile
@@ -34,8 +37,9 @@ from .contract import (
 
 log = logging.getLogger("accelerate_trainer")
 
-# Where `pip install --prefix` puts the requirements, inside the workspace.
-PACKAGES_DIR = ".accelerate-packages"
+# The virtualenv the requirements go into, inside the workspace.
+PACKAGES_DIR = ".accelerate-venv"
+IMAGE_PTH = "_accelerate_image.pth"
 
 
 class CodeError(ValueError):
@@ -127,20 +131,31 @@ def _extract(archive: tarfile.TarFile, members: Sequence[tarfile.TarInfo],
     return names
 
 
-def build_pip_argv(requirements: str, prefix: str, python: str = sys.executable) -> list[str]:
-    """`pip install --prefix`: unlike --target it keeps what the image already has (torch is
-    not downloaded again) and, unlike --user, it works inside the image's virtualenv."""
-    return [python, "-m", "pip", "install", "--no-input", "--prefix", prefix,
-            "-r", requirements]
+def build_pip_argv(requirements: str, python: str) -> list[str]:
+    """pip of the overlay virtualenv (pip itself comes from the image, through the .pth)."""
+    return [python, "-m", "pip", "install", "--no-input", "-r", requirements]
 
 
 def site_dirs(prefix: Path) -> list[str]:
-    """The folders under `prefix` where pip put packages (site-packages, or dist-packages on
+    """The folders under `prefix` where packages go (site-packages, or dist-packages on
     Debian's Python), for PYTHONPATH."""
     return sorted(str(p) for pattern in ("lib/python*/site-packages", "lib/python*/dist-packages",
                                          "local/lib/python*/site-packages",
                                          "local/lib/python*/dist-packages")
                   for p in prefix.glob(pattern) if p.is_dir())
+
+
+def make_overlay_venv(venv: Path, image_site: Sequence[str]) -> list[str]:
+    """A virtualenv without pip whose site-packages lists the image's own (`image_site`) in a
+    .pth file: pip run from it counts the image's packages as installed, but as outside its
+    environment, so it never uninstalls them. Returns its site-packages folders."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   capture_output=True)
+    packages = site_dirs(venv)
+    if not packages:
+        raise RequirementsError(f"the virtualenv {venv} has no site-packages folder")
+    Path(packages[0], IMAGE_PTH).write_text("".join(f"{path}\n" for path in image_site))
+    return packages
 
 
 def install_requirements(code: ShippedCode, environ: Mapping[str, str]) -> list[str]:
@@ -152,10 +167,15 @@ def install_requirements(code: ShippedCode, environ: Mapping[str, str]) -> list[
         raise RequirementsError(
             f"spec.code.requirements names {code.requirements}, which the shipped code does "
             "not hold; submit the job again with --requirements FILE")
-    prefix = workspace / PACKAGES_DIR
-    argv = build_pip_argv(str(requirements), str(prefix))
+    venv = workspace / PACKAGES_DIR
     tmp = workspace / ".tmp"
     tmp.mkdir(exist_ok=True)
+    try:
+        packages = make_overlay_venv(venv, site.getsitepackages())
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise RequirementsError(f"cannot create a virtualenv in {venv} for the requirements "
+                                f"({error})") from None
+    argv = build_pip_argv(str(requirements), str(venv / "bin" / "python"))
     log.info("installing %s: %s", code.requirements, " ".join(argv))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -169,16 +189,16 @@ def install_requirements(code: ShippedCode, environ: Mapping[str, str]) -> list[
             f"pip install -r {code.requirements} failed with exit code {returncode} (its "
             "output is in this pod's log); fix the requirements, or make sure the package "
             "index is reachable from the cluster (PIP_INDEX_URL in the job's env)")
-    return site_dirs(prefix)
+    return packages
 
 
-def workspace_env(code: ShippedCode, site: Sequence[str],
+def workspace_env(code: ShippedCode, packages: Sequence[str],
                   environ: Mapping[str, str]) -> dict[str, str]:
     """The env the launch gets: the workspace (so the script's own modules import from any
     folder of it) and the installed requirements first on PYTHONPATH; their scripts on PATH."""
     env = {"PYTHONPATH": os.pathsep.join(
-        [*site, code.workspace, *filter(None, [environ.get("PYTHONPATH")])])}
+        [*packages, code.workspace, *filter(None, [environ.get("PYTHONPATH")])])}
     bin_dir = Path(code.workspace) / PACKAGES_DIR / "bin"
-    if site and bin_dir.is_dir():
+    if packages and bin_dir.is_dir():
         env["PATH"] = os.pathsep.join([str(bin_dir), *filter(None, [environ.get("PATH")])])
     return env
