@@ -155,12 +155,12 @@ def prepare_workspace(environ: Mapping[str, str], versions: dict[str, str]) -> d
     files = unpack_code(code)
     log.info("unpacked the shipped code into %s: %d file(s)", code.workspace, len(files))
     os.chdir(code.workspace)
-    site = install_requirements(code, environ) if code.requirements else []
-    if site:
-        installed = read_versions([*site, *sys.path])
+    packages = install_requirements(code, environ) if code.requirements else []
+    if packages:
+        installed = read_versions([*packages, *sys.path])
         if installed != versions:
             report_versions(installed, "image+requirements")
-    return workspace_env(code, site, environ)
+    return workspace_env(code, packages, environ)
 
 
 def fail(message: str, exit_code: int) -> int:
