@@ -47,19 +47,24 @@ cluster-down: ## Stop the local cluster (keeps the built binaries)
 	hack/local-cluster.sh down
 
 .PHONY: lint
-lint: ## ruff, the layering contracts, helm lint and the chart/CRD drift check
+lint: ## ruff, the layering contracts, helm lint, actionlint, the chart/CRD drift and version checks
 	$(PY) -m ruff check operator trainer tests examples bench hack devtools
 	$(VENV)/bin/lint-imports
 	hack/sync-chart-crd.sh --check
-	$$(hack/install-tools.sh | tail -n1)/helm lint --strict charts/accelerate-operator
+	hack/check-version.sh >/dev/null
+	tools=$$(hack/install-tools.sh | tail -n1); \
+	$$tools/helm lint --strict charts/accelerate-operator; \
+	if [[ -x $$tools/actionlint ]]; then $$tools/actionlint; \
+	else echo "lint: actionlint skipped (hack/install-tools.sh needs Go to build it)" >&2; fi
 
 .PHONY: manifests
 manifests: ## Regenerate the chart's CRD from crds/
 	hack/sync-chart-crd.sh
 
 .PHONY: verify
-verify: ## Fail when generated files drift from their sources
+verify: ## Fail when generated files drift from their sources, or the chart's version from pyproject.toml's
 	hack/sync-chart-crd.sh --check
+	hack/check-version.sh >/dev/null
 
 .PHONY: images
 images: ## Build the operator and trainer images, and load them into the local cluster's nodes if it runs

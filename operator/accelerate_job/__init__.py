@@ -5,7 +5,9 @@ Imports only the operator's pure modules (names, constants, builders' helpers): 
 operator's kube.py or its reconciler (.importlinter)."""
 
 from .client import AccelerateJobClient
+from .code import CodeArchive, CodeError, CodeTooLarge, pack_code
 from .errors import AccelerateJobError, InvalidConfig, JobFailed, JobNotFound, WaitTimeout
 
-__all__ = ["AccelerateJobClient", "AccelerateJobError", "InvalidConfig", "JobFailed",
-           "JobNotFound", "WaitTimeout"]
+__all__ = ["AccelerateJobClient", "AccelerateJobError", "CodeArchive", "CodeError",
+           "CodeTooLarge", "InvalidConfig", "JobFailed", "JobNotFound", "WaitTimeout",
+           "pack_code"]

@@ -25,10 +25,17 @@ from typing import Any, TextIO
 from accelerate_operator.constants import CONDITION_TYPES, FINISHED_PHASES, SUCCEEDED
 from accelerate_trainer.config import ConfigError
 
+from .code import CodeArchive, pack_code
 from .errors import AccelerateJobError, InvalidConfig
 from .render import dump, render_status, render_table, summarize
 from .request import context_namespace
-from .submission import build_job, files_named_by, prepare_submission
+from .submission import (
+    build_code_configmap,
+    build_job,
+    files_named_by,
+    prepare_submission,
+    use_code,
+)
 
 PROG = "accelerate-job"
 
@@ -71,9 +78,15 @@ def _add_submit(commands: Any, connection: argparse.ArgumentParser, prog: str) -
     submit = commands.add_parser(
         "submit", parents=[connection], help="run a training script as an AccelerateJob",
         description="Create an AccelerateJob running `accelerate-trainer SCRIPT ARGS...` on NODES "
-        "pods, and a ConfigMap with the accelerate YAML. Options go before SCRIPT: everything "
-        "after it is passed to the script.",
-        usage=f"{prog} submit --config FILE --image IMAGE [options] SCRIPT [ARGS...]")
+        "pods, a ConfigMap with the accelerate YAML, and one with your code: SCRIPT (a file on "
+        "this machine), or with --workdir the folder it is in, packed and unpacked into the "
+        "pods' /workspace before `accelerate launch`. With --in-image, SCRIPT is a path inside "
+        "the image and nothing is packed. Options go before SCRIPT: everything after it is "
+        "passed to the script.",
+        usage=f"{prog} submit --config FILE --image IMAGE [options] [--workdir DIR] "
+              "[--requirements FILE] SCRIPT [ARGS...]\n"
+              f"       {prog} submit --config FILE --image IMAGE [options] --in-image PATH "
+              "[ARGS...]")
     submit.add_argument("--config", required=True, metavar="FILE",
                         help="the accelerate YAML (`accelerate config --config_file FILE`)")
     submit.add_argument("--image", required=True, help="the trainer image")
@@ -94,8 +107,19 @@ def _add_submit(commands: Any, connection: argparse.ArgumentParser, prog: str) -
     submit.add_argument("-o", "--output", choices=("yaml", "json"), default=None,
                         help="print the objects (the created ones, or with --dry-run the ones "
                              "that would be)")
+    code = submit.add_argument_group("code")
+    code.add_argument("--workdir", metavar="DIR",
+                      help="ship this folder (at most about 1 MiB compressed; .gitignore and "
+                           ".accelerateignore in it exclude files) and run SCRIPT, which lies "
+                           "in it, from there")
+    code.add_argument("--requirements", metavar="FILE",
+                      help="a pip requirements file installed in every pod before launch")
+    code.add_argument("--in-image", action="store_true",
+                      help="SCRIPT is a path inside the image (--in-image /opt/.../train.py): "
+                           "ship nothing of it")
     submit.add_argument("script", metavar="SCRIPT",
-                        help="the training script, as the image sees it")
+                        help="the training script on this machine (with --in-image: in the "
+                             "image)")
     submit.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="the script's arguments")
 
@@ -180,6 +204,9 @@ class SubmitOptions:
     gpus: int | None
     env: tuple[tuple[str, str], ...]
     backoff_limit: int | None
+    workdir: str | None = None
+    requirements: str | None = None
+    in_image: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SubmitOptions:
@@ -189,10 +216,25 @@ class SubmitOptions:
         return cls(config=args.config, image=args.image, script=args.script,
                    script_args=tuple(script_args), nodes=args.nodes,
                    procs_per_node=args.procs_per_node, gpus=args.gpus, env=tuple(args.env),
-                   backoff_limit=args.backoff_limit)
+                   backoff_limit=args.backoff_limit, workdir=args.workdir,
+                   requirements=args.requirements, in_image=args.in_image)
 
-    def build_job(self, name: str, namespace: str) -> dict[str, Any]:
-        return build_job(name=name, namespace=namespace, image=self.image, script=self.script,
+    def pack(self) -> CodeArchive | None:
+        """The code to ship, packed; None when there is nothing (the script is in the image).
+        Raises CodeError (CodeTooLarge) before anything is created."""
+        if self.in_image and self.workdir:
+            raise CommandError("--workdir ships a folder to run SCRIPT from, but --in-image "
+                               "says SCRIPT is already in the image; drop one of them")
+        if self.in_image and not self.requirements:
+            return None
+        return pack_code(None if self.in_image else self.script, workdir=self.workdir,
+                         requirements=self.requirements)
+
+    def build_job(self, name: str, namespace: str,
+                  code: CodeArchive | None = None) -> dict[str, Any]:
+        """The job; with shipped code its script is the one in the workspace."""
+        script = code.entrypoint if code is not None and code.entrypoint else self.script
+        return build_job(name=name, namespace=namespace, image=self.image, script=script,
                          script_args=self.script_args, num_nodes=self.nodes,
                          nproc_per_node=self.procs_per_node, env=dict(self.env),
                          gpus_per_node=self.gpus, backoff_limit=self.backoff_limit)
@@ -241,27 +283,35 @@ def cmd_submit(args: argparse.Namespace, term: Terminal) -> int:
     options = SubmitOptions.from_args(args)
     config_yaml = _read_config(options.config)
     files = _read_named_files(options.config, config_yaml)
+    code = options.pack()  # too big for a ConfigMap: an error before anything is created
     name = args.name or default_job_name(
         options.script, "".join(random.choices(string.ascii_lowercase + string.digits, k=5)))
     client = None if args.dry_run else _client(args)
     namespace = client.namespace if client else (
         args.namespace or context_namespace(args.kubeconfig, args.context))
-    job = options.build_job(name, namespace)
+    job = options.build_job(name, namespace, code)
     if client is None:
         try:
             job, configmap = prepare_submission(job, config_yaml, namespace, files)
         except ConfigError as error:
             raise CommandError(f"{options.config}: {error}") from None
-        dump([configmap, job], args.output or "yaml", term.out)
+        shipped = []
+        if code is not None:
+            job = use_code(job, code)
+            shipped = [build_code_configmap(job, code)]  # owned by the job once it exists
+        dump([configmap, job, *shipped], args.output or "yaml", term.out)
         return 0
     try:
-        created = client.submit(job, config_yaml=config_yaml, config_files=files)
+        created = client.submit(job, config_yaml=config_yaml, config_files=files, code=code)
     except InvalidConfig as error:
         raise CommandError(f"{options.config}: {error}") from None
     if args.output:
         dump([created], args.output, term.out)
     else:
         term.out.write(f"acceleratejob/{name} submitted in namespace {client.namespace}\n")
+        if code is not None:
+            term.err.write(f"shipped {len(code.files)} file(s), {len(code.data) / 1024:.0f} KiB "
+                           f"packed, in configmap/{name}-code\n")
         term.err.write(f"follow it: {term.prog} status {name} -n {client.namespace} --watch\n")
     return 0
 

@@ -23,10 +23,11 @@ from accelerate_operator.constants import (
 )
 from accelerate_trainer.config import ConfigError
 
+from .code import CodeArchive
 from .errors import AccelerateJobError, InvalidConfig, JobFailed, JobNotFound, WaitTimeout
 from .logs import LogReader
 from .request import Requests, connect
-from .submission import prepare_submission
+from .submission import build_code_configmap, prepare_submission, use_code
 
 if TYPE_CHECKING:
     import kubernetes
@@ -93,15 +94,22 @@ class AccelerateJobClient:
 
     def submit(self, job: Any, config_yaml: str | None = None, *,
                config_files: Mapping[str, str] | None = None,
+               code: CodeArchive | None = None,
                dry_run: bool = False) -> dict[str, Any]:
         """Create an AccelerateJob from a dict (or anything with `.build()` returning one).
 
         With `config_yaml` (the text `accelerate config` writes), it is stored in a ConfigMap the
         job reads through spec.accelerateConfigFrom (its own, else `<name>-accelerate-yaml`),
         owned by the job; `config_files` (file name -> text, a DeepSpeed JSON the YAML names) go
-        into that ConfigMap beside it. The server validates strictly: an unknown field is an error.
-        `dry_run` has the server check everything and persist nothing. Returns the job."""
+        into that ConfigMap beside it. With `code` (`accelerate_job.pack_code("train.py",
+        workdir=".")`), the packed code travels in the ConfigMap `<name>-code`, created owned by
+        the job right after it (the job's spec.code names it); the trainer container's args
+        name the script relative to /workspace (`code.entrypoint`). If that ConfigMap cannot be
+        created the job is deleted again. The server validates strictly: an unknown field is an
+        error. `dry_run` has the server check everything and persist nothing. Returns the job."""
         body, name = self._own(job)
+        if code is not None:
+            body = use_code(body, code)
         configmap = None
         if config_yaml is not None:
             try:
@@ -124,7 +132,40 @@ class AccelerateJobClient:
             raise
         if configmap is not None and not dry_run:
             self._adopt_configmap(configmap["metadata"]["name"], created)
+        if code is not None:
+            self._ship_code({**created, "spec": body["spec"]}, code, dry)
         return created
+
+    def _ship_code(self, job: Mapping[str, Any], code: CodeArchive, dry: str | None) -> None:
+        """Create the code's ConfigMap, born owned by the created job: at no moment does it
+        exist without an owner, so it is always garbage-collected with the job (also when the job
+        is deleted before it is created: the collector removes dependents of a missing owner).
+        Pods cannot start before it exists, and it is one object, written whole or not at all.
+        A leftover of an earlier job of the same name (immutable) is replaced."""
+        manifest = build_code_configmap(job, code)
+        cm, core = manifest["metadata"]["name"], self.requests.core
+        name = job["metadata"]["name"]
+        try:
+            created = self.requests.call(
+                f"create ConfigMap {cm}", core.create_namespaced_config_map, self.namespace,
+                manifest, dry_run=dry, answers={409: False})
+            if created is False:
+                self.requests.call(f"delete ConfigMap {cm}", core.delete_namespaced_config_map,
+                                   cm, self.namespace, dry_run=dry, answers={404: None})
+                self.requests.call(f"create ConfigMap {cm}", core.create_namespaced_config_map,
+                                   self.namespace, manifest, dry_run=dry)
+        except AccelerateJobError as error:
+            if not dry:
+                self._delete_quietly(name)
+            raise AccelerateJobError(
+                f"could not ship the code of AccelerateJob {name}: {error}; the job was deleted "
+                "again, so nothing runs without its code. Fix that and submit again") from None
+
+    def _delete_quietly(self, name: str) -> None:
+        try:
+            self.delete(name)
+        except AccelerateJobError:
+            pass  # its pods wait for the code ConfigMap; `accelerate-job delete` removes it
 
     def _own(self, job: Any) -> tuple[dict[str, Any], str]:
         """A copy of the job, placed in this client's namespace, and its name."""

@@ -65,6 +65,9 @@ def render_status(job: Mapping[str, Any]) -> str:
                     if c.get("type") == summary["phase"] and c.get("status") == "True"), None)
     if current and current.get("message"):
         lines.append(f"{'Message:':<14}{current['message']}")
+    versions = ((job.get("status") or {}).get("trainer") or {}).get("versions")
+    if versions:
+        lines.append(f"{'Trainer:':<14}" + ", ".join(f"{k} {v}" for k, v in versions.items()))
     if summary["lastFailure"]:
         # The failure ends with the pod's last log lines: the first line says which pod and how.
         first, *rest = summary["lastFailure"].strip().splitlines() or [""]

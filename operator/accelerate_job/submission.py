@@ -1,10 +1,12 @@
-"""Build what `accelerate-job submit` (and AccelerateJobClient.submit) create: the AccelerateJob
-and the ConfigMap holding the user's accelerate YAML. Pure: no clock, no randomness, no API
-calls; the CLI picks the name, the client sends the objects. Each object is built once, by
-`prepare_submission`, whether it is then sent or printed (--dry-run)."""
+"""Build what `accelerate-job submit` (and AccelerateJobClient.submit) create: the AccelerateJob,
+the ConfigMap holding the user's accelerate YAML, and the ConfigMap carrying the user's packed
+code (code.py packs it). Pure: no clock, no randomness, no API calls; the CLI picks the name, the
+client sends the objects. Each object is built once, by `prepare_submission`, `use_code` and
+`build_code_configmap`, whether it is then sent or printed (--dry-run)."""
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +20,9 @@ from accelerate_trainer.config import (
     deepspeed_file,
     parse_accelerate_yaml,
 )
+from accelerate_trainer.contract import CODE_ARCHIVE_KEY, JOB_NAME_LABEL
+
+from .code import CodeArchive
 
 DEFAULT_CONFIG_KEY = "accelerate.yaml"
 TRAINER_CONTAINER = "trainer"
@@ -148,3 +153,47 @@ def prepare_submission(job: Mapping[str, Any], config_yaml: str, namespace: str,
     configmap = build_config_source(job["metadata"]["name"], namespace, config_yaml,
                                     configmap_name, key, files)
     return job, configmap
+
+
+def code_configmap_name(job_name: str) -> str:
+    return f"{job_name}-code"
+
+
+def use_code(job: Mapping[str, Any], code: CodeArchive) -> dict[str, Any]:
+    """A copy of `job` whose spec.code names the ConfigMap `<name>-code` and the code's sha256
+    (and requirements file); its trainer container's args are left as they are."""
+    job = copy.deepcopy(dict(job))
+    spec = job.setdefault("spec", {})
+    spec["code"] = {"configMap": code_configmap_name(job["metadata"]["name"]),
+                    "sha256": code.sha256,
+                    **({"requirements": code.requirements} if code.requirements else {})}
+    return job
+
+
+def build_code_configmap(job: Mapping[str, Any], code: CodeArchive) -> dict[str, Any]:
+    """The ConfigMap carrying the packed code, owned by `job` when it has a uid (the created
+    job: the ConfigMap is never without an owner, so garbage collection takes it with the job;
+    no controller or blockOwnerDeletion, which would need more rights than creating a job).
+
+    Immutable, so the kubelets do not watch it. It has no job-name label: the operator never
+    reads it (the pods mount it), so its server-filtered watches never carry up to 1 MiB per
+    job."""
+    metadata = job["metadata"]
+    labels = {key: value for key, value in job_labels(metadata["name"]).items()
+              if key != JOB_NAME_LABEL}
+    manifest: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": job["spec"]["code"]["configMap"],
+            "namespace": metadata["namespace"],
+            "labels": {**labels, "app.kubernetes.io/component": "code"},
+        },
+        "binaryData": {CODE_ARCHIVE_KEY: base64.b64encode(code.data).decode("ascii")},
+        "immutable": True,
+    }
+    if metadata.get("uid"):
+        manifest["metadata"]["ownerReferences"] = [{
+            "apiVersion": job.get("apiVersion", API_VERSION), "kind": job.get("kind", KIND),
+            "name": metadata["name"], "uid": metadata["uid"]}]
+    return manifest

@@ -56,6 +56,15 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Code:
+    """spec.code: the user's code, shipped in a ConfigMap the job owns (accelerate-job submit)."""
+
+    config_map: str
+    sha256: str
+    requirements: str | None = None
+
+
+@dataclass(frozen=True)
 class TopologyRequest:
     """The topology fields as the spec gives them; None where the spec leaves one out."""
 
@@ -85,6 +94,7 @@ class JobSpec:
     topology_resolved: bool = True
     # spec.accelerateConfigFiles: file name -> content, mounted beside the accelerate YAML.
     config_files: Mapping[str, str] = field(default_factory=dict)
+    code: Code | None = None
 
     @property
     def world_size(self) -> int:
@@ -262,6 +272,7 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
         requested=requested,
         topology_resolved=resolved,
         config_files=parse_config_files(spec.get("accelerateConfigFiles")),
+        code=_code(spec),
     )
 
 
@@ -270,6 +281,14 @@ def _config_ref(spec: Mapping[str, Any]) -> ConfigMapKeyRef | None:
         return None
     ref = spec["accelerateConfigFrom"].get("configMapKeyRef") or {}
     return ConfigMapKeyRef(name=ref.get("name", ""), key=ref.get("key", ""))
+
+
+def _code(spec: Mapping[str, Any]) -> Code | None:
+    code = spec.get("code")
+    if not code:
+        return None
+    return Code(config_map=code["configMap"], sha256=code["sha256"],
+                requirements=code.get("requirements") or None)
 
 
 def _checkpoint(spec: Mapping[str, Any]) -> Checkpoint | None:

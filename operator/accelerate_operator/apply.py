@@ -1,4 +1,5 @@
-"""Apply: carry a pass's Actions out through kube.py, and read rank 0's progress into the status.
+"""Apply: carry a pass's Actions out through kube.py, and read rank 0's progress (and, once per
+attempt, the trainer's versions) into the status.
 
 Decides nothing (plan.py has): it only orders the calls, runs them with bounded parallelism,
 and records in Memory what the next pass must know: what it created, the status it wrote, a pod
@@ -18,7 +19,13 @@ from .memory import Memory
 from .naming import pod_name, trainer_container_name
 from .observe import Observed
 from .plan import Actions, Archive
-from .progress import build_progress_status, parse_progress, progress_changed
+from .progress import (
+    build_progress_status,
+    build_trainer_status,
+    parse_progress,
+    parse_trainer_info,
+    progress_changed,
+)
 from .resources.logs import ARCHIVED_LINES, build_logs_configmap
 
 log = logging.getLogger("accelerate_operator")
@@ -27,6 +34,8 @@ log = logging.getLogger("accelerate_operator")
 CREATE_PARALLELISM = 16
 # Rank 0 prints a progress line at most every ~2 s; other output between two of them fits here.
 PROGRESS_TAIL_LINES = 200
+# The trainer prints its versions first thing; pip's output may come before a second line.
+TRAINER_INFO_BYTES = 64 * 1024
 
 
 def utcnow() -> datetime:
@@ -112,6 +121,7 @@ class Applier:
         metadata = body["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
         template = (body.get("spec") or {}).get("template") or {}
+        await self._trainer_versions(body, template)
         text = await self.kube.read_pod_log(namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
                                             container=trainer_container_name(template))
         report = parse_progress(text)
@@ -124,3 +134,24 @@ class Applier:
         # A merge patch keeps keys it does not name: null out those the new report lacks.
         patch = {**{key: None for key in current if key not in new}, **new}
         await self.kube.patch_job_status(namespace, name, {"progress": patch})
+
+    async def _trainer_versions(self, body: Mapping[str, Any], template: Mapping[str, Any]
+                                ) -> None:
+        """Once per attempt: the versions pod `<job>-0`'s trainer printed at the head of its log,
+        into status.trainer. status.trainer.attempt records that the read was done (versions or
+        not), so an image that prints none costs one read per attempt, not one per tick."""
+        metadata, status = body["metadata"], body.get("status") or {}
+        attempt = int(status.get("attempt") or 0)
+        if (status.get("trainer") or {}).get("attempt") == attempt:
+            return
+        container = trainer_container_name(template)
+        head = await self.kube.read_pod_log(
+            metadata["namespace"], pod_name(metadata["name"], 0), None,
+            container=container, limit_bytes=TRAINER_INFO_BYTES)
+        if not head:
+            return  # nothing logged yet: the next read tries again
+        containers = (template.get("spec") or {}).get("containers") or [{}]
+        trainer = build_trainer_status(parse_trainer_info(head), attempt,
+                                       containers[0].get("image"))
+        await self.kube.patch_job_status(metadata["namespace"], metadata["name"],
+                                         {"trainer": trainer})

@@ -12,6 +12,8 @@ FIELD_MANAGER = "accelerate-operator"
 
 CONFIG_VOLUME = "accelerate-config"
 SHM_VOLUME = "dshm"
+CODE_VOLUME = "accelerate-code"
+WORKSPACE_VOLUME = "accelerate-workspace"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 

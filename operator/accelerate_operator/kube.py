@@ -155,14 +155,16 @@ class Kube:
             if error.status != 404:
                 raise
 
-    async def read_pod_log(self, namespace: str, name: str, tail_lines: int,
-                           previous: bool = False, container: str | None = None) -> str:
-        """The last `tail_lines` lines of a pod's log; "" when the pod (or its log) is gone or
-        has not started (400: the container is still waiting)."""
+    async def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
+                           previous: bool = False, container: str | None = None,
+                           limit_bytes: int | None = None) -> str:
+        """The last `tail_lines` lines of a pod's log (or, with tail_lines None, its first
+        `limit_bytes` bytes); "" when the pod (or its log) is gone or has not started (400: the
+        container is still waiting)."""
         try:
             return await self._request(
                 "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log",
-                query={"container": container, "tailLines": tail_lines,
+                query={"container": container, "tailLines": tail_lines, "limitBytes": limit_bytes,
                        "previous": "true" if previous else None},
                 timeout=LOG_REQUEST_TIMEOUT)
         except ApiError as error:

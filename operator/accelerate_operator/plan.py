@@ -132,9 +132,15 @@ def _archive(seen: Observed, plan: Plan) -> Archive | None:
     return Archive(previous, tuple(names), trainer_container_name(seen.job.template))
 
 
+# Status keys only the log reader writes (apply.refresh_progress): never written by a pass, which
+# could put back a stale copy, nor compared.
+READER_KEYS = ("progress", "trainer")
+
+
 def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The status to write, or None when it says nothing new. status.progress is not the
-    planner's (only the progress reader writes it), so it is neither written nor compared."""
-    public = {k: v for k, v in new.items() if k != "progress"}
-    previous = {k: v for k, v in old.items() if k != "progress"}
+    """The status to write, or None when it says nothing new. status.progress and
+    status.trainer are not the planner's (only the log reader writes them), so they are neither
+    written nor compared."""
+    public = {k: v for k, v in new.items() if k not in READER_KEYS}
+    previous = {k: v for k, v in old.items() if k not in READER_KEYS}
     return public if public != previous else None

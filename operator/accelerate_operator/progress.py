@@ -1,9 +1,11 @@
-"""Turn rank 0's `ACCELERATE_PROGRESS {json}` log lines into the job's status.progress.
+"""Turn rank 0's `ACCELERATE_PROGRESS {json}` log lines into the job's status.progress, and the
+trainer's `ACCELERATE_TRAINER_INFO {json}` lines (the library versions it runs with) into
+status.trainer.
 
 Pure: text and a clock in, dicts out; reading the log is kube.py's job. The trainer side
-(accelerate_trainer.progress) prints the lines; a training pod has no write access to anything,
-so the log is the only channel. A malformed line is skipped, never an error: the log is the
-user's program's output."""
+(accelerate_trainer.progress, accelerate_trainer.__main__) prints the lines; a training pod has no
+write access to anything, so the log is the only channel. A malformed line is skipped, never an
+error: the log is the user's program's output."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from accelerate_trainer.contract import PROGRESS_LINE
+from accelerate_trainer.contract import PROGRESS_LINE, TRAINER_INFO_LINE
 
 from .status import format_time
 
@@ -93,3 +95,39 @@ def progress_changed(current: Mapping[str, Any] | None, new: Mapping[str, Any]) 
     def strip(progress: Mapping[str, Any] | None) -> dict[str, Any]:
         return {k: v for k, v in (progress or {}).items() if k != "updateTime"}
     return strip(current) != strip(new)
+
+
+# A version string is short; anything longer is not one (the log is the user's output).
+MAX_VERSION_LENGTH = 64
+MAX_VERSIONS = 16
+
+
+def parse_trainer_info(log_text: str) -> dict[str, str] | None:
+    """The versions of the last valid trainer info line in `log_text` ({"accelerate": "1.15.0",
+    ...}), or None when there is none (an image older than this operator)."""
+    for match in reversed(list(TRAINER_INFO_LINE.finditer(log_text))):
+        try:
+            info = json.loads(match.group(1))
+        except ValueError:
+            continue
+        versions = info.get("versions") if isinstance(info, dict) else None
+        if isinstance(versions, dict):
+            return {str(name)[:MAX_VERSION_LENGTH]: value
+                    for name, value in list(versions.items())[:MAX_VERSIONS]
+                    if isinstance(value, str) and 0 < len(value) <= MAX_VERSION_LENGTH}
+    return None
+
+
+def build_trainer_status(versions: Mapping[str, str] | None, attempt: int,
+                         image: str | None) -> dict[str, Any]:
+    """status.trainer for one attempt: the trainer image and the versions its pod 0 reported
+    (a merge patch: `versions` None removes an earlier attempt's)."""
+    status: dict[str, Any] = {"attempt": attempt, "image": image}
+    if versions:
+        status["versions"] = dict(versions)
+        status["message"] = None
+    else:
+        status["versions"] = None
+        status["message"] = ("the trainer reported no versions (its image predates this "
+                             "operator, or its log was cut)")
+    return status

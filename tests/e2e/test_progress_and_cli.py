@@ -11,8 +11,6 @@ attempt runs through."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from accelerate_job import AccelerateJobClient
 
 from devtools.cluster import kubectl, wait_for
+from tests.helpers.cli import cli
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -36,17 +35,6 @@ mixed_precision: "no"
 """
 
 
-def cli(*args: str, kubeconfig: str, namespace: str, timeout: float = 120,
-        check: bool = True) -> subprocess.CompletedProcess:
-    # The cluster options go right after the command: submit's own end at the script.
-    command = [str(Path(sys.executable).parent / "accelerate-job"), args[0],
-               "--kubeconfig", kubeconfig, "-n", namespace, *args[1:]]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr}"
-    return proc
-
-
 def test_progress_logs_across_a_restart_and_the_cli(kubeconfig, namespace, tmp_path):
     config = tmp_path / "accelerate.yaml"
     config.write_text(CPU_CONFIG)
@@ -56,7 +44,7 @@ def test_progress_logs_across_a_restart_and_the_cli(kubeconfig, namespace, tmp_p
         "--procs-per-node", "2", "--name", NAME, "--backoff-limit", "2",
         "--env", "OMP_NUM_THREADS=1", "--env", "HF_HUB_OFFLINE=1",
         "--env", "HF_DATASETS_OFFLINE=1",
-        str(SCRIPT), "--max-steps", str(MAX_STEPS), "--sleep-per-step", "0.2",
+        "--in-image", str(SCRIPT), "--max-steps", str(MAX_STEPS), "--sleep-per-step", "0.2",
         "--log-every", "1", "--fail-at-step", str(FAIL_AT_STEP), "--fail-rank", "1",
         "--fail-attempt", "0",
         kubeconfig=kubeconfig, namespace=namespace)

@@ -39,9 +39,10 @@ class FakeKube:
         self.calls.append(("delete", "Pod", name))
         self.objects.pop(("Pod", name), None)
 
-    async def read_pod_log(self, namespace: str, name: str, tail_lines: int, previous: bool = False,
-                     container: str | None = None) -> str:
-        self.calls.append(("log", name))
+    async def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
+                           previous: bool = False, container: str | None = None,
+                           limit_bytes: int | None = None) -> str:
+        self.calls.append(("log", name) if limit_bytes is None else ("log-head", name))
         return self.logs.get(name, "")
 
     async def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:

@@ -86,7 +86,7 @@ def test_submit_dry_run_prints_the_configmap_and_the_job_whole(config_file):
         "submit", "--config", config_file, "--image", "trainer:cpu", "--nodes", "2",
         "--procs-per-node", "4", "--name", "llm", "-n", "team", "--env", "OMP_NUM_THREADS=1",
         "--backoff-limit", "1", "--dry-run", "-o", "yaml",
-        "/opt/accelerate/examples/train.py", "--max-steps", "30",
+        "--in-image", "/opt/accelerate/examples/train.py", "--max-steps", "30",
     )
     assert (code, err) == (0, "")
     labels = {
@@ -128,7 +128,7 @@ def test_submit_dry_run_prints_the_configmap_and_the_job_whole(config_file):
 def test_submit_dry_run_json_with_gpus_and_a_double_dash(config_file):
     code, out, _ = run("submit", "--config", config_file, "--image", "i", "--gpus", "8",
                        "--procs-per-node", "auto", "--name", "g", "-n", "x", "--dry-run",
-                       "-o", "json", "t.py", "--", "--lr", "1")
+                       "-o", "json", "--in-image", "t.py", "--", "--lr", "1")
     assert code == 0
     items = json.loads(out)["items"]
     container = items[1]["spec"]["template"]["spec"]["containers"][0]
@@ -141,7 +141,7 @@ def test_a_config_that_contradicts_the_flags_is_refused_before_anything_is_sent(
     path = tmp_path / "c.yaml"
     path.write_text(CPU_CONFIG + "num_machines: 3\n")
     code, out, err = run("submit", "--config", str(path), "--image", "i", "--nodes", "2",
-                         "--name", "j", "-n", "x", "--dry-run", "t.py")
+                         "--name", "j", "-n", "x", "--dry-run", "--in-image", "t.py")
     assert (code, out) == (1, "")
     assert err.startswith(f"error: {path}: ") and "num_machines" in err
     assert "Traceback" not in err
@@ -184,6 +184,12 @@ def test_status_shows_phase_nodes_restarts_progress_and_the_last_failure():
         "81.5 samples/s  ETA 1m20s",
         "Last failure: pod llm-1 failed with exit code 1",
     ])
+
+
+def test_status_names_the_versions_the_trainer_reported():
+    text = render.render_status(job(trainer={"attempt": 1, "versions": {
+        "python": "3.11.9", "accelerate": "1.15.0", "torch": "2.15.0"}}))
+    assert "Trainer:      python 3.11.9, accelerate 1.15.0, torch 2.15.0" in text.splitlines()
 
 
 def test_status_before_any_report():
@@ -347,7 +353,8 @@ def test_submit_picks_up_the_deepspeed_json_the_config_names():
     from tests.helpers.corpus import DEEPSPEED_JSONS, TEMPLATES
 
     code, out, err = run("submit", "--config", str(TEMPLATES / "deepspeed.yaml"), "--image", "i",
-                         "--name", "ds", "-n", "x", "--dry-run", "-o", "json", "t.py")
+                         "--name", "ds", "-n", "x", "--dry-run", "-o", "json", "--in-image",
+                         "t.py")
     assert code == 0, err
     configmap, job = json.loads(out)["items"]
     assert configmap["data"]["zero_stage1_config.json"] == (
@@ -361,7 +368,7 @@ def test_submit_of_a_deepspeed_config_whose_json_is_missing_is_refused(tmp_path)
     path = tmp_path / "deepspeed.yaml"
     path.write_text((TEMPLATES / "deepspeed.yaml").read_text())
     code, out, err = run("submit", "--config", str(path), "--image", "i", "--name", "ds",
-                         "-n", "x", "--dry-run", "t.py")
+                         "-n", "x", "--dry-run", "--in-image", "t.py")
     assert code == 1 and out == ""
     assert "zero_stage1_config.json' is not shipped with the config" in err
 
@@ -370,7 +377,8 @@ def test_submit_of_the_multi_node_template_takes_its_topology_from_the_yaml():
     from tests.helpers.corpus import TEMPLATES
 
     code, out, err = run("submit", "--config", str(TEMPLATES / "multi_node.yaml"), "--image", "i",
-                         "--name", "mn", "-n", "x", "--dry-run", "-o", "json", "t.py")
+                         "--name", "mn", "-n", "x", "--dry-run", "-o", "json", "--in-image",
+                         "t.py")
     assert code == 0, err
     spec = json.loads(out)["items"][1]["spec"]
     assert not {"numNodes", "numProcPerNode", "masterPort"} & set(spec)

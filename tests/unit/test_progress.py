@@ -1,20 +1,32 @@
 """Progress: the trainer's `ACCELERATE_PROGRESS {json}` lines (throttled, rank 0 only, ETA from the
-recent step rate) and the operator's parsing of them into status.progress."""
+recent step rate) and the operator's parsing of them into status.progress; the trainer's
+`ACCELERATE_TRAINER_INFO` line (its library versions) into status.trainer, read once per attempt."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from datetime import datetime
 
 import pytest
+from accelerate_operator.apply import TRAINER_INFO_BYTES, Applier
+from accelerate_operator.memory import Memory
+from accelerate_operator.plan import _changed
 from accelerate_operator.progress import (
     build_progress_status,
+    build_trainer_status,
     format_duration,
     parse_progress,
+    parse_trainer_info,
     progress_changed,
 )
+from accelerate_trainer.contract import format_trainer_info_line
 from accelerate_trainer.progress import ProgressReporter, ProgressTracker, is_reporting_rank
+from accelerate_trainer.versions import read_versions
+
+from tests.helpers.fake_kube import FakeKube
+from tests.helpers.jobs import JobBuilder
 
 NOW = datetime(2026, 1, 2, 3, 4, 5)
 
@@ -180,3 +192,61 @@ def test_a_trainer_line_parses_back_on_the_operator_side():
     progress.report(step=5, total_steps=10, epoch=1, loss=0.25, samples_per_second=3)
     status = build_progress_status(parse_progress("noise\n" + stream.getvalue()), NOW)
     assert status["summary"] == "5/10 (50%)" and status["loss"] == 0.25
+
+
+# ---- the trainer's versions ---------------------------------------------------------------
+
+
+def test_the_trainer_reads_versions_from_metadata_without_importing_torch():
+    import sys
+
+    had_torch = "torch" in sys.modules
+    versions = read_versions()
+    assert versions["python"].count(".") == 2
+    assert {"accelerate", "torch", "transformers", "accelerate-operator"} <= set(versions)
+    assert ("torch" in sys.modules) == had_torch
+
+
+def test_the_last_trainer_info_line_wins_and_nonsense_is_dropped():
+    first = format_trainer_info_line({"versions": {"torch": "2.5.0"}, "source": "image"})
+    second = format_trainer_info_line({"versions": {"torch": "2.6.0", "bad": 3,
+                                                    "long": "x" * 100}, "source": "requirements"})
+    text = f"{first}pip output\nACCELERATE_TRAINER_INFO {{broken\n{second}"
+    assert parse_trainer_info(text) == {"torch": "2.6.0"}
+    assert parse_trainer_info("no line here\n") is None
+
+
+def test_trainer_status_names_the_attempt_image_and_versions_or_why_none():
+    assert build_trainer_status({"accelerate": "1.15.0"}, 2, "img:1") == {
+        "attempt": 2, "image": "img:1", "versions": {"accelerate": "1.15.0"}, "message": None}
+    older = build_trainer_status(None, 0, "img:0")
+    assert older["versions"] is None and "predates this operator" in older["message"]
+
+
+def running_body(status: dict) -> dict:
+    body = JobBuilder("llm").build()
+    body["status"] = {"phase": "Running", "attempt": 1, **status}
+    return body
+
+
+def test_the_versions_are_read_from_the_head_of_pod_0s_log_once_per_attempt():
+    kube = FakeKube()
+    kube.logs["llm-0"] = format_trainer_info_line({"versions": {"accelerate": "1.15.0"}})
+    applier = Applier(kube, Memory())
+    asyncio.run(applier.refresh_progress(running_body({})))
+    assert kube.calls[:2] == [("log-head", "llm-0"), ("patch", "status", "llm")]
+    assert kube.statuses[0] == {"trainer": {
+        "attempt": 1, "image": JobBuilder().build()["spec"]["template"]["spec"]["containers"][0][
+            "image"], "versions": {"accelerate": "1.15.0"}, "message": None}}
+    kube.calls.clear()
+    asyncio.run(applier.refresh_progress(running_body({"trainer": kube.statuses[0]["trainer"]})))
+    assert ("log-head", "llm-0") not in kube.calls  # this attempt's versions are known
+
+
+def test_an_empty_log_is_read_again_later_and_the_planner_never_writes_the_versions():
+    kube = FakeKube()
+    asyncio.run(Applier(kube, Memory()).refresh_progress(running_body({})))
+    assert kube.statuses == []  # nothing logged yet: no status.trainer, the next read retries
+    old = {"phase": "Running", "trainer": {"attempt": 0}}
+    assert _changed(old, {"phase": "Running", "trainer": {"attempt": 1}}) is None
+    assert TRAINER_INFO_BYTES >= 16 * 1024

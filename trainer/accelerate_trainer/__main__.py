@@ -1,9 +1,11 @@
 """`accelerate-trainer SCRIPT [ARGS...]`: the container entrypoint of every AccelerateJob pod.
 
-Reads the mounted accelerate YAML and the topology env, validates them, waits for the master,
-then replaces itself with `accelerate launch` so signals reach the training processes and their
-exit code is the pod's. A config error exits 78 (permanent) with the reason in the termination
-log, where the operator shows it on the job.
+Logs the library versions it runs with, reads the mounted accelerate YAML and the topology env,
+validates them, unpacks the shipped code into the workspace and installs its requirements (when
+the job ships code), waits for the master, then replaces itself with `accelerate launch` so
+signals reach the training processes and their exit code is the pod's. A config error (or shipped
+code that cannot be used) exits 78 (permanent), a failed requirements install 75, each with the
+reason in the termination log, where the operator shows it on the job.
 """
 
 from __future__ import annotations
@@ -27,11 +29,26 @@ from .config import (
     parse_accelerate_yaml,
     resolve_config_path,
 )
-from .contract import CONFIG_ERROR_EXIT_CODE, ENV_CHECKPOINT_DIR, ENV_CONFIG_FILE
+from .contract import (
+    CONFIG_ERROR_EXIT_CODE,
+    ENV_CHECKPOINT_DIR,
+    ENV_CONFIG_FILE,
+    REQUIREMENTS_EXIT_CODE,
+    format_trainer_info_line,
+)
 from .deepspeed_checks import parse_deepspeed_json
 from .fsdp_checks import names_from_accelerate
 from .rendezvous import MasterUnreachable, wait_for_master
 from .topology import Topology, TopologyError, parse_topology
+from .versions import describe, read_versions
+from .workspace import (
+    CodeError,
+    RequirementsError,
+    install_requirements,
+    parse_shipped_code,
+    unpack_code,
+    workspace_env,
+)
 
 log = logging.getLogger("accelerate_trainer")
 
@@ -120,6 +137,38 @@ def write_termination_message(message: str) -> None:
         pass
 
 
+def report_versions(versions: dict[str, str], source: str) -> None:
+    """Log the versions, and print the line the operator copies into status.trainer."""
+    log.info("versions (%s): %s", source, describe(versions))
+    sys.stderr.flush()
+    sys.stdout.write(format_trainer_info_line({"versions": versions, "source": source}))
+    sys.stdout.flush()
+
+
+def prepare_workspace(environ: Mapping[str, str], versions: dict[str, str]) -> dict[str, str]:
+    """Unpack the shipped code (if any) into the workspace, make it the working directory and
+    install its requirements; returns the env the launch needs. Raises CodeError or
+    RequirementsError."""
+    code = parse_shipped_code(environ)
+    if code is None:
+        return {}
+    files = unpack_code(code)
+    log.info("unpacked the shipped code into %s: %d file(s)", code.workspace, len(files))
+    os.chdir(code.workspace)
+    packages = install_requirements(code, environ) if code.requirements else []
+    if packages:
+        installed = read_versions([*packages, *sys.path])
+        if installed != versions:
+            report_versions(installed, "image+requirements")
+    return workspace_env(code, packages, environ)
+
+
+def fail(message: str, exit_code: int) -> int:
+    log.error("%s", message)
+    write_termination_message(message)
+    return exit_code
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="accelerate-trainer: %(message)s")
     script = list(sys.argv[1:] if argv is None else argv)
@@ -129,6 +178,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if not script or script[0] in ("-h", "--help"):
         log.error(USAGE)
         return 2
+    versions = read_versions()
+    report_versions(versions, "image")
     try:
         topology = parse_topology(environ)
         config = read_config(topology)
@@ -138,9 +189,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         validate(topology, config, visible_gpus=gpus, deepspeed_json=deepspeed_json,
                  deepspeed_source=deepspeed_source)
     except (TopologyError, ConfigError) as error:
-        log.error("invalid configuration: %s", error)
-        write_termination_message(f"invalid configuration: {error}")
-        return CONFIG_ERROR_EXIT_CODE
+        return fail(f"invalid configuration: {error}", CONFIG_ERROR_EXIT_CODE)
+    try:
+        launch_env = prepare_workspace(environ, versions)
+    except CodeError as error:
+        return fail(f"shipped code: {error}", CONFIG_ERROR_EXIT_CODE)
+    except RequirementsError as error:
+        return fail(f"requirements: {error}", REQUIREMENTS_EXIT_CODE)
 
     checkpoint_dir = environ.get(ENV_CHECKPOINT_DIR)
     resume_from = find_resume_checkpoint(checkpoint_dir) if checkpoint_dir else None
@@ -151,9 +206,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         wait_for_master(topology, timeout=timeout)
     except MasterUnreachable as error:
-        log.error("%s", error)
-        write_termination_message(str(error))
-        return 1
+        return fail(str(error), 1)
 
     plan = build_launch_plan(
         topology, config, script, resume_from=str(resume_from) if resume_from else None
@@ -166,7 +219,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(plan.argv[0], plan.argv, {**environ, **plan.env})
+        os.execvpe(plan.argv[0], plan.argv, {**environ, **plan.env, **launch_env})
     except OSError as error:
         message = (f"cannot run {plan.argv[0]!r} ({error.strerror}); is accelerate installed "
                    "and on PATH?")

@@ -37,10 +37,27 @@ CONFIG_MOUNT_PATH = "/etc/accelerate"
 CONFIG_KEY = "config.yaml"
 CONFIG_FILE = f"{CONFIG_MOUNT_PATH}/{CONFIG_KEY}"
 
+# ---- the user's code, shipped by `accelerate-job submit` (spec.code) ----
+# The ConfigMap spec.code.configMap names is mounted read-only here; its binaryData key
+# CODE_ARCHIVE_KEY holds a gzip tarball that the trainer checks against ENV_CODE_SHA256 and
+# unpacks into a writable WORKSPACE_DIR (an emptyDir the operator adds when the template mounts
+# nothing there) before `accelerate launch`. ENV_CODE_REQUIREMENTS, when set, is a pip
+# requirements file in the workspace, installed first. Users may not set ACCELERATE_CODE_* names.
+CODE_MOUNT_PATH = "/etc/accelerate-code"
+CODE_ARCHIVE_KEY = "code.tar.gz"
+WORKSPACE_DIR = "/workspace"
+ENV_CODE_ARCHIVE = "ACCELERATE_CODE_ARCHIVE"
+ENV_CODE_SHA256 = "ACCELERATE_CODE_SHA256"
+ENV_CODE_REQUIREMENTS = "ACCELERATE_CODE_REQUIREMENTS"
+ENV_CODE_WORKSPACE = "ACCELERATE_CODE_WORKSPACE"
+
 # ---- exit codes ----
 # EX_CONFIG from sysexits.h: the operator treats this exit code as permanent (no restart can fix
 # a bad config), so a job with a broken config fails at once instead of using up its restarts.
 CONFIG_ERROR_EXIT_CODE = 78
+# EX_TEMPFAIL: installing spec.code.requirements failed. Not permanent (a package index outage
+# passes), so the group restarts; list 75 in spec.runPolicy.permanentExitCodes to fail at once.
+REQUIREMENTS_EXIT_CODE = 75
 
 # ---- labels on every child; the job-name label is how the operator finds a job's pods ----
 JOB_NAME_LABEL = "accelerate-operator.io/job-name"
@@ -50,6 +67,18 @@ ATTEMPT_LABEL = "accelerate-operator.io/attempt"
 # ---- the progress line: `ACCELERATE_PROGRESS {json}` on rank 0's stdout ----
 PROGRESS_PREFIX = "ACCELERATE_PROGRESS"
 PROGRESS_LINE = re.compile(rf"^{PROGRESS_PREFIX} (\{{.*\}})\s*$", re.M)
+
+
+# ---- the trainer's own line: `ACCELERATE_TRAINER_INFO {json}`, printed at the start of every
+# pod's log (again after installing requirements when they changed a version). The operator reads
+# the head of pod <job>-0's log once per attempt into status.trainer.
+TRAINER_INFO_PREFIX = "ACCELERATE_TRAINER_INFO"
+TRAINER_INFO_LINE = re.compile(rf"^{TRAINER_INFO_PREFIX} (\{{.*\}})\s*$", re.M)
+
+
+def format_trainer_info_line(info: Mapping[str, Any]) -> str:
+    """One trainer info line, newline included."""
+    return f"{TRAINER_INFO_PREFIX} {json.dumps(dict(info), sort_keys=True)}\n"
 
 
 def format_progress_line(report: Mapping[str, Any]) -> str:

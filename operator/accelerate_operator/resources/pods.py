@@ -1,5 +1,6 @@
 """Pod `<job>-<index>`: the user's template plus hostname, the topology env, the config mount,
-and restricted-profile security defaults the template does not override."""
+the shipped code (spec.code) with a writable workspace, and restricted-profile security defaults
+the template does not override."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ import copy
 from typing import Any
 
 from accelerate_trainer.contract import (
+    CODE_ARCHIVE_KEY,
+    CODE_MOUNT_PATH,
     CONFIG_FILE,
     CONFIG_MOUNT_PATH,
     ENV_CHECKPOINT_DIR,
+    ENV_CODE_ARCHIVE,
+    ENV_CODE_REQUIREMENTS,
+    ENV_CODE_SHA256,
+    ENV_CODE_WORKSPACE,
     ENV_CONFIG_FILE,
     ENV_JOB_ATTEMPT,
     ENV_JOB_NAME,
@@ -19,10 +26,11 @@ from accelerate_trainer.contract import (
     ENV_NPROC_PER_NODE,
     ENV_NUM_NODES,
     ENV_WORLD_SIZE,
+    WORKSPACE_DIR,
 )
 
 from ..api import JobSpec
-from ..constants import CONFIG_VOLUME, SHM_VOLUME
+from ..constants import CODE_VOLUME, CONFIG_VOLUME, SHM_VOLUME, WORKSPACE_VOLUME
 from ..labels import pod_labels
 from ..naming import configmap_name, master_address, pod_name, service_name
 
@@ -61,6 +69,12 @@ def build_topology_env(job: JobSpec, index: int, attempt: int = 0) -> list[dict[
     }
     if job.checkpoint:
         env[ENV_CHECKPOINT_DIR] = job.checkpoint.mount_path
+    if job.code:
+        env[ENV_CODE_ARCHIVE] = f"{CODE_MOUNT_PATH}/{CODE_ARCHIVE_KEY}"
+        env[ENV_CODE_SHA256] = job.code.sha256
+        env[ENV_CODE_WORKSPACE] = WORKSPACE_DIR
+        if job.code.requirements:
+            env[ENV_CODE_REQUIREMENTS] = job.code.requirements
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -117,3 +131,17 @@ def _add_volumes(job: JobSpec, spec: dict[str, Any], trainer: dict[str, Any]) ->
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     if job.checkpoint and job.checkpoint.mount_path not in mounted_paths:
         mounts.append({"name": job.checkpoint.volume_name, "mountPath": job.checkpoint.mount_path})
+    if job.code:
+        _add_code(job, volumes, mounts, mounted_paths)
+
+
+def _add_code(job: JobSpec, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]],
+              mounted_paths: set[Any]) -> None:
+    """The shipped code, read-only, and a writable workspace the trainer unpacks it into: an
+    emptyDir, unless the template mounts a volume of its own there. The container cannot start
+    before the ConfigMap exists, so no pod ever sees part of the code."""
+    volumes.append({"name": CODE_VOLUME, "configMap": {"name": job.code.config_map}})
+    mounts.append({"name": CODE_VOLUME, "mountPath": CODE_MOUNT_PATH, "readOnly": True})
+    if WORKSPACE_DIR not in mounted_paths:
+        volumes.append({"name": WORKSPACE_VOLUME, "emptyDir": {}})
+        mounts.append({"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_DIR})
