@@ -254,5 +254,6 @@ class Kube:
             await self._request("POST", f"/api/v1/namespaces/{metadata['namespace']}/events",
                                 body)
         except (ApiError, aiohttp.ClientError, asyncio.TimeoutError) as error:
+            detail = server_message(error) if isinstance(error, ApiError) else repr(error)
             log.warning("could not post event %s on %s: %s", event.reason, metadata["name"],
-                        getattr(error, "reason", error))
+                        detail)
