@@ -18,7 +18,15 @@ Modes (--mode):
 Then the single-job latency: --single runs, one job at a time (pending template), create ->
 ConfigMap, Service and both pods exist.
 
+Memory over time: --bursts K repeats the pending burst K times and reports the RSS after each
+cleanup (the operator hands freed memory back within its trim period, clock.py: the RSS is
+polled for up to 20 s after the namespace is gone). The scale curve: --curve 100,500,2000,5000
+runs one pending burst of each size and prints a row per size, with the CPU the API server and
+etcd (processes of this host) spent per job beside the operator's, so a limit of the control
+plane shows as such.
+
 Usage: python bench/throughput.py [--jobs 500] [--mode pending|running|both] [--single 10]
+       [--bursts 1] [--curve 100,500,2000,5000]
        [--profile DIR]   (py-spy record of the operator during the burst; needs root)
 """
 
@@ -37,6 +45,7 @@ from common import (
     Cluster,
     OperatorProcess,
     RssSampler,
+    control_plane_processes,
     delete_leftovers,
     diff_counts,
     emit_result,
@@ -166,10 +175,12 @@ class Tracker:
                     f"phase={status.get('phase')} readyNodes={status.get('readyNodes')}")
 
 
-def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
+def burst(cluster: Cluster, args: argparse.Namespace, mode: str, jobs: int | None = None,
+          idle_rss_mib: float | None = None) -> dict:
     install_flow_schemas(cluster)  # again: a restarted cluster may have lost them
     operator = OperatorProcess.find(cluster)  # again: the operator may have been restarted
-    jobs = args.jobs
+    control_plane = control_plane_processes()
+    jobs = jobs or args.jobs
     if mode == "running":
         free = free_pod_slots(cluster)
         if NODES * jobs > free:
@@ -190,6 +201,7 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
         sampler = RssSampler(operator)
         sampler.start()
     requests_before = operator_request_counts(cluster)
+    control_plane_before = {name: proc.cpu_seconds() for name, proc in control_plane.items()}
     profiler = start_profiler(operator, args.profile, mode, args.timeout) if args.profile else None
     bodies = [job_body(namespace, name, mode) for name in names]
     try:
@@ -227,6 +239,9 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
         requests = diff_counts(operator_request_counts(cluster), requests_before)
         result["requests_settled"] = requests
         result["requests_per_job"] = sum(requests.values()) / jobs
+        for name, proc in control_plane.items():
+            result[f"{name}_cpu_ms_per_job"] = (
+                (proc.cpu_seconds() - control_plane_before[name]) * 1000 / jobs)
         if operator:
             result["operator_cpu_settled_s"] = operator.cpu_seconds() - cpu_before
             result["operator_cpu_ms_per_job"] = result["operator_cpu_settled_s"] * 1000 / jobs
@@ -240,9 +255,22 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str) -> dict:
         cluster.delete_namespace(namespace, wait=True)
         result["cleanup_s"] = time.monotonic() - t_delete
         if operator:
-            time.sleep(2)
-            result["operator_rss_after_cleanup_mib"] = operator.rss_mib()
+            result["operator_rss_after_cleanup_mib"] = settled_rss(
+                operator, idle_rss_mib if idle_rss_mib is not None
+                else result["operator_rss_before_mib"])
     return result
+
+
+def settled_rss(operator: OperatorProcess, idle_mib: float, within_mib: float = 10.0,
+                wait_s: float = 20.0) -> float:
+    """The RSS once the operator has handed back what the deleted jobs used: polled until it is
+    within `within_mib` of idle, for at most `wait_s` (two of its trim periods)."""
+    deadline = time.monotonic() + wait_s
+    rss = operator.rss_mib()
+    while rss > idle_mib + within_mib and time.monotonic() < deadline:
+        time.sleep(1.0)
+        rss = operator.rss_mib()
+    return rss
 
 
 def free_pod_slots(cluster: Cluster) -> int:
@@ -322,12 +350,75 @@ def single_job_latency(cluster: Cluster, runs: int) -> dict:
             "best_ms": min(latencies), "raw_ms": latencies}
 
 
+TARGET_JOBS_PER_S = 55.0
+TARGET_CPU_MS_PER_JOB = 10.0
+TARGET_PEAK_RSS_MIB = 100.0
+
+
+def print_burst(label: str, r: dict, args: argparse.Namespace, idle: float | None) -> None:
+    print(f"  [{label}] all {r['jobs']} jobs reconciled in {r['reconciled_s']:.2f}s: "
+          f"{r['jobs_per_s']:.1f} jobs/s, {r['pods_per_s']:.1f} pods/s "
+          f"(target >= {TARGET_JOBS_PER_S:.0f} jobs/s: "
+          f"{r['jobs_per_s'] / TARGET_JOBS_PER_S:.2f}x); submit took "
+          f"{r['submit_s']:.2f}s; per-job latency p50 {r['job_latency_p50_s']:.2f}s "
+          f"p99 {r['job_latency_p99_s']:.2f}s", flush=True)
+    if "all_running_s" in r:
+        print(f"  [{label}] all jobs Running 2/2 after {r['all_running_s']:.1f}s")
+    print(f"  [{label}] operator API requests: {r['requests_per_job']:.2f} per job "
+          f"(after {args.settle:.0f}s settle): {r['requests_settled']}")
+    if "operator_cpu_ms_per_job" in r:
+        print(f"  [{label}] operator CPU {r['operator_cpu_settled_s']:.1f}s "
+              f"({r['operator_cpu_ms_per_job']:.1f} ms/job, target <= "
+              f"{TARGET_CPU_MS_PER_JOB:.0f}), peak RSS {r['operator_peak_rss_mib']:.1f} MiB "
+              f"(target <= {TARGET_PEAK_RSS_MIB:.0f}), RSS after cleanup "
+              f"{r['operator_rss_after_cleanup_mib']:.1f} MiB (idle {idle:.1f}, target within "
+              f"10); cleanup {r['cleanup_s']:.1f}s", flush=True)
+    plane = {k: v for k, v in r.items() if k.endswith("_cpu_ms_per_job")
+             and not k.startswith("operator")}
+    if plane:
+        print(f"  [{label}] control plane CPU per job: "
+              + ", ".join(f"{k.removesuffix('_cpu_ms_per_job')} {v:.1f} ms"
+                          for k, v in sorted(plane.items())), flush=True)
+
+
+def scale_curve(cluster: Cluster, args: argparse.Namespace, sizes: list[int]) -> list[dict]:
+    """One pending burst per size; a row each, and the memory per 1,000 jobs the peak implies."""
+    rows = []
+    for jobs in sizes:
+        operator = OperatorProcess.find(cluster)
+        idle = operator.rss_mib() if operator else None
+        timeout = max(args.timeout, jobs / 5)  # 5,000 jobs at a few jobs/s still finish
+        curve_args = argparse.Namespace(**{**vars(args), "timeout": timeout})
+        r = resilient(cluster, f"curve {jobs}",
+                      lambda j=jobs, a=curve_args, i=idle: burst(cluster, a, "pending", j, i))
+        r["idle_rss_mib"] = idle
+        if operator and idle is not None:
+            r["mib_per_1000_jobs"] = (r["operator_peak_rss_mib"] - idle) * 1000 / jobs
+        rows.append(r)
+        print_burst(f"curve {jobs}", r, args, idle)
+    print("  scale curve (pending pods):")
+    print(f"  {'jobs':>6} {'jobs/s':>7} {'p99 s':>7} {'req/job':>8} {'op ms/job':>10} "
+          f"{'apisrv ms/job':>14} {'etcd ms/job':>12} {'peak MiB':>9} {'MiB/1k jobs':>12}")
+    for r in rows:
+        print(f"  {r['jobs']:>6} {r['jobs_per_s']:>7.1f} {r['job_latency_p99_s']:>7.1f} "
+              f"{r['requests_per_job']:>8.2f} {r.get('operator_cpu_ms_per_job', 0):>10.1f} "
+              f"{r.get('kube-apiserver_cpu_ms_per_job', 0):>14.1f} "
+              f"{r.get('etcd_cpu_ms_per_job', 0):>12.1f} "
+              f"{r.get('operator_peak_rss_mib', 0):>9.1f} {r.get('mib_per_1000_jobs', 0):>12.1f}",
+              flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--mode", choices=("pending", "running", "both"), default="pending")
     parser.add_argument("--single", type=int, default=10, help="single-job runs (0: skip)")
     parser.add_argument("--clients", type=int, default=16, help="parallel create calls")
+    parser.add_argument("--bursts", type=int, default=1,
+                        help="pending bursts in a row, for the RSS after each cleanup")
+    parser.add_argument("--curve", default=None,
+                        help="comma-separated job counts: one pending burst each (scale curve)")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds after the last job is reconciled still counted")
@@ -349,27 +440,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  operator pid {operator.pid}, up {operator.age_seconds():.0f}s, "
               f"idle RSS {idle:.1f} MiB", flush=True)
 
-    results: dict = {"idle_rss_mib": operator.rss_mib() if operator else None}
+    idle = operator.rss_mib() if operator else None
+    results: dict = {"idle_rss_mib": idle}
     modes = ("pending", "running") if args.mode == "both" else (args.mode,)
     for mode in modes:
-        r = resilient(cluster, f"{mode} burst", lambda mode=mode: burst(cluster, args, mode))
-        results[mode] = r
-        print(f"  [{mode}] all {r['jobs']} jobs reconciled in {r['reconciled_s']:.2f}s: "
-              f"{r['jobs_per_s']:.1f} jobs/s, {r['pods_per_s']:.1f} pods/s "
-              f"(target >= 25 jobs/s: {r['jobs_per_s'] / 25:.2f}x); submit took "
-              f"{r['submit_s']:.2f}s; per-job latency p50 {r['job_latency_p50_s']:.2f}s "
-              f"p99 {r['job_latency_p99_s']:.2f}s", flush=True)
-        if "all_running_s" in r:
-            print(f"  [{mode}] all jobs Running 2/2 after {r['all_running_s']:.1f}s")
-        print(f"  [{mode}] operator API requests: {r['requests_per_job']:.2f} per job "
-              f"(after {args.settle:.0f}s settle): {r['requests_settled']}")
-        if operator:
-            print(f"  [{mode}] operator CPU {r['operator_cpu_settled_s']:.1f}s "
-                  f"({r['operator_cpu_ms_per_job']:.1f} ms/job), peak RSS "
-                  f"{r['operator_peak_rss_mib']:.1f} MiB (target < 150: "
-                  f"{r['operator_peak_rss_mib'] / 150:.2f}x), RSS after cleanup "
-                  f"{r['operator_rss_after_cleanup_mib']:.1f} MiB; cleanup {r['cleanup_s']:.1f}s",
-                  flush=True)
+        runs = args.bursts if mode == "pending" else 1
+        for index in range(runs):
+            r = resilient(cluster, f"{mode} burst",
+                          lambda mode=mode: burst(cluster, args, mode, idle_rss_mib=idle))
+            results.setdefault(f"{mode}_bursts", []).append(r)
+            results[mode] = results[f"{mode}_bursts"][0]
+            print_burst(mode if runs == 1 else f"{mode} {index + 1}/{runs}", r, args, idle)
+        if runs > 1 and operator:
+            after = [r["operator_rss_after_cleanup_mib"] for r in results[f"{mode}_bursts"]]
+            results[f"{mode}_rss_growth_mib"] = after[-1] - after[0]
+            print(f"  [{mode}] RSS after each cleanup: "
+                  f"{', '.join(f'{a:.1f}' for a in after)} MiB (idle before {idle:.1f}); growth "
+                  f"over {runs} bursts {after[-1] - after[0]:+.1f} MiB", flush=True)
+    if args.curve:
+        results["curve"] = scale_curve(cluster, args, [int(n) for n in args.curve.split(",")])
     if args.single:
         s = resilient(cluster, "single-job latency",
                       lambda: single_job_latency(cluster, args.single))

@@ -30,7 +30,7 @@ log = logging.getLogger("accelerate_operator")
 CLOCK_SECONDS = 2.0
 RESYNC_SECONDS = 30.0
 PROGRESS_SECONDS = 5.0
-TRIM_SECONDS = 30.0
+TRIM_SECONDS = 10.0
 
 Body = Mapping[str, Any]
 

@@ -56,9 +56,9 @@ class Operator:
 
     async def reconcile(self, body: kopf.Body) -> float | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        pods = self.pods_of(namespace, name, body["metadata"]["uid"])
-        return await self.reconciler.reconcile(body, pods,
-                                               self.children_of(namespace, name))
+        uid = body["metadata"]["uid"]
+        return await self.reconciler.reconcile_latest(
+            body, lambda: (self.pods_of(namespace, name, uid), self.children_of(namespace, name)))
 
 
 OPERATOR = Operator()

@@ -1,13 +1,17 @@
 """One reconcile pass, in four named steps: parse (api.py), observe (observe.py), plan (plan.py,
-pure), apply (apply.py, through kube.py). One pass per job at a time.
+pure), apply (apply.py, through kube.py). One pass per job at a time, and at most one waiting:
+events that arrive while a pass waits join it (it starts from the newest state), so a burst of
+events of one job (its pods created, scheduled, started) costs one or two passes, not one each.
 
 Level-triggered: a pass starts from what is there, never from what happened, so any event of a
 job, or the clock, may run it, and a pass with nothing to change makes no API call."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .api import JobSpec, SpecError, parse_job
@@ -38,11 +42,21 @@ def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | 
     return None if metadata.get("deletionTimestamp") else job
 
 
+Indexed = Callable[[], tuple[Iterable[PodState], Iterable[tuple[str, str]]]]
+
+
+@dataclass
+class _WaitingPass:
+    body: Mapping[str, Any]
+    result: asyncio.Future
+
+
 class Reconciler:
     def __init__(self, kube: Kube, memory: Memory | None = None):
         self.kube = kube
         self.memory = memory or Memory()
         self.applier = Applier(kube, self.memory)
+        self._waiting: dict[str, _WaitingPass] = {}
 
     async def reconcile(self, body: Mapping[str, Any], pods: Iterable[PodState],
                         children: Iterable[tuple[str, str]] = ()) -> float | None:
@@ -50,17 +64,44 @@ class Reconciler:
         ((kind, name) of its ConfigMaps and Services) are what kopf's indexes show. Returns
         when time alone will next change the job (seconds), for the clock, or None."""
         pods, children = list(pods), frozenset(children)
+        return await self.reconcile_latest(body, lambda: (pods, children))
+
+    async def reconcile_latest(self, body: Mapping[str, Any], indexed: Indexed) -> float | None:
+        """As reconcile, with the pods and children read from the indexes (`indexed()`) only
+        when the pass starts. A call while a pass of the job waits to start joins that pass,
+        handing it this (newer) body, and returns its result."""
         uid = body["metadata"]["uid"]
-        async with self.memory.lock(uid):
-            for _ in range(MAX_PASSES):
-                job = parse_spec(body, self.memory.written.latest(uid, body.get("status") or {}))
-                if job is None:
-                    return None
-                seen = await observe(self.kube, self.memory, body, job, pods, children)
-                now = utcnow()
-                actions = plan_pass(seen, now)
-                if await self.applier.apply(seen, actions, now):
-                    return actions.requeue_after
+        waiting = self._waiting.get(uid)
+        if waiting is not None:
+            waiting.body = body
+            return await asyncio.shield(waiting.result)
+        waiting = _WaitingPass(body, asyncio.get_running_loop().create_future())
+        self._waiting[uid] = waiting
+        result = None
+        try:
+            async with self.memory.lock(uid):
+                if self._waiting.get(uid) is waiting:
+                    del self._waiting[uid]
+                pods, children = indexed()
+                result = await self._passes(waiting.body, list(pods), frozenset(children))
+            return result
+        finally:
+            if self._waiting.get(uid) is waiting:
+                del self._waiting[uid]
+            waiting.result.set_result(result)  # those who joined never see our exception
+
+    async def _passes(self, body: Mapping[str, Any], pods: list[PodState],
+                      children: frozenset[tuple[str, str]]) -> float | None:
+        uid = body["metadata"]["uid"]
+        for _ in range(MAX_PASSES):
+            job = parse_spec(body, self.memory.written.latest(uid, body.get("status") or {}))
+            if job is None:
+                return None
+            seen = await observe(self.kube, self.memory, body, job, pods, children)
+            now = utcnow()
+            actions = plan_pass(seen, now)
+            if await self.applier.apply(seen, actions, now):
+                return actions.requeue_after
         return None
 
     async def refresh_progress(self, body: Mapping[str, Any]) -> None:

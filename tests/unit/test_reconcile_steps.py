@@ -289,3 +289,27 @@ def test_pods_left_by_an_earlier_job_of_the_same_name_are_stale_not_failures():
     mine, earlier = operator.pods_of("ml", "train", "uid-new")
     assert mine == pod("train", 1)
     assert (earlier.name, earlier.attempt, earlier.deleting) == ("train-0", -1, True)
+
+
+def test_events_arriving_while_a_pass_waits_join_it():
+    """Ten events of one job at once (its pods created, scheduled, started...): the first pass
+    runs, the nine others join the single pass waiting behind it, which reads the indexes
+    when it starts; every caller gets that pass's result."""
+    kube = FakeKube()
+    reconciler = Reconciler(kube)
+    body = JobBuilder("llm").nodes(2).build()
+    index_reads = []
+
+    def indexed():
+        index_reads.append(len(kube.pods()))
+        return kube.pods(), kube.children()
+
+    async def burst():
+        return await asyncio.gather(*(reconciler.reconcile_latest(body, indexed)
+                                      for _ in range(10)))
+
+    results = asyncio.run(burst())
+    assert index_reads == [0, 2]  # two passes: the second saw the first one's pods
+    assert [c for c in kube.calls if c[0] == "create"].count(("create", "Pod", "llm-0")) == 1
+    assert len(set(results[1:])) == 1  # the nine who joined share one result
+    assert reconciler._waiting == {}
