@@ -223,6 +223,8 @@ start_apiserver() {
     --unsafe-no-fsync --quota-backend-bytes 8589934592 --log-level warn
 
   # 0.0.0.0: pods in network namespaces reach it through the bridge IP.
+  # --enable-aggregator-routing: webhooks (Kueue's) are called at their endpoints' pod IPs, which
+  # the host routes, not at Service ClusterIPs, which only the nodes' kube-proxy serves.
   # --request-timeout also bounds the graceful shutdown (60s by default, held open by
   # `kubectl logs -f` streams): after SIGTERM it now exits within about 20s.
   start_bg kube-apiserver "$BIN/kube-apiserver" \
@@ -237,6 +239,7 @@ start_apiserver() {
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types InternalIP \
+    --enable-aggregator-routing=true \
     --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
     --request-timeout 20s \
     --profiling=false --v=1

@@ -17,7 +17,7 @@ from .kube import Kube, Rejected
 from .memory import Memory
 from .naming import pod_name, trainer_container_name
 from .observe import Observed
-from .plan import Actions, Archive
+from .plan import Actions, Archive, WorkloadWrite
 from .progress import build_progress_status, parse_progress, progress_changed
 from .resources.logs import ARCHIVED_LINES, build_logs_configmap
 
@@ -49,7 +49,10 @@ class Applier:
             await self._final_progress(seen.body)
         await asyncio.gather(*(asyncio.to_thread(self.kube.delete_pod, job.namespace, name)
                                for name in actions.delete))
-        for manifests in (actions.children, actions.pods):  # the pods mount the ConfigMap
+        for write in actions.workload_writes:  # after the deletes: a release needs no pod left
+            await asyncio.to_thread(self._write_workload, job.namespace, write)
+        children = actions.children + ((actions.workload,) if actions.workload else ())
+        for manifests in (children, actions.pods):  # the pods mount the ConfigMap
             if not await self._create_all(job, manifests):
                 return False
         if actions.status is not None:
@@ -62,6 +65,12 @@ class Applier:
             log.info("deleting %s/%s: ttlSecondsAfterFinished has passed", job.namespace, job.name)
             await asyncio.to_thread(self.kube.delete_job, job.namespace, job.name)
         return True
+
+    def _write_workload(self, namespace: str, write: WorkloadWrite) -> None:
+        if write.part == "spec":
+            self.kube.patch_workload(namespace, write.name, write.body)
+        else:
+            self.kube.apply_workload_status(namespace, write.name, write.body, write.manager)
 
     async def _create_all(self, job: JobSpec, manifests: Sequence[Mapping[str, Any]]) -> bool:
         results = await asyncio.gather(*(self._create(m) for m in manifests),

@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from .apierrors import server_message
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+from .kueue import KUEUE_GROUP, KUEUE_VERSION
 from .resources.configmap import ConfigSource
 from .status import Event, format_time
 
@@ -24,6 +25,9 @@ log = logging.getLogger("accelerate_operator.kube")
 
 # A node agent that does not answer must not hold a reconcile (or the clock's progress read) long.
 LOG_REQUEST_TIMEOUT = 10
+WORKLOADS = "workloads"
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
 
 
 class Rejected(ValueError):
@@ -73,6 +77,7 @@ class Kube:
             "ConfigMap": self.core.create_namespaced_config_map,
             "Service": self.core.create_namespaced_service,
             "Pod": self.core.create_namespaced_pod,
+            "Workload": self._create_workload,
         }[manifest["kind"]]
         try:
             _drain(create(namespace, manifest, field_manager=FIELD_MANAGER,
@@ -80,6 +85,12 @@ class Kube:
         except ApiException as error:
             if error.status == 409:
                 return False
+            if error.status == 404 and manifest["kind"] == "Workload":
+                raise Rejected(
+                    f"the API server refused Workload {manifest['metadata']['name']}: it serves "
+                    f"no {KUEUE_GROUP}/{KUEUE_VERSION} Workloads; install Kueue, or remove the "
+                    "job's label kueue.x-k8s.io/queue-name"
+                ) from None
             message = server_message(error)
             if error.status == 403 and "being terminated" in message:
                 return False  # the namespace is going away, and the job with it
@@ -90,6 +101,50 @@ class Kube:
                 ) from None
             raise
         return True
+
+    def _create_workload(self, namespace: str, manifest: Mapping[str, Any], **kwargs: Any) -> Any:
+        return self.custom.create_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, manifest, **kwargs)
+
+    def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """A merge patch of the Workload's spec (spec.active)."""
+        self._ignore_gone(self.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                          namespace, WORKLOADS, name, dict(patch), field_manager=FIELD_MANAGER,
+                          _content_type=MERGE, _preload_content=False)
+
+    def apply_workload_status(self, namespace: str, name: str, body: Mapping[str, Any],
+                              manager: str) -> None:
+        """A server-side apply of the Workload's status under `manager`, forced, as Kueue's
+        own controllers write it. A Workload changed since it was read (its resourceVersion
+        in `body`) answers 409: its watch event brings the next pass, which plans again."""
+        try:
+            self._ignore_gone(self.custom.patch_namespaced_custom_object_status, KUEUE_GROUP,
+                              KUEUE_VERSION, namespace, WORKLOADS, name, dict(body),
+                              field_manager=manager, force=True, _content_type=APPLY,
+                              _preload_content=False)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            log.info("workload %s/%s changed meanwhile: %s", namespace, name,
+                     server_message(error))
+
+    def read_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass), or None."""
+        try:
+            return self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural,
+                                                         name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    @staticmethod
+    def _ignore_gone(call: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            _drain(call(*args, **kwargs))
+        except ApiException as error:
+            if error.status != 404:  # the Workload went with its job
+                raise
 
     def delete_pod(self, namespace: str, name: str) -> None:
         try:

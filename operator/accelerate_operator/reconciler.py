@@ -13,6 +13,7 @@ from typing import Any
 from .api import JobSpec, SpecError, parse_job
 from .apply import Applier, utcnow
 from .kube import Kube
+from .kueue import QueueContext
 from .memory import Memory
 from .observe import observe
 from .plan import plan_pass
@@ -45,10 +46,12 @@ class Reconciler:
         self.applier = Applier(kube, self.memory)
 
     async def reconcile(self, body: Mapping[str, Any], pods: Iterable[PodState],
-                        children: Iterable[tuple[str, str]] = ()) -> float | None:
+                        children: Iterable[tuple[str, str]] = (),
+                        queue: QueueContext | None = None) -> float | None:
         """Bring one job's children and status in line with its spec. `pods` and `children`
-        ((kind, name) of its ConfigMaps and Services) are what kopf's indexes show. Returns
-        when time alone will next change the job (seconds), for the clock, or None."""
+        ((kind, name) of its ConfigMaps and Services) are what kopf's indexes show, `queue`
+        what they show of Kueue (None: the Kueue integration is off). Returns when time alone
+        will next change the job (seconds), for the clock, or None."""
         pods, children = list(pods), frozenset(children)
         uid = body["metadata"]["uid"]
         async with self.memory.lock(uid):
@@ -56,7 +59,7 @@ class Reconciler:
                 job = parse_spec(body, self.memory.written.latest(uid, body.get("status") or {}))
                 if job is None:
                     return None
-                seen = await observe(self.kube, self.memory, body, job, pods, children)
+                seen = await observe(self.kube, self.memory, body, job, pods, children, queue)
                 now = utcnow()
                 actions = plan_pass(seen, now)
                 if await self.applier.apply(seen, actions, now):
