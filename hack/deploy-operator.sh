@@ -2,7 +2,8 @@
 # Install or upgrade the operator in the cluster of $KUBECONFIG with the Helm chart, and wait until
 # it runs. On the local cluster the image is rebuilt from this checkout under the same tag, so a
 # hash of the code and its Dockerfile is a pod annotation: a change rolls the operator, an
-# unchanged checkout leaves it alone.
+# unchanged checkout leaves it alone. The Kueue integration is on (the tests install Kueue with
+# hack/install-kueue.sh); it acts only on jobs labelled kueue.x-k8s.io/queue-name.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -51,6 +52,7 @@ echo ">> helm upgrade --install $RELEASE (namespace $NAMESPACE, code $code_hash)
 "$HELM" upgrade --install "$RELEASE" charts/accelerate-operator \
   --namespace "$NAMESPACE" --create-namespace --force-conflicts \
   --set-string "podAnnotations.accelerate-operator\.io/code-hash=$code_hash" \
+  --set kueue.enabled=true \
   ${ACCELERATE_OPERATOR_HELM_ARGS:-} \
   --wait --timeout 180s >&2
 kubectl wait --for=condition=Established "crd/$CRD" --timeout=60s >/dev/null
