@@ -2,7 +2,8 @@
 # Install or upgrade the operator in the cluster of $KUBECONFIG with the Helm chart, and wait until
 # it runs. On the local cluster the image is rebuilt from this checkout under the same tag, so a
 # hash of the code and its Dockerfile is a pod annotation: a change rolls the operator, an
-# unchanged checkout leaves it alone.
+# unchanged checkout leaves it alone. The Kueue integration is on when the cluster serves Kueue's
+# Workloads (hack/install-kueue.sh); it acts only on jobs labelled kueue.x-k8s.io/queue-name.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -47,10 +48,13 @@ case "$status" in
   pending-*) "$HELM" rollback "$RELEASE" -n "$NAMESPACE" --wait >&2 ;;
 esac
 
+kueue_enabled=false
+if kubectl get crd workloads.kueue.x-k8s.io >/dev/null 2>&1; then kueue_enabled=true; fi
 echo ">> helm upgrade --install $RELEASE (namespace $NAMESPACE, code $code_hash)" >&2
 "$HELM" upgrade --install "$RELEASE" charts/accelerate-operator \
   --namespace "$NAMESPACE" --create-namespace --force-conflicts \
   --set-string "podAnnotations.accelerate-operator\.io/code-hash=$code_hash" \
+  --set "kueue.enabled=$kueue_enabled" \
   ${ACCELERATE_OPERATOR_HELM_ARGS:-} \
   --wait --timeout 180s >&2
 kubectl wait --for=condition=Established "crd/$CRD" --timeout=60s >/dev/null

@@ -18,7 +18,7 @@ from .kube import Kube, Rejected
 from .memory import Memory
 from .naming import pod_name, trainer_container_name
 from .observe import Observed
-from .plan import Actions, Archive
+from .plan import Actions, Archive, WorkloadWrite
 from .progress import (
     build_progress_status,
     build_trainer_status,
@@ -58,7 +58,10 @@ class Applier:
             await self._final_progress(seen.body)
         await asyncio.gather(*(self.kube.delete_pod(job.namespace, name)
                                for name in actions.delete))
-        for manifests in (actions.children, actions.pods):  # the pods mount the ConfigMap
+        for write in actions.workload_writes:  # after the deletes: a release needs no pod left
+            await self._write_workload(job.namespace, write)
+        children = actions.children + ((actions.workload,) if actions.workload else ())
+        for manifests in (children, actions.pods):  # the pods mount the ConfigMap
             if not await self._create_all(job, manifests):
                 return False
         if actions.status is not None:
@@ -70,6 +73,13 @@ class Applier:
             log.info("deleting %s/%s: ttlSecondsAfterFinished has passed", job.namespace, job.name)
             await self.kube.delete_job(job.namespace, job.name)
         return True
+
+    async def _write_workload(self, namespace: str, write: WorkloadWrite) -> None:
+        if write.part == "spec":
+            await self.kube.patch_workload(namespace, write.name, write.body)
+        else:
+            await self.kube.apply_workload_status(namespace, write.name, write.body,
+                                                  write.manager)
 
     async def _create_all(self, job: JobSpec, manifests: Sequence[Mapping[str, Any]]) -> bool:
         results = await asyncio.gather(*(self._create(m) for m in manifests),

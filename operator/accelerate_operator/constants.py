@@ -18,10 +18,10 @@ WORKSPACE_VOLUME = "accelerate-workspace"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Phases and condition types, as the CRD documents them.
-PENDING, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
-    "Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
+PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
+    "Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
 )
 CREATED = "Created"
 FINISHED_PHASES = frozenset({SUCCEEDED, FAILED})
 # In the order status.conditions lists them.
-CONDITION_TYPES = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+CONDITION_TYPES = (QUEUED, CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)

@@ -6,12 +6,18 @@ watch filtered on the server by our job-name label), so an event reconciles its 
 single GET, and a child deleted by hand is seen missing and recreated. Only event handlers and
 indexes are used: kopf then writes nothing to a job (state-based create/update handlers would add
 an annotation patch per job; timers and daemons would add a finalizer, which blocks deleting jobs
-while the operator is down, kopf issue 1074)."""
+while the operator is down, kopf issue 1074).
+
+With the Kueue integration on (ACCELERATE_OPERATOR_KUEUE=true, the chart's kueue.enabled), the
+operator also indexes and watches the Kueue Workloads it created (same label filter): an
+admission or an eviction reconciles the job at once. kopf serves those handlers only while the
+Workload CRD exists, so the operator runs the same on a cluster without Kueue."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +27,7 @@ from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 from .clock import Clock
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from .kube import Kube
+from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
 from .reconciler import Reconciler
 from .status import read_pod_state
 
@@ -28,6 +35,7 @@ log = logging.getLogger("accelerate_operator")
 OURS = {JOB_NAME_LABEL: kopf.PRESENT}
 # The logs archived at a restart are ConfigMaps of the job too, but never recreated: not watched.
 RENDERED_CONFIGMAPS = {JOB_NAME_LABEL: kopf.PRESENT, ATTEMPT_LABEL: kopf.ABSENT}
+KUEUE_ENABLED = os.environ.get("ACCELERATE_OPERATOR_KUEUE", "").lower() in ("1", "true")
 
 
 @dataclass
@@ -54,11 +62,21 @@ class Operator:
         return {child for index in ("configmap_index", "service_index")
                 for child in self.indexes.get(index, {}).get((namespace, name), [])}
 
+    def queue_of(self, namespace: str, name: str, uid: str) -> QueueContext | None:
+        """The job's Workload, None when the Kueue integration is off."""
+        if not KUEUE_ENABLED:
+            return None
+        owned = [workload for owner, workload
+                 in self.indexes.get("workload_index", {}).get((namespace, name), [])
+                 if owner == uid]
+        return QueueContext(workload=owned[0] if owned else None)
+
     async def reconcile(self, body: kopf.Body) -> float | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         uid = body["metadata"]["uid"]
         return await self.reconciler.reconcile_latest(
-            body, lambda: (self.pods_of(namespace, name, uid), self.children_of(namespace, name)))
+            body, lambda: (self.pods_of(namespace, name, uid), self.children_of(namespace, name),
+                           self.queue_of(namespace, name, uid)))
 
 
 OPERATOR = Operator()
@@ -82,6 +100,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     selectors = getattr(settings.watching, "label_selectors", None)
     if selectors is not None:
         selectors["v1", "pods"] = selectors["v1", "services"] = JOB_NAME_LABEL
+        if KUEUE_ENABLED:
+            selectors[KUEUE_GROUP, KUEUE_VERSION, "workloads"] = JOB_NAME_LABEL
         selectors["v1", "configmaps"] = f"{JOB_NAME_LABEL},!{ATTEMPT_LABEL}"
     OPERATOR.indexes.clear()  # a second operator in one process (tests) starts afresh
     OPERATOR.reconciler = Reconciler(Kube.from_environment())
@@ -128,11 +148,30 @@ async def job_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dic
                                 "status": dict(body.status)}}
 
 
+def _owner_uid(body: kopf.Body) -> str | None:
+    return next((ref.get("uid") for ref in body.metadata.get("ownerReferences") or []
+                 if ref.get("kind") == KIND), None)
+
+
 @kopf.index("v1", "pods", labels=OURS)
 async def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
-    owner = next((ref.get("uid") for ref in body.metadata.get("ownerReferences") or []
-                  if ref.get("kind") == KIND), None)
-    return {(namespace, labels[JOB_NAME_LABEL]): (owner, read_pod_state(body))}
+    return {(namespace, labels[JOB_NAME_LABEL]): (_owner_uid(body), read_pod_state(body))}
+
+
+if KUEUE_ENABLED:
+    @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=OURS)
+    async def workload_index(namespace: str, labels: kopf.Labels, body: kopf.Body,
+                             **_: Any) -> dict:
+        metadata = {key: value for key, value in body.metadata.items()
+                    if key != "managedFields"}
+        return {(namespace, labels[JOB_NAME_LABEL]): (_owner_uid(body), {
+            "apiVersion": body.get("apiVersion"), "metadata": metadata,
+            "spec": {"active": body.spec.get("active", True)}, "status": dict(body.status)})}
+
+    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=OURS, id="workload-event")
+    async def on_workload_event(namespace: str, labels: kopf.Labels, **kwargs: Any) -> None:
+        """Admitted, evicted, released: the job's next pass acts on it."""
+        await _reconcile_owner(namespace, labels, kwargs)
 
 
 @kopf.index("v1", "configmaps", labels=RENDERED_CONFIGMAPS)

@@ -25,6 +25,7 @@ import kubernetes
 
 from .apierrors import server_message
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+from .kueue import KUEUE_GROUP, KUEUE_VERSION
 from .resources.configmap import ConfigSource
 from .status import Event, format_time
 
@@ -35,7 +36,13 @@ LOG_REQUEST_TIMEOUT = 10
 REQUEST_TIMEOUT = 30
 # Pods of many jobs are created in parallel (apply.py bounds it): connections kept open for them.
 CONNECTIONS = 32
-_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods"}
+WORKLOADS = "workloads"
+_PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
+          "Service": "/api/v1/namespaces/{}/services",
+          "Pod": "/api/v1/namespaces/{}/pods",
+          "Workload": f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{{}}/{WORKLOADS}"}
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
 
 
 class Rejected(ValueError):
@@ -131,12 +138,18 @@ class Kube:
         Returns whether it was created. The created object is not read back: the watch brings
         it."""
         namespace = manifest["metadata"]["namespace"]
-        path = f"/api/v1/namespaces/{namespace}/{_PLURALS[manifest['kind']]}"
+        path = _PATHS[manifest["kind"]].format(namespace)
         try:
             await self._request("POST", path, manifest, query={"fieldManager": FIELD_MANAGER})
         except ApiError as error:
             if error.status == 409:
                 return False
+            if error.status == 404 and manifest["kind"] == "Workload":
+                raise Rejected(
+                    f"the API server refused Workload {manifest['metadata']['name']}: it serves "
+                    f"no {KUEUE_GROUP}/{KUEUE_VERSION} Workloads; install Kueue, or remove the "
+                    "job's label kueue.x-k8s.io/queue-name"
+                ) from None
             message = server_message(error)
             if error.status == 403 and "being terminated" in message:
                 return False  # the namespace is going away, and the job with it
@@ -147,6 +160,46 @@ class Kube:
                 ) from None
             raise
         return True
+
+    def _workload_path(self, namespace: str, name: str) -> str:
+        return f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{namespace}/{WORKLOADS}/{name}"
+
+    async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """A merge patch of the Workload's spec (spec.active)."""
+        await self._ignore_gone("PATCH", self._workload_path(namespace, name), dict(patch),
+                                query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
+
+    async def apply_workload_status(self, namespace: str, name: str, body: Mapping[str, Any],
+                                    manager: str) -> None:
+        """A server-side apply of the Workload's status under `manager`, forced, as Kueue's
+        own controllers write it. A Workload changed since it was read (its resourceVersion
+        in `body`) answers 409: its watch event brings the next pass, which plans again."""
+        try:
+            await self._ignore_gone("PATCH", self._workload_path(namespace, name) + "/status",
+                                    dict(body), query={"fieldManager": manager, "force": "true"},
+                                    content_type=APPLY)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            log.info("workload %s/%s changed meanwhile: %s", namespace, name,
+                     server_message(error))
+
+    async def read_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass), or None."""
+        try:
+            return json.loads(await self._request(
+                "GET", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{plural}/{name}"))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def _ignore_gone(self, method: str, path: str, body: Any, **kwargs: Any) -> None:
+        try:
+            await self._request(method, path, body, **kwargs)
+        except ApiError as error:
+            if error.status != 404:  # the Workload went with its job
+                raise
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:

@@ -33,3 +33,9 @@ def trainer_container_name(template: Mapping[str, Any]) -> str | None:
     """The first container of the pod template trains (as the pod builder assumes)."""
     containers = (template.get("spec") or {}).get("containers") or [{}]
     return containers[0].get("name")
+
+
+def workload_name(job_name: str, uid: str) -> str:
+    """The job's Kueue Workload. The uid tells apart a job deleted and created again under the
+    same name, whose old Workload may not be collected yet."""
+    return f"acceleratejob-{job_name}-{uid[:8]}" if uid else f"acceleratejob-{job_name}"

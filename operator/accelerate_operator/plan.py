@@ -4,7 +4,9 @@ It renders the accelerate config (resolving the topology the spec leaves to the 
 every missing child (the rendered ConfigMap, the
 headless Service, the pods) with the builders in resources/, asks status.plan_reconcile for the
 new status and the pods to create and delete, and says which logs to archive, which events to
-post and whether the job's TTL has passed. No clock (`now` is an argument), no API calls:
+post and whether the job's TTL has passed. For a job queued with Kueue it also builds the
+Workload, places the pods as admitted (the flavors' node labels and tolerations) and the writes
+to the Workload's status (kueue.py). No clock (`now` is an argument), no API calls:
 observe.py gathers the Observed, apply.py carries the Actions out. A pod the API server refused
 in an earlier pass is one more observation here, not a second planning call."""
 
@@ -19,11 +21,28 @@ from accelerate_trainer.config import ConfigError
 
 from .api import JobSpec, SpecError
 from .constants import FINISHED_PHASES
-from .naming import configmap_name, service_name, trainer_container_name
+from .kueue import (
+    ADMISSION_MANAGER,
+    QueueContext,
+    build_condition_apply,
+    build_quota_release,
+    priority_class,
+    queue_name,
+    read_workload,
+)
+from .naming import configmap_name, service_name, trainer_container_name, workload_name
 from .resources.configmap import ConfigSource, prepare_config
 from .resources.pods import build_pod
 from .resources.service import build_service
-from .status import Event, Plan, PodState, plan_reconcile
+from .resources.workload import build_flavor_scheduling, build_workload, with_flavors
+from .status import Event, Plan, PodState, QueueState, format_time, plan_reconcile
+
+# The operator's own field managers for the Workload conditions it sets (Kueue's UpdateStatus
+# names them <controller>-<condition>).
+FINISHED_MANAGER = "accelerate-operator-Finished"
+PODS_READY_MANAGER = "accelerate-operator-PodsReady"
+# An admitted flavor the index has not shown yet: look again soon.
+FLAVOR_WAIT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,8 @@ class Observed:
     # server's refusal of one of its pods in an earlier pass.
     config_error: str | None = None
     refused: str | None = None
+    # Kueue as the indexes show it; None when the operator runs without the Kueue integration.
+    queue: QueueContext | None = None
 
     @property
     def finished(self) -> bool:
@@ -75,27 +96,103 @@ class Actions:
     delete_job: bool = False
     # When time alone will change the plan (a TTL, a deadline), for the operator's clock.
     requeue_after: float | None = None
+    workload: dict[str, Any] | None = None  # the Kueue Workload to create
+    workload_writes: tuple[WorkloadWrite, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkloadWrite:
+    """One write to the job's Workload: `spec` a merge patch of spec.active, `status` a
+    server-side apply of its status under `manager` (forced)."""
+
+    name: str
+    part: str  # "spec" or "status"
+    body: dict[str, Any]
+    manager: str = ""
 
 
 def plan_pass(seen: Observed, now: datetime) -> Actions:
     job, children, config_error = _missing_children(seen)
     reason = "InvalidConfig"
     if seen.refused and not config_error:
-        config_error, reason = seen.refused, "PodRejected"
+        config_error = seen.refused
+        reason = ("WorkloadRejected" if seen.refused.startswith("the API server refused Workload")
+                  else "PodRejected")
+    queue = _queue_state(seen)
     plan = plan_reconcile(job, seen.status, seen.pods, now, config_error=config_error,
-                          config_error_reason=reason)
+                          config_error_reason=reason, queue=queue)
     finishing = not seen.finished and plan.status.get("phase") in FINISHED_PHASES
+    pods = tuple(build_pod(job, index, plan.attempt) for index in plan.create)
+    requeue_after = plan.requeue_after
+    if pods and queue is not None:
+        placement = _admitted_placement(seen)
+        if placement is None:  # a flavor the index does not show yet
+            pods, requeue_after = (), FLAVOR_WAIT_SECONDS
+        else:
+            pods = tuple(with_flavors(pod, *placement) for pod in pods)
     return Actions(
         archive=_archive(seen, plan),
         read_final_progress=finishing,
         delete=plan.delete,
         children=() if finishing else tuple(children),
-        pods=tuple(build_pod(job, index, plan.attempt) for index in plan.create),
+        pods=pods,
         status=_changed(seen.status, plan.status),
         events=plan.events,
         delete_job=plan.delete_job,
-        requeue_after=plan.requeue_after,
+        requeue_after=requeue_after,
+        workload=_workload_to_create(seen, job, plan),
+        workload_writes=_workload_writes(seen, plan, now),
     )
+
+
+def _queue_state(seen: Observed) -> QueueState | None:
+    """The job's queue and Workload, when the Kueue integration is on and the job is labelled."""
+    name = queue_name(seen.body) if seen.queue is not None else None
+    if name is None:
+        return None
+    workload = seen.queue.workload
+    return QueueState(name, read_workload(workload) if workload else None)
+
+
+def _admitted_placement(seen: Observed) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
+    """The node labels and tolerations of the flavors Kueue admitted the job with, or None while
+    one of those ResourceFlavors is not known yet."""
+    view = read_workload(seen.queue.workload)
+    specs = [seen.queue.flavors.get(name) for name in view.flavors]
+    if any(spec is None for spec in specs):
+        return None
+    return build_flavor_scheduling(specs)
+
+
+def _workload_to_create(seen: Observed, job: JobSpec, plan: Plan) -> dict[str, Any] | None:
+    if not plan.queue.create or seen.has("Workload", workload_name(job.name, job.uid)):
+        return None
+    priority = priority_class(seen.body)
+    value = seen.queue.priorities.get(priority) if priority else None
+    return build_workload(job, queue_name(seen.body), priority, value)
+
+
+def _workload_writes(seen: Observed, plan: Plan, now: datetime) -> tuple[WorkloadWrite, ...]:
+    writes, workload = plan.queue, (seen.queue.workload if seen.queue else None)
+    if workload is None:
+        return ()
+    name, stamp, out = workload["metadata"]["name"], format_time(now), []
+    if writes.active is not None:
+        out.append(WorkloadWrite(name, "spec", {"spec": {"active": writes.active}}))
+    if writes.release:
+        out.append(WorkloadWrite(name, "status", build_quota_release(workload, stamp),
+                                 ADMISSION_MANAGER))
+    if writes.pods_ready is not None:
+        reason, message = (("PodsReady", "All pods reached readiness") if writes.pods_ready
+                           else ("WaitForStart", "Not all pods are ready or succeeded"))
+        out.append(WorkloadWrite(name, "status", build_condition_apply(
+            workload, "PodsReady", writes.pods_ready, reason, message, stamp),
+            PODS_READY_MANAGER))
+    if writes.finished is not None:
+        reason, message = writes.finished
+        out.append(WorkloadWrite(name, "status", build_condition_apply(
+            workload, "Finished", True, reason, message, stamp), FINISHED_MANAGER))
+    return tuple(out)
 
 
 def _missing_children(seen: Observed) -> tuple[JobSpec, list[dict[str, Any]], str | None]:

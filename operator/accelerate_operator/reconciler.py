@@ -17,6 +17,7 @@ from typing import Any
 from .api import JobSpec, SpecError, parse_job
 from .apply import Applier, utcnow
 from .kube import Kube
+from .kueue import QueueContext
 from .memory import Memory
 from .observe import observe
 from .plan import plan_pass
@@ -42,7 +43,8 @@ def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | 
     return None if metadata.get("deletionTimestamp") else job
 
 
-Indexed = Callable[[], tuple[Iterable[PodState], Iterable[tuple[str, str]]]]
+# What the indexes show when a pass starts: the pods, the children, and Kueue's view (or None).
+Indexed = Callable[[], tuple[Iterable[PodState], Iterable[tuple[str, str]], QueueContext | None]]
 
 
 @dataclass
@@ -59,12 +61,14 @@ class Reconciler:
         self._waiting: dict[str, _WaitingPass] = {}
 
     async def reconcile(self, body: Mapping[str, Any], pods: Iterable[PodState],
-                        children: Iterable[tuple[str, str]] = ()) -> float | None:
+                        children: Iterable[tuple[str, str]] = (),
+                        queue: QueueContext | None = None) -> float | None:
         """Bring one job's children and status in line with its spec. `pods` and `children`
-        ((kind, name) of its ConfigMaps and Services) are what kopf's indexes show. Returns
-        when time alone will next change the job (seconds), for the clock, or None."""
+        ((kind, name) of its ConfigMaps and Services) are what kopf's indexes show, `queue`
+        what they show of Kueue (None: the Kueue integration is off). Returns when time alone
+        will next change the job (seconds), for the clock, or None."""
         pods, children = list(pods), frozenset(children)
-        return await self.reconcile_latest(body, lambda: (pods, children))
+        return await self.reconcile_latest(body, lambda: (pods, children, queue))
 
     async def reconcile_latest(self, body: Mapping[str, Any], indexed: Indexed) -> float | None:
         """As reconcile, with the pods and children read from the indexes (`indexed()`) only
@@ -82,8 +86,9 @@ class Reconciler:
             async with self.memory.lock(uid):
                 if self._waiting.get(uid) is waiting:
                     del self._waiting[uid]
-                pods, children = indexed()
-                result = await self._passes(waiting.body, list(pods), frozenset(children))
+                pods, children, queue = indexed()
+                result = await self._passes(waiting.body, list(pods), frozenset(children),
+                                            queue)
             return result
         finally:
             if self._waiting.get(uid) is waiting:
@@ -91,13 +96,14 @@ class Reconciler:
             waiting.result.set_result(result)  # those who joined never see our exception
 
     async def _passes(self, body: Mapping[str, Any], pods: list[PodState],
-                      children: frozenset[tuple[str, str]]) -> float | None:
+                      children: frozenset[tuple[str, str]],
+                      queue: QueueContext | None) -> float | None:
         uid = body["metadata"]["uid"]
         for _ in range(MAX_PASSES):
             job = parse_spec(body, self.memory.written.latest(uid, body.get("status") or {}))
             if job is None:
                 return None
-            seen = await observe(self.kube, self.memory, body, job, pods, children)
+            seen = await observe(self.kube, self.memory, body, job, pods, children, queue)
             now = utcnow()
             actions = plan_pass(seen, now)
             if await self.applier.apply(seen, actions, now):

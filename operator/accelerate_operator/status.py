@@ -6,13 +6,17 @@ so a restarted operator, or two events arriving together, never double-count a r
 
 The group is the unit: one failed, evicted or deleted pod stops and recreates every pod under a
 new attempt number, so all ranks meet in a fresh rendezvous (a lone restarted rank never rejoins
-a torchrun static rendezvous)."""
+a torchrun static rendezvous).
+
+A job queued with Kueue (`QueueState`) runs only while its Workload is admitted: before that, and
+after an eviction, it has no pod. Stopping a group for Kueue starts a new attempt without
+counting a restart: an eviction is not a failure."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,11 +29,13 @@ from .constants import (
     FAILED,
     FINISHED_PHASES,
     PENDING,
+    QUEUED,
     RESTARTING,
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
 )
+from .kueue import WorkloadView
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,27 @@ class Event:
 
 
 @dataclass(frozen=True)
+class QueueState:
+    """A job labelled with a LocalQueue, and its Workload as Kueue's status shows it (None while
+    it does not exist)."""
+
+    name: str
+    workload: WorkloadView | None = None
+
+
+@dataclass(frozen=True)
+class QueueWrites:
+    """What Kueue must be told: create the Workload, set its spec.active (the user's suspend),
+    give an evicted Workload's quota back, set PodsReady, mark it Finished (reason, message)."""
+
+    create: bool = False
+    active: bool | None = None
+    release: bool = False
+    pods_ready: bool | None = None
+    finished: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
     status: dict[str, Any]
     attempt: int
@@ -83,6 +110,7 @@ class Plan:
     events: tuple[Event, ...] = ()
     delete_job: bool = False
     requeue_after: float | None = None
+    queue: QueueWrites = field(default_factory=QueueWrites)
 
 
 def read_pod_state(pod: Mapping[str, Any]) -> PodState:
@@ -167,7 +195,7 @@ class _StatusBuilder:
         self.status["phase"] = phase
         if phase != PENDING:
             self.condition(phase, True, reason, message)
-        for other in (RUNNING, RESTARTING, SUSPENDED):
+        for other in (QUEUED, RUNNING, RESTARTING, SUSPENDED):
             if other != phase and other in self.conditions:
                 self.condition(other, False, reason, message)
         if phase != self.previous_phase or (
@@ -226,12 +254,13 @@ class _Pass:
     steps plan_reconcile goes through. Each step that decides the pass returns its Plan."""
 
     def __init__(self, job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodState],
-                 now: datetime):
-        self.job, self.pods, self.now = job, list(pods), now
+                 now: datetime, queue: QueueState | None = None):
+        self.job, self.pods, self.now, self.queue = job, list(pods), now, queue
         self.out = _StatusBuilder(job, status, now)
         self.status = status
         self.attempt = int(status.get("attempt") or 0)
         self.restarts = int(status.get("restarts") or 0)
+        self.release = False
 
     def done(self, create=(), delete=(), delete_job=False, requeue_after=None) -> Plan:
         self.out.status["attempt"] = self.attempt
@@ -239,7 +268,30 @@ class _Pass:
         if requeue_after is None and status.get("phase") not in FINISHED_PHASES:
             requeue_after = self._seconds_to_deadline()
         return Plan(status, self.attempt, tuple(create), tuple(delete), tuple(self.out.events),
-                    delete_job, requeue_after)
+                    delete_job, requeue_after, self._queue_writes(status))
+
+    def _queue_writes(self, status: Mapping[str, Any]) -> QueueWrites:
+        if self.queue is None:
+            return QueueWrites()
+        workload = self.queue.workload
+        phase = status.get("phase")
+        if workload is None:
+            return QueueWrites(create=phase not in FINISHED_PHASES)
+        wants_active = not self.job.run_policy.suspend
+        finished = None
+        if phase in FINISHED_PHASES and not workload.finished:
+            condition = next((c for c in status.get("conditions") or [] if c["type"] == phase),
+                             {})
+            finished = (phase, condition.get("message") or phase)
+        pods_ready = None
+        running = phase == RUNNING
+        if workload.admitted and not workload.finished and phase not in FINISHED_PHASES and (
+                workload.pods_ready is not None or running) and workload.pods_ready != running:
+            pods_ready = running
+        return QueueWrites(
+            active=wants_active if workload.active != wants_active and not workload.finished
+            else None,
+            release=self.release, pods_ready=pods_ready, finished=finished)
 
     def fail(self, reason: str, message: str) -> Plan:
         self.out.phase(FAILED, reason, message, warning=True)
@@ -285,6 +337,63 @@ class _Pass:
             Event("Normal", "Resumed", f"starting a fresh group (attempt {self.attempt})"))
         self.out.status["phase"] = PENDING
         self.out.previous_phase = PENDING
+
+    def queue_gate(self) -> Plan | None:
+        """A queued job's group runs only while Kueue admits its Workload. Returns the Plan when
+        the queue decides the pass (the group must not run), None when it may run."""
+        queue, out = self.queue, self.out
+        workload = queue.workload
+        recorded = dict(self.status.get("queue") or {})
+        out.status["queue"] = {
+            "name": queue.name,
+            **({"workload": workload.name} if workload else {}),
+            **({"clusterQueue": workload.cluster_queue} if workload and workload.cluster_queue
+               else {}),
+            **({"flavors": list(workload.flavors)} if workload and workload.flavors else {}),
+            **({"evictions": recorded["evictions"]} if "evictions" in recorded else {}),
+        }
+        admitted = workload is not None and workload.admitted and workload.evicted is None
+        if admitted and not self.job.run_policy.suspend:
+            if out.previous_phase == QUEUED:
+                flavors = ", ".join(workload.flavors) or "no flavor"
+                message = (f"Kueue admitted workload {workload.name} in ClusterQueue "
+                           f"{workload.cluster_queue} ({flavors}): starting all "
+                           f"{self.job.num_nodes} node(s)")
+                out.condition(QUEUED, False, "Admitted", message)
+                out.events.append(Event("Normal", "Admitted", message))
+                out.status["phase"] = out.previous_phase = PENDING
+            return None
+        # The group must not run: stop every pod. Pods of the current attempt still running
+        # make this a new attempt (the next group restarts from the last checkpoint), and no
+        # restart is counted.
+        current = [p for p in self.pods if p.attempt == self.attempt]
+        if any(not p.deleting and not p.finished for p in current):
+            self.attempt += 1
+            if workload is not None and workload.evicted is not None:
+                out.status["queue"]["evictions"] = int(recorded.get("evictions") or 0) + 1
+        live = [p for p in self.pods if not p.deleting and not p.finished]
+        self.release = bool(workload and workload.evicted and workload.reserved and not live)
+        if self.job.run_policy.suspend:
+            return self.suspend()
+        out.counts([p for p in self.pods if p.attempt == self.attempt])
+        if workload is not None and workload.evicted is not None:
+            evicted, entering = workload.evicted, out.previous_phase != QUEUED
+            reason = evicted.reason or "Evicted"
+            message = (f"Kueue evicted workload {workload.name} ({reason}): {evicted.message}; "
+                       "the pods are stopped and the group restarts from its last checkpoint "
+                       "when Kueue admits it again")
+            out.phase(QUEUED, reason, message)
+            if entering:  # one Warning per eviction, not one per pass
+                out.events[-1] = Event("Warning", reason, message)
+        elif workload is None:
+            out.phase(QUEUED, "WorkloadCreated",
+                      f"waiting for Kueue: LocalQueue {queue.name}, workload being created")
+        else:
+            pending = workload.pending
+            out.phase(QUEUED, pending.reason if pending else "Pending",
+                      f"waiting for Kueue to admit workload {workload.name} in LocalQueue "
+                      f"{queue.name}" + (f": {pending.message}" if pending else ""))
+        return self.done(delete=[p.name for p in self.pods if not p.deleting])
 
     def deadline_exceeded(self) -> Plan | None:
         deadline = self._deadline()
@@ -367,15 +476,21 @@ def plan_reconcile(
     *,
     config_error: str | None = None,
     config_error_reason: str = "InvalidConfig",
+    queue: QueueState | None = None,
 ) -> Plan:
     """The whole decision for one pass; `config_error` is set when the accelerate config (or
     anything else only the operator can check) means the job cannot run. `requeue_after` says
-    when time alone will change the decision (a TTL or a deadline), for the operator's clock."""
-    run = _Pass(job, status, pods, now)
+    when time alone will change the decision (a TTL or a deadline), for the operator's clock.
+    `queue` is set for a job queued with Kueue: its group runs only while admitted."""
+    run = _Pass(job, status, pods, now, queue)
     if run.out.previous_phase in FINISHED_PHASES:
         return run.finished()
     if config_error:
         return run.fail(config_error_reason, config_error)
+    if queue is not None:
+        gated = run.queue_gate()
+        if gated is not None:
+            return gated
     if job.run_policy.suspend:
         return run.suspend()
     if run.out.previous_phase == SUSPENDED:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from accelerate_operator.kube import ConfigMapMissing, Rejected
+from accelerate_operator.kueue import ADMISSION_CONDITIONS, ADMISSION_MANAGER
 from accelerate_operator.resources.configmap import ConfigSource
 from accelerate_operator.status import PodState, read_pod_state
 
@@ -23,6 +24,8 @@ class FakeKube:
         self.events: list[Any] = []
         self.refuse_pods: str | None = None
         self.job_deleted = False
+        # Cluster-scoped Kueue objects by (plural, name): ResourceFlavors, priority classes.
+        self.kueue_objects: dict[tuple[str, str], dict[str, Any]] = {}
 
     # ---- Kube's interface ----------------------------------------------------------------
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
@@ -52,7 +55,43 @@ class FakeKube:
             raise ConfigMapMissing(f"ConfigMap {name!r} with key {key!r} does not exist")
         return ConfigSource(name=name, key=key, text=data[key], files=dict(data))
 
-    async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        self.calls.append(("patch", "Workload", name))
+        workload = self.workload()
+        workload["spec"].update(patch["spec"])
+        self._bump(workload)
+
+    async def apply_workload_status(self, namespace: str, name: str,
+                                    body: Mapping[str, Any], manager: str) -> None:
+        """Server-side apply as far as these writes need it: under Kueue's admission manager
+        the applied admission conditions replace Kueue's, and an admission left out is gone;
+        under another manager the applied conditions are set."""
+        self.calls.append(("apply", "Workload", manager))
+        workload = self.workload()
+        status = workload.setdefault("status", {})
+        applied = copy.deepcopy(body["status"]["conditions"])
+        kept = [c for c in status.get("conditions") or []
+                if c["type"] not in {a["type"] for a in applied}
+                and (manager != ADMISSION_MANAGER or c["type"] not in ADMISSION_CONDITIONS)]
+        status["conditions"] = kept + applied
+        if manager == ADMISSION_MANAGER and "admission" not in body["status"]:
+            status.pop("admission", None)
+        self._bump(workload)
+
+    async def read_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("read", plural, name))
+        return copy.deepcopy(self.kueue_objects.get((plural, name)))
+
+    def workload(self) -> dict[str, Any]:
+        return next(o for (kind, _), o in self.objects.items() if kind == "Workload")
+
+    @staticmethod
+    def _bump(obj: dict[str, Any]) -> None:
+        metadata = obj["metadata"]
+        metadata["resourceVersion"] = str(int(metadata.get("resourceVersion") or 0) + 1)
+
+    async def patch_job_status(self, namespace: str, name: str,
+                               status: Mapping[str, Any]) -> None:
         self.calls.append(("patch", "status", name))
         self.statuses.append(copy.deepcopy(dict(status)))
 

@@ -317,3 +317,33 @@ def test_notes_tell_the_user_what_to_do_next(helm):
     assert "kubectl get ajob" in done.stdout
     assert "kubectl apply -f examples/cpu-ddp.yaml" in done.stdout
     assert (ROOT / "examples/cpu-ddp.yaml").is_file(), "NOTES.txt names an example that is gone"
+
+
+KUEUE_NAMESPACED_RULES = {
+    ("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "patch"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+}
+KUEUE_CLUSTER_RULES = {
+    ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+    ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
+}
+
+
+def test_kueue_enabled_grants_exactly_the_workload_verbs_and_turns_the_integration_on(helm):
+    docs = render(helm, "kueue.enabled=true")
+    assert rules_of(only(docs, "ClusterRole")) == {
+        **NAMESPACED_RULES, **CLUSTER_ONLY_RULES, **KUEUE_NAMESPACED_RULES,
+        **KUEUE_CLUSTER_RULES}
+    env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
+    assert env["ACCELERATE_OPERATOR_KUEUE"] == "true"
+    namespaced = render(helm, "kueue.enabled=true", "watchNamespaces={team-a}")
+    assert rules_of(only(namespaced, "Role")) == {**NAMESPACED_RULES, **KUEUE_NAMESPACED_RULES}
+    assert rules_of(only(namespaced, "ClusterRole")) == {**CLUSTER_ONLY_RULES,
+                                                          **KUEUE_CLUSTER_RULES}
+
+
+def test_kueue_disabled_by_default_grants_nothing_of_kueue(helm):
+    docs = render(helm)
+    assert not any(group == "kueue.x-k8s.io" for d in docs if d["kind"] == "ClusterRole"
+                   for group, _ in rules_of(d))
+    assert "ACCELERATE_OPERATOR_KUEUE" not in {e["name"] for e in operator_container(docs)["env"]}

@@ -302,7 +302,7 @@ def test_events_arriving_while_a_pass_waits_join_it():
 
     def indexed():
         index_reads.append(len(kube.pods()))
-        return kube.pods(), kube.children()
+        return kube.pods(), kube.children(), None
 
     async def burst():
         return await asyncio.gather(*(reconciler.reconcile_latest(body, indexed)

@@ -83,11 +83,22 @@ without peering, so no kopf peering resources). No Secret access: the operator n
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.kueue.enabled }}
+# Kueue: the Workload of each queued job (created, watched, spec.active patched for a suspend)
+# and its status (quota released after an eviction, PodsReady, Finished).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "create", "patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}
 
 {{/*
 RBAC rules that only exist cluster-wide: kopf scans CRDs to resolve the resources it serves, and
-lists namespaces when it watches several of them.
+lists namespaces when it watches several of them; with kueue.enabled, Kueue's cluster-scoped
+ResourceFlavors and WorkloadPriorityClasses.
 */}}
 {{- define "accelerate-operator.clusterRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
@@ -96,4 +107,11 @@ lists namespaces when it watches several of them.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
+{{- if .Values.kueue.enabled }}
+# Kueue's cluster-wide objects, read by name: the flavors a job was admitted with (node labels,
+# tolerations) and the value of its priority class.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors", "workloadpriorityclasses"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Install Kueue (hack/build-kueue.sh) on the cluster of $KUBECONFIG: load its image into the local
+# nodes, apply its manifests server-side, and wait until its webhooks answer. Kueue manages its
+# webhook certificate itself (internalCertManagement): no cert-manager. The API server calls the
+# webhooks at their endpoints' pod IPs (--enable-aggregator-routing, hack/local-cluster.sh): it
+# runs on the host, which routes pod IPs but not Service ClusterIPs.
+# On an external cluster (kind: ACCELERATE_OPERATOR_EXTERNAL_CLUSTER=1) Kueue's release manifests
+# are applied instead. Idempotent; exit code 3 passes on build-kueue.sh's "Kueue cannot be had
+# here".
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+: "${KUBECONFIG:?set KUBECONFIG to the kubeconfig of the cluster}"
+KUBECTL="${KUBECTL:-$(command -v kubectl || echo "${ACCELERATE_OPERATOR_CACHE:-$HOME/.cache/accelerate-operator}/bin/v1.34.4/kubectl")}"
+
+if [[ ${ACCELERATE_OPERATOR_EXTERNAL_CLUSTER:-0} == 1 ]]; then
+  # kind and other clusters that pull images: Kueue's own release manifests and image.
+  image="registry.k8s.io/kueue/kueue:${KUEUE_VERSION:-v0.14.4}"
+  manifests="${KUEUE_MANIFESTS:-https://github.com/kubernetes-sigs/kueue/releases/download/${KUEUE_VERSION:-v0.14.4}/manifests.yaml}"
+else
+  set +e
+  out=$("$ROOT/hack/build-kueue.sh")
+  rc=$?
+  set -e
+  [[ $rc -eq 0 ]] || exit "$rc"
+  image=$(sed -n 1p <<<"$out")
+  manifests=$(sed -n 2p <<<"$out")
+  "$ROOT/hack/load-images.sh" "$image" >&2
+fi
+echo ">> applying Kueue ($image)" >&2
+"$KUBECTL" apply --server-side --force-conflicts -f "$manifests" >&2
+"$KUBECTL" -n kueue-system rollout status deployment/kueue-controller-manager --timeout=300s >&2
+
+# Ready when its validating webhook answers a server-side dry run.
+flavor='{"apiVersion":"kueue.x-k8s.io/v1beta1","kind":"ResourceFlavor","metadata":{"name":"install-check"}}'
+for _ in $(seq 1 90); do
+  if "$KUBECTL" apply --dry-run=server -f - <<<"$flavor" >/dev/null 2>&1; then
+    echo ">> Kueue's webhooks answer" >&2
+    exit 0
+  fi
+  sleep 2
+done
+"$KUBECTL" apply --dry-run=server -f - <<<"$flavor" >&2 || true
+echo "install-kueue: Kueue's webhooks did not answer in 180s" >&2
+exit 1
