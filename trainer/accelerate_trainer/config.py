@@ -12,7 +12,6 @@ the path is relative, as a user reads the config beside them: `resolve_config_pa
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import posixpath
 from collections.abc import Mapping
@@ -24,6 +23,8 @@ from .deepspeed_checks import FILE_KEY as DEEPSPEED_FILE_KEY
 from .deepspeed_checks import check_deepspeed
 from .errors import ConfigError
 from .fsdp_checks import FsdpNames, check_fsdp
+from .schema import AccelerateSchema
+from .schema import load as load_schema
 
 # distributed_type values that run the training processes through torchrun (accelerate's
 # multi_gpu_launcher), the only launcher that works between pods without SSH.
@@ -182,13 +183,13 @@ def check_job_fits(
     check_fsdp(config, fsdp_names or FsdpNames())
 
 
-def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
-    """Check keys and enum values with accelerate's own config classes (imports accelerate)."""
-    from accelerate.commands.config.config_args import ClusterConfig
-    from accelerate.utils import DistributedType, PrecisionType
-
+def check_against_accelerate_schema(config: Mapping[str, Any],
+                                    schema: AccelerateSchema | None = None) -> None:
+    """Check keys and enum values with what accelerate's own config classes accept (schema.py:
+    the image's snapshot of them, or accelerate itself)."""
+    schema = schema or load_schema()
     # Older `accelerate config` files still load: accelerate converts these two on read.
-    known = {field.name for field in dataclasses.fields(ClusterConfig)} | LEGACY_KEYS
+    known = set(schema.config_keys) | LEGACY_KEYS
     unknown = sorted(set(config) - known)
     obsolete = [key for key in unknown if key in OBSOLETE_KEYS]
     if obsolete:
@@ -196,7 +197,7 @@ def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
         written_by, deletable = OBSOLETE_KEYS[key]
         raise ConfigError(
             f"accelerate config key {key} was written by {written_by}; this image has accelerate "
-            f"{_accelerate_version()}, which no longer knows it and would refuse the file: "
+            f"{schema.version}, which no longer knows it and would refuse the file: "
             f"{deletable}"
         )
     if unknown:
@@ -205,17 +206,17 @@ def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
                  for close in [difflib.get_close_matches(key, known, n=1)]]
         raise ConfigError(
             f"unknown accelerate config key(s) {', '.join(hints)}: this image has accelerate "
-            f"{_accelerate_version()}, which does not know them (a newer or older accelerate may "
+            f"{schema.version}, which does not know them (a newer or older accelerate may "
             f"have written them; delete or rename them). It accepts: {', '.join(sorted(known))}"
         )
     dtype = distributed_type(config)
-    valid_types = [member.value for member in DistributedType]
+    valid_types = list(schema.distributed_types)
     if dtype not in valid_types:
         raise ConfigError(
             f"distributed_type {dtype!r} is not one of {', '.join(valid_types)}"
         )
     raw_precision = config.get("mixed_precision")
-    valid_precisions = [member.value for member in PrecisionType]
+    valid_precisions = list(schema.precisions)
     if isinstance(raw_precision, bool):
         # YAML 1.1 reads a bare `no` as false; accelerate then crashes on `False.lower()`.
         raise ConfigError(
@@ -230,7 +231,3 @@ def check_against_accelerate_schema(config: Mapping[str, Any]) -> None:
         )
 
 
-def _accelerate_version() -> str:
-    import accelerate
-
-    return accelerate.__version__

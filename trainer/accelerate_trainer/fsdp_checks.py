@@ -32,19 +32,10 @@ class FsdpNames:
 
 
 def names_from_accelerate() -> FsdpNames:
-    """The names of the installed accelerate (imports it: trainer only)."""
-    import accelerate
-    from accelerate.utils import constants
+    """The names of the installed accelerate (the image's snapshot of them, schema.py)."""
+    from .schema import load
 
-    return FsdpNames(
-        sharding_strategies=tuple(constants.FSDP_SHARDING_STRATEGY),
-        auto_wrap_policies=tuple(constants.FSDP_AUTO_WRAP_POLICY),
-        state_dict_types=tuple(constants.FSDP_STATE_DICT_TYPE),
-        fsdp2_state_dict_types=tuple(getattr(constants, "FSDP2_STATE_DICT_TYPE",
-                                             constants.FSDP_STATE_DICT_TYPE)),
-        backward_prefetch=tuple(constants.FSDP_BACKWARD_PREFETCH),
-        source=f"accelerate {accelerate.__version__}",
-    )
+    return load().fsdp
 
 
 def check_fsdp(config: Mapping[str, Any], names: FsdpNames | None = None) -> None:

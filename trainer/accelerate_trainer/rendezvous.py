@@ -1,5 +1,11 @@
-"""Wait until the master is reachable: the first complaint of Kubeflow users is workers that
-crash because the master's DNS name does not resolve yet, or resolves before it listens."""
+"""Wait until the master's name resolves: the first complaint of Kubeflow users is workers that
+crash because the master's DNS name does not resolve yet.
+
+Only the name: a worker does not wait for the master's port to listen. torch's store client
+retries a refused connection until its rendezvous timeout, so `accelerate launch` can start on
+every node at once. Waiting for the port here made each worker import torch only after the
+master had imported it and opened the port, seconds added to every start (docs/benchmarks.md,
+finding 7)."""
 
 from __future__ import annotations
 
@@ -13,12 +19,12 @@ log = logging.getLogger("accelerate_trainer")
 
 
 class MasterUnreachable(RuntimeError):
-    """The master did not resolve or listen within the timeout."""
+    """The master's name did not resolve within the timeout."""
 
 
-def wait_for_master(topology: Topology, *, timeout: float, interval: float = 1.0) -> None:
-    """Every node waits for MASTER_ADDR to resolve; nodes other than 0 also wait for the master
-    port to accept connections (node 0 is the one that will open it)."""
+def wait_for_master(topology: Topology, *, timeout: float, interval: float = 0.2) -> None:
+    """Every node waits for MASTER_ADDR to resolve (the headless Service publishes a pod's
+    address as soon as it has one, before it is ready)."""
     deadline = time.monotonic() + timeout
     _wait(
         lambda: socket.getaddrinfo(topology.master_addr, topology.master_port),
@@ -26,15 +32,6 @@ def wait_for_master(topology: Topology, *, timeout: float, interval: float = 1.0
         deadline,
         interval,
     )
-    if topology.is_master:
-        return
-
-    def connect() -> None:
-        with socket.create_connection((topology.master_addr, topology.master_port), timeout=2):
-            pass
-
-    _wait(connect, f"{topology.master_addr}:{topology.master_port} to accept connections",
-          deadline, interval)
 
 
 def _wait(attempt, what: str, deadline: float, interval: float) -> None:
