@@ -17,6 +17,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +63,10 @@ class Cluster:
         self.custom = kubernetes.client.CustomObjectsApi(self.api)
         self.flowcontrol = kubernetes.client.FlowcontrolApiserverV1Api(self.api)
 
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 300
-                ) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 300,
+                input_text: str | None = None) -> subprocess.CompletedProcess:
         proc = subprocess.run([kubectl_binary(), "--kubeconfig", self.kubeconfig, *args],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, input=input_text)
         if check and proc.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
@@ -110,8 +112,12 @@ class Cluster:
 
     def create_job(self, body: dict) -> None:
         """POST an AccelerateJob without deserialising the answer (cheap in bursts)."""
+        self.create_custom(body, GROUP, VERSION, PLURAL)
+
+    def create_custom(self, body: dict, group: str, version: str, plural: str) -> None:
+        """POST a namespaced custom object without deserialising the answer."""
         response = self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, body["metadata"]["namespace"], PLURAL, body, _preload_content=False)
+            group, version, body["metadata"]["namespace"], plural, body, _preload_content=False)
         response.read()  # drain the body before the connection goes back to the pool
         response.release_conn()
 
@@ -119,12 +125,14 @@ class Cluster:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
 
-def _ready(cluster: Cluster) -> bool:
+def _ready(cluster: Cluster, operator: bool = True) -> bool:
     try:
         response = cluster.api.call_api("GET", cluster.api.configuration.host + "/readyz",
                                         _request_timeout=5)
         if response.read() != b"ok":
             return False
+        if not operator:
+            return True
         pods = cluster.core.list_namespaced_pod(
             OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=accelerate-operator")
         return any(p.status.phase == "Running" and any(
@@ -134,10 +142,11 @@ def _ready(cluster: Cluster) -> bool:
         return False
 
 
-def wait_for_cluster(cluster: Cluster, timeout: float = 600) -> None:
+def wait_for_cluster(cluster: Cluster, timeout: float = 600, operator: bool = True) -> None:
     """The shared local cluster is restarted now and then: wait until the API server is ready
-    and the operator runs again."""
-    wait_until(lambda: _ready(cluster), timeout, "the API server and the operator", interval=2)
+    and (with operator) the operator runs again."""
+    wait_until(lambda: _ready(cluster, operator), timeout,
+               "the API server and the operator" if operator else "the API server", interval=2)
 
 
 def delete_leftovers(cluster: Cluster) -> None:
@@ -150,9 +159,11 @@ def delete_leftovers(cluster: Cluster) -> None:
         print(f"  (could not delete leftover benchmark namespaces: {error})")
 
 
-def resilient(cluster: Cluster, what: str, fn: Callable[[], Any], attempts: int = 3) -> Any:
+def resilient(cluster: Cluster, what: str, fn: Callable[[], Any], attempts: int = 3,
+              operator: bool = True) -> Any:
     """Run one unit of measurement; when it fails (typically because the shared cluster was
-    restarted under it), wait for the cluster and the operator, then run it again from scratch."""
+    restarted under it), wait for the cluster and (with operator) the operator, then run it
+    again from scratch."""
     for attempt in range(1, attempts + 1):
         try:
             return fn()
@@ -161,7 +172,7 @@ def resilient(cluster: Cluster, what: str, fn: Callable[[], Any], attempts: int 
                 raise
             print(f"  ! {what} failed ({type(error).__name__}: {str(error)[:200]}); waiting for "
                   f"the cluster and retrying ({attempt}/{attempts - 1})", flush=True)
-            wait_for_cluster(cluster)
+            wait_for_cluster(cluster, operator=operator)
             delete_leftovers(cluster)
     raise AssertionError("not reached")
 
@@ -188,6 +199,11 @@ class Watcher(threading.Thread):
         "configmaps": ("core", "list_namespaced_config_map"),
         "services": ("core", "list_namespaced_service"),
         "acceleratejobs": ("custom", None),
+        "pytorchjobs": ("custom", None),
+    }
+    CUSTOM = {  # kind: (group, version, plural)
+        "acceleratejobs": (GROUP, VERSION, PLURAL),
+        "pytorchjobs": ("kubeflow.org", "v1", "pytorchjobs"),  # bench/kubeflow_compare.py
     }
 
     def __init__(self, cluster: Cluster, kind: str, namespace: str,
@@ -203,9 +219,10 @@ class Watcher(threading.Thread):
 
     def _list(self, **kwargs: Any):
         extra = {"label_selector": self.label_selector} if self.label_selector else {}
-        if self.kind == "acceleratejobs":
+        if self.kind in self.CUSTOM:
+            group, version, plural = self.CUSTOM[self.kind]
             return self.cluster.custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, **extra, **kwargs)
+                group, version, self.namespace, plural, **extra, **kwargs)
         api, method = self.KINDS[self.kind]
         return getattr(getattr(self.cluster, api), method)(self.namespace, **extra, **kwargs)
 
@@ -533,6 +550,8 @@ class RssSampler(threading.Thread):
 # (verb, resource) of interest, all mapped to the priority level the operator already uses
 # (workload-low, through the built-in `service-accounts` schema), so its traffic is unchanged.
 # apiserver_flowcontrol_dispatched_requests_total{flow_schema=...} then counts its requests.
+# Another client (bench/kubeflow_compare.py's training-operator) gets its own CountedClient:
+# another ServiceAccount, prefix, table and precedences.
 FLOW_SCHEMA_PREFIX = "bench-accelerate-operator"
 COUNTED = [  # (name, verbs, apiGroups, resources)
     ("create-pods", ["create"], [""], ["pods"]),
@@ -548,11 +567,27 @@ COUNTED = [  # (name, verbs, apiGroups, resources)
 ]
 
 
-def install_flow_schemas(cluster: Cluster, priority_level: str = "workload-low") -> None:
+@dataclass(frozen=True)
+class CountedClient:
+    """Whose requests the FlowSchemas count, under which names."""
+    service_account: str
+    namespace: str
+    prefix: str
+    counted: list = field(default_factory=list)  # rows like COUNTED's; "other" must be last
+    first_precedence: int = 1000
+
+
+ACCELERATE_OPERATOR = CountedClient(OPERATOR_SERVICE_ACCOUNT, OPERATOR_NAMESPACE,
+                                    FLOW_SCHEMA_PREFIX, COUNTED)
+
+
+def install_flow_schemas(cluster: Cluster, priority_level: str = "workload-low",
+                         client: CountedClient = ACCELERATE_OPERATOR) -> None:
     subject = {"kind": "ServiceAccount",
-               "serviceAccount": {"name": OPERATOR_SERVICE_ACCOUNT,
-                                  "namespace": OPERATOR_NAMESPACE}}
-    for precedence, (name, verbs, groups, resources) in enumerate(COUNTED, start=1000):
+               "serviceAccount": {"name": client.service_account,
+                                  "namespace": client.namespace}}
+    for precedence, (name, verbs, groups, resources) in enumerate(
+            client.counted, start=client.first_precedence):
         rule: dict[str, Any] = {"subjects": [subject], "resourceRules": [{
             "verbs": verbs, "apiGroups": groups, "resources": resources,
             "clusterScope": True, "namespaces": ["*"]}]}
@@ -560,7 +595,7 @@ def install_flow_schemas(cluster: Cluster, priority_level: str = "workload-low")
             rule["nonResourceRules"] = [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
         body = {
             "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
-            "metadata": {"name": f"{FLOW_SCHEMA_PREFIX}-{name}", "labels": {BENCH_LABEL: "true"}},
+            "metadata": {"name": f"{client.prefix}-{name}", "labels": {BENCH_LABEL: "true"}},
             "spec": {"priorityLevelConfiguration": {"name": priority_level},
                      "matchingPrecedence": precedence,
                      "distinguisherMethod": {"type": "ByUser"}, "rules": [rule]},
@@ -571,8 +606,17 @@ def install_flow_schemas(cluster: Cluster, priority_level: str = "workload-low")
             if error.status != 409:
                 raise
     # The apiserver picks new schemas up asynchronously: wait until one has been seen.
-    wait_until(lambda: all(_flow_schema_active(cluster, f"{FLOW_SCHEMA_PREFIX}-{name}")
-                           for name, *_ in COUNTED), 30, "the benchmark FlowSchemas")
+    wait_until(lambda: all(_flow_schema_active(cluster, f"{client.prefix}-{name}")
+                           for name, *_ in client.counted), 30, "the benchmark FlowSchemas")
+
+
+def delete_flow_schemas(cluster: Cluster, client: CountedClient) -> None:
+    for name, *_ in client.counted:
+        try:
+            cluster.flowcontrol.delete_flow_schema(f"{client.prefix}-{name}")
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
 
 def _flow_schema_active(cluster: Cluster, name: str) -> bool:
@@ -590,10 +634,11 @@ def read_metrics(cluster: Cluster) -> str:
     return response.read().decode()
 
 
-def operator_request_counts(cluster: Cluster) -> dict[str, float]:
+def operator_request_counts(cluster: Cluster, client: CountedClient = ACCELERATE_OPERATOR
+                            ) -> dict[str, float]:
     """Requests the operator's ServiceAccount made so far, by FlowSchema (name without prefix)."""
-    counts = {name: 0.0 for name, *_ in COUNTED}
-    prefix = f'flow_schema="{FLOW_SCHEMA_PREFIX}-'
+    counts = {name: 0.0 for name, *_ in client.counted}
+    prefix = f'flow_schema="{client.prefix}-'
     for line in read_metrics(cluster).splitlines():
         if line.startswith("apiserver_flowcontrol_dispatched_requests_total{") and prefix in line:
             name = line.split(prefix, 1)[1].split('"', 1)[0]
@@ -604,6 +649,64 @@ def operator_request_counts(cluster: Cluster) -> dict[str, float]:
 def diff_counts(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
     return {k: int(after.get(k, 0) - before.get(k, 0)) for k in after
             if after.get(k, 0) - before.get(k, 0)}
+
+
+# ------------------------------------------------------------------ bursts
+class BurstTracker:
+    """Per-job state of a burst, fed by the watches (subclasses: on_event, which calls
+    mark_reconciled, and describe): when each job was first reconciled, each pod first seen."""
+
+    def __init__(self, names: list[str]):
+        self.names = set(names)
+        self.lock = threading.Lock()
+        self.pod_seen: dict[str, float] = {}  # pod -> first seen
+        self.reconciled_at: dict[str, float] = {}
+        self.all_reconciled = threading.Event()
+
+    def mark_reconciled(self, t: float, job: str) -> None:
+        """Under self.lock."""
+        if job not in self.reconciled_at:
+            self.reconciled_at[job] = t
+            if len(self.reconciled_at) == len(self.names):
+                self.all_reconciled.set()
+
+    def describe(self, job: str) -> str:
+        """What is known of a job that is not reconciled yet (under self.lock)."""
+        return ""
+
+    def missing(self) -> str:
+        with self.lock:
+            left = sorted(self.names - set(self.reconciled_at))
+            if not left:
+                return "none"
+            return f"{len(left)} jobs, e.g. {left[0]}: {self.describe(left[0])}"
+
+
+def timed_burst(tracker: BurstTracker, create: Callable[[dict], None], bodies: list[dict],
+                clients: int, timeout: float, pods_per_job: int) -> tuple[float, dict]:
+    """Create every body at once (`clients` parallel calls) and wait until the tracker has seen
+    every job reconciled. Returns the start time and the figures: submit_s, reconciled_s,
+    jobs_per_s, pods_per_s, job_latency_p50_s and job_latency_p99_s."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(create, bodies))
+    result = {"submit_s": time.monotonic() - t0}
+    if not tracker.all_reconciled.wait(timeout):
+        raise TimeoutError(f"not every job reconciled within {timeout}s; missing: "
+                           f"{tracker.missing()}")
+    with tracker.lock:
+        done_at = max(tracker.reconciled_at.values())
+        latencies = sorted(t - t0 for t in tracker.reconciled_at.values())
+        pods_done_at = max(tracker.pod_seen.values())
+    elapsed = done_at - t0
+    result.update({
+        "reconciled_s": elapsed,
+        "jobs_per_s": len(bodies) / elapsed,
+        "pods_per_s": pods_per_job * len(bodies) / (pods_done_at - t0),
+        "job_latency_p50_s": percentile(latencies, 50),
+        "job_latency_p99_s": percentile(latencies, 99),
+    })
+    return t0, result
 
 
 # ------------------------------------------------------------------ numbers

@@ -9,9 +9,12 @@
 #   bench/run.sh --quick             smaller runs for development (about 5 minutes)
 #   bench/run.sh startup throughput  only these (startup, throughput, overhead; `writes` runs
 #                                    the API-client experiment of docs/benchmarks.md, finding 5)
+#   bench/run.sh throughput kubeflow our operator, then Kubeflow's Go training-operator (built
+#                                    once by hack/build-training-operator.sh, run as a host
+#                                    process) on the same burst; not in the default set
 #
-# Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS
-# (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results, one JSON line per
+# Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
+# BENCH_KUBEFLOW_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results, one JSON line per
 # benchmark, go to $BENCH_JSON (default: a file under /tmp, named at the end).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,8 +25,8 @@ selected=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    startup|throughput|overhead|writes) selected+=("$arg") ;;
-    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [writes]" >&2; exit 2 ;;
+    startup|throughput|overhead|writes|kubeflow) selected+=("$arg") ;;
+    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [writes] [kubeflow]" >&2; exit 2 ;;
   esac
 done
 [[ ${#selected[@]} -gt 0 ]] || selected=(startup throughput overhead)
@@ -46,8 +49,10 @@ export KUBECONFIG=$kubeconfig
 export BENCH_JSON="${BENCH_JSON:-$(mktemp /tmp/accelerate-operator-bench.XXXXXX.jsonl)}"
 if [[ $quick == 1 ]]; then
   startup_args="--runs 2"; throughput_args="--jobs 100 --single 10"; overhead_args="--pairs 1 --max-steps 100"
+  kubeflow_args="--jobs 100"
 else
   startup_args="--runs 5"; throughput_args="--jobs 500 --single 10"; overhead_args="--pairs 3"
+  kubeflow_args="--jobs 500"
 fi
 
 started=$SECONDS
@@ -57,6 +62,7 @@ for bench in "${selected[@]}"; do
     throughput) "$PY" bench/throughput.py $throughput_args ${BENCH_THROUGHPUT_ARGS:-} ;;
     overhead) "$PY" bench/overhead.py $overhead_args ${BENCH_OVERHEAD_ARGS:-} ;;
     writes) "$PY" bench/api_writes.py ${BENCH_WRITES_ARGS:-} ;;
+    kubeflow) "$PY" bench/kubeflow_compare.py $kubeflow_args ${BENCH_KUBEFLOW_ARGS:-} ;;
   esac
   echo
 done

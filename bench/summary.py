@@ -46,6 +46,18 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
             if "single" in r:
                 out.append(("single job create -> children (median)", r["single"]["median_ms"],
                             ""))
+        elif r["benchmark"] == "kubeflow":
+            for profile in ("defaults", "tuned"):
+                if profile in r:
+                    m = r[profile]
+                    label = f"[Go {r['version']} {profile}, {m['jobs']} jobs]"
+                    out.append((f"jobs/s {label}", m["jobs_per_s"], "jobs/s"))
+                    out.append((f"API requests per job {label}", m["requests_per_job"], ""))
+                    out.append((f"CPU per job {label}", m["operator_cpu_ms_per_job"], "ms"))
+                    out.append((f"idle RSS {label}", m["idle_rss_mib"], "MiB"))
+                    out.append((f"peak RSS {label}", m["operator_peak_rss_mib"], "MiB"))
+                    out.append((f"RSS after cleanup {label}", m["operator_rss_after_cleanup_mib"],
+                                "MiB"))
         elif r["benchmark"] == "api_writes":
             out.append(("CPU per create, client in threads / aiohttp (finding 5)",
                         r["cpu_ratio"], "ratio"))

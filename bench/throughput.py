@@ -38,10 +38,10 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common import (
+    BurstTracker,
     Cluster,
     OperatorProcess,
     RssSampler,
@@ -54,10 +54,10 @@ from common import (
     machine_line,
     median,
     operator_request_counts,
-    percentile,
     resilient,
     start_watchers,
     stop_watchers,
+    timed_burst,
     wait_for_cluster,
 )
 
@@ -89,21 +89,17 @@ def job_body(namespace: str, name: str, mode: str) -> dict:
     }
 
 
-class Tracker:
+class Tracker(BurstTracker):
     """Per-job state fed by the watches; records when each job first becomes reconciled."""
 
     def __init__(self, names: list[str]):
-        self.names = set(names)
-        self.lock = threading.Lock()
+        super().__init__(names)
         self.configmaps: set[str] = set()
         self.services: set[str] = set()
         self.pods: dict[str, dict[str, bool]] = {n: {} for n in names}  # job -> pod -> ready
-        self.pod_seen: dict[str, float] = {}  # pod -> first seen
         self.status: dict[str, dict] = {}
         self.generation: dict[str, int] = {}
-        self.reconciled_at: dict[str, float] = {}
         self.running_at: dict[str, float] = {}
-        self.all_reconciled = threading.Event()
         self.all_running = threading.Event()
 
     def on_event(self, t: float, kind: str, typ: str, obj: dict) -> None:
@@ -153,26 +149,19 @@ class Tracker:
         consistent = (status.get("phase") in ("Pending", "Running")
                       and status.get("readyNodes") == f"{ready}/{NODES}"
                       and int(status.get("observedGeneration") or 0) == self.generation[job])
-        if consistent and job not in self.reconciled_at:
-            self.reconciled_at[job] = t
-            if len(self.reconciled_at) == len(self.names):
-                self.all_reconciled.set()
+        if consistent:
+            self.mark_reconciled(t, job)
         if consistent and ready == NODES and status.get("phase") == "Running" \
                 and job not in self.running_at:
             self.running_at[job] = t
             if len(self.running_at) == len(self.names):
                 self.all_running.set()
 
-    def missing(self) -> str:
-        with self.lock:
-            left = sorted(self.names - set(self.reconciled_at))
-            if not left:
-                return "none"
-            job = left[0]
-            status = self.status.get(job, {})
-            return (f"{len(left)} jobs, e.g. {job}: configmap={job in self.configmaps} "
-                    f"service={job in self.services} pods={self.pods[job]} "
-                    f"phase={status.get('phase')} readyNodes={status.get('readyNodes')}")
+    def describe(self, job: str) -> str:
+        status = self.status.get(job, {})
+        return (f"configmap={job in self.configmaps} service={job in self.services} "
+                f"pods={self.pods[job]} phase={status.get('phase')} "
+                f"readyNodes={status.get('readyNodes')}")
 
 
 def burst(cluster: Cluster, args: argparse.Namespace, mode: str, jobs: int | None = None,
@@ -205,25 +194,9 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str, jobs: int | Non
     profiler = start_profiler(operator, args.profile, mode, args.timeout) if args.profile else None
     bodies = [job_body(namespace, name, mode) for name in names]
     try:
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(args.clients) as pool:
-            list(pool.map(cluster.create_job, bodies))
-        result["submit_s"] = time.monotonic() - t0
-        if not tracker.all_reconciled.wait(args.timeout):
-            raise TimeoutError(f"not every job reconciled within {args.timeout}s; missing: "
-                               f"{tracker.missing()}")
-        with tracker.lock:
-            done_at = max(tracker.reconciled_at.values())
-            latencies = sorted(t - t0 for t in tracker.reconciled_at.values())
-            pods_done_at = max(tracker.pod_seen.values())
-        elapsed = done_at - t0
-        result.update({
-            "reconciled_s": elapsed,
-            "jobs_per_s": jobs / elapsed,
-            "pods_per_s": NODES * jobs / (pods_done_at - t0),
-            "job_latency_p50_s": percentile(latencies, 50),
-            "job_latency_p99_s": percentile(latencies, 99),
-        })
+        t0, timings = timed_burst(tracker, cluster.create_job, bodies, args.clients, args.timeout,
+                                  NODES)
+        result.update(timings)
         if operator:
             result["operator_cpu_s"] = operator.cpu_seconds() - cpu_before
         requests = diff_counts(operator_request_counts(cluster), requests_before)
