@@ -32,7 +32,8 @@ are Running (0 here). That is throughput.py's "children exist and the status agr
 Reported per profile: time until every job is reconciled, jobs/s, per-job latency p50/p99, the
 operator's CPU ms per job and API requests per job (both after --settle seconds more), idle
 RSS, peak RSS (VmHWM, reset before the burst, and 4 samples/s), RSS once the namespace has been
-deleted (deletion complete, then --after-delete seconds).
+deleted (deletion complete, then throughput.py's rule: polled until within 10 MiB of idle, for
+at most 20 s).
 
 Profiles (--profile):
   defaults   the binary's defaults: --kube-api-qps 20 --kube-api-burst 30 --controller-threads 1
@@ -82,7 +83,7 @@ from common import (
     wait_until,
 )
 from kubernetes.client.rest import ApiException
-from throughput import NO_SUCH_NODE, RUNNING_IMAGE
+from throughput import NO_SUCH_NODE, RUNNING_IMAGE, settled_rss
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -398,7 +399,8 @@ class Tracker(BurstTracker):
                 f"replicaStatuses={status.get('replicaStatuses')}")
 
 
-def burst(cluster: Cluster, args: argparse.Namespace, operator: OperatorProcess) -> dict:
+def burst(cluster: Cluster, args: argparse.Namespace, operator: OperatorProcess,
+          idle_mib: float) -> dict:
     jobs = args.jobs
     namespace = cluster.create_namespace("bench-kubeflow")
     names = [f"job-{i:04d}" for i in range(jobs)]
@@ -438,8 +440,7 @@ def burst(cluster: Cluster, args: argparse.Namespace, operator: OperatorProcess)
         t_delete = time.monotonic()
         cluster.delete_namespace(namespace, wait=True)
         result["cleanup_s"] = time.monotonic() - t_delete
-        time.sleep(args.after_delete)
-        result["operator_rss_after_cleanup_mib"] = operator.rss_mib()
+        result["operator_rss_after_cleanup_mib"] = settled_rss(operator, idle_mib)
         result["operator_cpu_total_s"] = operator.cpu_seconds() - cpu_before
     return result
 
@@ -459,7 +460,7 @@ def run_profile(cluster: Cluster, args: argparse.Namespace, binary: Path, setup:
         time.sleep(args.idle)  # let start-up garbage settle before the idle reading
         result["idle_rss_mib"] = operator.rss_mib()
         result["threads_idle"] = operator.threads()
-        result.update(burst(cluster, args, operator))
+        result.update(burst(cluster, args, operator, result["idle_rss_mib"]))
     except BaseException:
         print(go.log_tail(), file=sys.stderr)
         raise
@@ -484,9 +485,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds after the last job is reconciled still counted")
     parser.add_argument("--idle", type=float, default=5.0,
                         help="seconds between the operator's start and the idle RSS reading")
-    parser.add_argument("--after-delete", type=float, default=2.0,
-                        help="seconds after the namespace is gone before the last RSS reading "
-                             "(throughput.py waits 2)")
     parser.add_argument("--keep-crd", action="store_true", help="leave the PyTorchJob CRD")
     parser.add_argument("--log-dir", default=tempfile.gettempdir(),
                         help="the operator's logs go here")
