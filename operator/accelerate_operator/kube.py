@@ -34,8 +34,9 @@ log = logging.getLogger("accelerate_operator.kube")
 # A node agent that does not answer must not hold a reconcile (or the clock's progress read) long.
 LOG_REQUEST_TIMEOUT = 10
 REQUEST_TIMEOUT = 30
-# Pods of many jobs are created in parallel (apply.py bounds it): connections kept open for them.
-CONNECTIONS = 32
+# As many connections as apply.py has creates in flight (CREATE_PARALLELISM): each TLS connection
+# holds a 256 KiB read buffer (asyncio sslproto), so no more are kept open.
+CONNECTIONS = 16
 WORKLOADS = "workloads"
 _PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
           "Service": "/api/v1/namespaces/{}/services",
