@@ -5,9 +5,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import gc
 import logging
 import os
+import signal
 import sys
+
+
+def log_memory(*_: object) -> None:
+    """`kill -USR2 <pid>`: the RSS and the most numerous live Python objects, in the log, to
+    see what holds memory in a running operator (docs/benchmarks.md, finding 6)."""
+    gc.collect()
+    counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
+    rss = next((line.split()[1] for line in open("/proc/self/status")
+                if line.startswith("VmRSS")), "?")
+    logging.getLogger("accelerate_operator").warning(
+        "memory: RSS %s KiB, %d objects tracked by gc; most numerous: %s", rss,
+        sum(counts.values()), ", ".join(f"{n} {name}" for name, n in counts.most_common(12)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         # kopf logs "Handler ... succeeded" for every pod event: several lines per job, most of
         # the log and a real share of the CPU at scale. Our own transitions are logged instead.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    signal.signal(signal.SIGUSR2, log_memory)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     asyncio.run(kopf.operator(
         standalone=True,
