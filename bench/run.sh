@@ -4,8 +4,8 @@
 # into the nodes, the operator deployed with its Helm chart), run every benchmark, then print a
 # summary against the targets (docs/benchmarks.md).
 #
-#   bench/run.sh                     everything at full size (12-15 minutes on 2 loaded cores,
-#                                    most of it the pods' torch imports)
+#   bench/run.sh                     everything at full size, the scale curve to 5,000 jobs included
+#                                    (about 45 minutes on 2 loaded cores)
 #   bench/run.sh --quick             smaller runs for development (about 5 minutes)
 #   bench/run.sh startup throughput  only these (startup, throughput, overhead; `writes` runs
 #                                    the API-client experiment of docs/benchmarks.md, finding 5)
@@ -51,7 +51,7 @@ if [[ $quick == 1 ]]; then
   startup_args="--runs 2"; throughput_args="--jobs 100 --single 10"; overhead_args="--pairs 1 --max-steps 100"
   kubeflow_args="--jobs 100"
 else
-  startup_args="--runs 5"; throughput_args="--jobs 500 --single 10"; overhead_args="--pairs 3"
+  startup_args="--runs 5"; throughput_args="--jobs 500 --single 10 --bursts 5 --curve 100,2000,5000"; overhead_args="--pairs 3"
   kubeflow_args="--jobs 500"
 fi
 
