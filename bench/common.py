@@ -7,6 +7,7 @@ the watch or log delivery delay (milliseconds for watches; see LogFollower for l
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -745,6 +746,16 @@ def emit_result(name: str, result: dict, path: str | None) -> None:
 def chunks(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
+
+
+def add_burst_arguments(parser: argparse.ArgumentParser, *, timeout: float) -> None:
+    """The options every burst benchmark (throughput.py, kubeflow_compare.py) takes alike."""
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--clients", type=int, default=16, help="parallel create calls")
+    parser.add_argument("--timeout", type=float, default=timeout)
+    parser.add_argument("--settle", type=float, default=5.0,
+                        help="seconds after the last job is reconciled still counted")
+    parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
 
 
 def control_plane_processes() -> dict[str, OperatorProcess]:

@@ -68,6 +68,7 @@ from common import (
     CountedClient,
     OperatorProcess,
     RssSampler,
+    add_burst_arguments,
     delete_flow_schemas,
     delete_leftovers,
     diff_counts,
@@ -471,7 +472,7 @@ def run_profile(cluster: Cluster, args: argparse.Namespace, binary: Path, setup:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=500)
+    add_burst_arguments(parser, timeout=600)
     parser.add_argument("--profile", choices=("defaults", "tuned", "both"), default="both")
     parser.add_argument("--qps", type=int, default=1000, help="tuned: --kube-api-qps")
     parser.add_argument("--burst", type=int, default=2000, help="tuned: --kube-api-burst")
@@ -479,16 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default=os.environ.get("TRAINING_OPERATOR_VERSION",
                                                             "v1.9.4"))
     parser.add_argument("--binary", help="a training-operator binary (default: build it)")
-    parser.add_argument("--clients", type=int, default=16, help="parallel create calls")
-    parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--settle", type=float, default=5.0,
-                        help="seconds after the last job is reconciled still counted")
     parser.add_argument("--idle", type=float, default=5.0,
                         help="seconds between the operator's start and the idle RSS reading")
     parser.add_argument("--keep-crd", action="store_true", help="leave the PyTorchJob CRD")
     parser.add_argument("--log-dir", default=tempfile.gettempdir(),
                         help="the operator's logs go here")
-    parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
     args = parser.parse_args(argv)
 
     manifests, default_binary = build(args.version)

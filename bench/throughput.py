@@ -45,6 +45,7 @@ from common import (
     Cluster,
     OperatorProcess,
     RssSampler,
+    add_burst_arguments,
     control_plane_processes,
     delete_leftovers,
     diff_counts,
@@ -384,19 +385,14 @@ def scale_curve(cluster: Cluster, args: argparse.Namespace, sizes: list[int]) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=500)
+    add_burst_arguments(parser, timeout=300)
     parser.add_argument("--mode", choices=("pending", "running", "both"), default="pending")
     parser.add_argument("--single", type=int, default=10, help="single-job runs (0: skip)")
-    parser.add_argument("--clients", type=int, default=16, help="parallel create calls")
     parser.add_argument("--bursts", type=int, default=1,
                         help="pending bursts in a row, for the RSS after each cleanup")
     parser.add_argument("--curve", default=None,
                         help="comma-separated job counts: one pending burst each (scale curve)")
-    parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument("--settle", type=float, default=5.0,
-                        help="seconds after the last job is reconciled still counted")
     parser.add_argument("--profile", default=None, help="write py-spy raw profiles here")
-    parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
     args = parser.parse_args(argv)
 
     cluster = Cluster()

@@ -139,11 +139,15 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+def _metadata_without_managed_fields(body: kopf.Body) -> dict:
+    """managedFields are most of an object's metadata, and nothing here reads them."""
+    return {key: value for key, value in body.metadata.items() if key != "managedFields"}
+
+
 # Indexes are async so kopf calls them inline instead of in its thread pool.
 @kopf.index(GROUP, VERSION, PLURAL)
 async def job_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
-    # managedFields are most of a job's metadata, and nothing here reads them.
-    metadata = {key: value for key, value in body.metadata.items() if key != "managedFields"}
+    metadata = _metadata_without_managed_fields(body)
     return {(namespace, name): {"metadata": metadata, "spec": dict(body.spec),
                                 "status": dict(body.status)}}
 
@@ -162,10 +166,9 @@ if KUEUE_ENABLED:
     @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=OURS)
     async def workload_index(namespace: str, labels: kopf.Labels, body: kopf.Body,
                              **_: Any) -> dict:
-        metadata = {key: value for key, value in body.metadata.items()
-                    if key != "managedFields"}
         return {(namespace, labels[JOB_NAME_LABEL]): (_owner_uid(body), {
-            "apiVersion": body.get("apiVersion"), "metadata": metadata,
+            "apiVersion": body.get("apiVersion"),
+            "metadata": _metadata_without_managed_fields(body),
             "spec": {"active": body.spec.get("active", True)}, "status": dict(body.status)})}
 
     @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=OURS, id="workload-event")

@@ -67,7 +67,6 @@ class Reconciler:
         ((kind, name) of its ConfigMaps and Services) are what kopf's indexes show, `queue`
         what they show of Kueue (None: the Kueue integration is off). Returns when time alone
         will next change the job (seconds), for the clock, or None."""
-        pods, children = list(pods), frozenset(children)
         return await self.reconcile_latest(body, lambda: (pods, children, queue))
 
     async def reconcile_latest(self, body: Mapping[str, Any], indexed: Indexed) -> float | None:

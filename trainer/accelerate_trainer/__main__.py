@@ -221,11 +221,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         os.execvpe(plan.argv[0], plan.argv, {**environ, **plan.env, **launch_env})
     except OSError as error:
-        message = (f"cannot run {plan.argv[0]!r} ({error.strerror}); is accelerate installed "
-                   "and on PATH?")
-        log.error("%s", message)
-        write_termination_message(message)
-        return 127
+        return fail(f"cannot run {plan.argv[0]!r} ({error.strerror}); is accelerate installed "
+                    "and on PATH?", 127)
     return 0  # not reached: exec replaced this process
 
 

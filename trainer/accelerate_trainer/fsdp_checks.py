@@ -1,6 +1,6 @@
 """Check an FSDP config block (`fsdp_config`) before any rank starts. Pure: no accelerate or
 torch import, so the operator runs it at reconcile time with the names below (accelerate 1.x's);
-the trainer passes the names of the accelerate installed in its image (`names_from_accelerate`).
+the trainer passes the names of the accelerate installed in its image (schema.py's snapshot).
 
 accelerate reads `fsdp_config` only inside each training process (FullyShardedDataParallelPlugin),
 where a misspelt name is a ValueError or KeyError in every rank, and where some combinations are
