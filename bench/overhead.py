@@ -21,7 +21,12 @@ creation (its watch ADDED event: the same clock for both, so the operator's own 
 is left out), and wall time: create -> job Succeeded for the operator, create -> both pods
 Succeeded for bare. Ratios operator/bare are per pair, then the median over pairs.
 
-Usage: python bench/overhead.py [--pairs 3] [--max-steps 200] [--json results.jsonl]
+The end of a job (issue 15): last STEP line -> last pod Succeeded -> job Succeeded. The bare pods
+run plain `accelerate launch` (build_launch_plan without fast_exit_python), so their end shows
+what the trainer's fast_exit saves. Then --crash-runs jobs whose rank 0 dies at a step: its
+`FAILING` line -> the first pod Failed -> the job Restarting.
+
+Usage: python bench/overhead.py [--pairs 3] [--max-steps 200] [--crash-runs 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from accelerate_operator.naming import master_address
 from accelerate_operator.resources.configmap import build_configmap, render_accelerate_config
 from accelerate_operator.resources.pods import build_pod
 from accelerate_operator.resources.service import build_service
+from accelerate_operator.status import read_pod_state
 from accelerate_trainer.command import build_launch_plan
 from accelerate_trainer.contract import CONFIG_FILE
 from accelerate_trainer.topology import Topology
@@ -120,7 +126,9 @@ class PodTimes:
             node = (obj.get("spec") or {}).get("nodeName")
             if node:
                 self.node[name] = node
-            phase = (obj.get("status") or {}).get("phase") or ""
+            # As the operator reads it: Succeeded/Failed once the kubelet reports every
+            # container ended, before it reports the phase itself (settled_phase).
+            phase = read_pod_state(obj).phase
             if self.phase.get(name, (0.0, ""))[1] != phase:
                 self.phase[name] = (t, phase)
 
@@ -129,7 +137,7 @@ class PodTimes:
             return min(self.created.values())
 
     def all_succeeded(self) -> float:
-        """When the watch brought the last pod's Succeeded."""
+        """When the watch brought the last pod's Succeeded (its containers all exited 0)."""
         with self.lock:
             return max(t for t, phase in self.phase.values() if phase == "Succeeded")
 
@@ -186,6 +194,64 @@ def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
         time.sleep(0.2)  # the last log lines
         return leg.figures(t0, float(phase["end"]), args.max_steps, pods.first_created(),
                            pods.nodes(), pods.all_succeeded())
+    finally:
+        for follower in followers.values():
+            follower.stop()
+        stop_watchers(watchers)
+        cluster.delete_namespace(namespace, wait=True)
+
+
+def crash_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
+    """One job whose rank 0 dies at step --crash-at-step in its first attempt (train.py's
+    --fail-at-step: os._exit(1), like a killed process): the `FAILING` line's arrival -> the
+    first pod Failed (the launcher sees it, stops the other ranks and exits; the kubelet
+    reports) -> the job Restarting (the operator). The job is deleted once Restarting."""
+    namespace = cluster.create_namespace("bench-crash")
+    job = example_job(namespace, "crash", args.crash_at_step + 20, [
+        f"--log-every={args.log_every}", f"--fail-at-step={args.crash_at_step}",
+        "--fail-rank=0", "--fail-attempt=0"])
+    names = ["crash-0", "crash-1"]
+    pods = PodTimes(names)
+    marks: dict[str, float] = {}
+    restarting = threading.Event()
+    followers: dict[str, LogFollower] = {}
+
+    def on_line(t: float, line: str) -> None:
+        if line.startswith("FAILING on purpose"):
+            marks.setdefault("crash", t)
+
+    def on_event(t: float, kind: str, typ: str, obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "pods":
+            pods.on_pod(t, typ, obj)
+            if read_pod_state(obj).phase == "Failed":
+                marks.setdefault("pod_failed", t)
+            if name == names[0] and name not in followers:
+                followers[name] = LogFollower(cluster, namespace, name, "trainer", on_line)
+                followers[name].start()
+        elif kind == "acceleratejobs" and typ != "DELETED":
+            current = (obj.get("status") or {}).get("phase")
+            if current == "Restarting":
+                marks.setdefault("restarting", t)
+                restarting.set()
+            elif current in ("Succeeded", "Failed"):
+                marks.setdefault("ended", t)
+                restarting.set()
+
+    watchers = start_watchers(cluster, namespace, on_event, kinds=("acceleratejobs", "pods"))
+    try:
+        cluster.create_job(job)
+        if not restarting.wait(args.timeout):
+            raise TimeoutError(f"crash leg: not Restarting within {args.timeout}s; "
+                               f"{log_tails(cluster, namespace, names)}")
+        if "restarting" not in marks or "crash" not in marks or "pod_failed" not in marks:
+            raise RuntimeError(f"crash leg: saw {sorted(marks)}, not FAILING -> pod Failed -> "
+                               f"Restarting; {log_tails(cluster, namespace, names)}")
+        return {
+            "crash_to_restarting_s": marks["restarting"] - marks["crash"],
+            "crash_to_pod_failed_s": marks["pod_failed"] - marks["crash"],
+            "pod_failed_to_restarting_s": marks["restarting"] - marks["pod_failed"],
+        }
     finally:
         for follower in followers.values():
             follower.stop()
@@ -298,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=200,
                         help="optimizer steps per leg (the tiny model does ~15/s on 2 cores)")
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--crash-runs", type=int, default=2,
+                        help="jobs whose rank 0 crashes, timed crash -> Restarting (0: none)")
+    parser.add_argument("--crash-at-step", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
     args = parser.parse_args(argv)
@@ -348,6 +417,20 @@ def main(argv: list[str] | None = None) -> int:
         "bare_last_step_to_pods_done_median_s": median(
             p["bare"]["last_step_to_end_s"] for p in pairs),
     }
+    crashes = []
+    for i in range(args.crash_runs):
+        crash = resilient(cluster, f"crash {i + 1}", lambda: crash_leg(cluster, args))
+        print(f"  crash {i + 1}: rank 0 FAILING -> job Restarting "
+              f"{crash['crash_to_restarting_s']:.2f}s (-> first pod Failed "
+              f"{crash['crash_to_pod_failed_s']:.2f}s, pod Failed -> Restarting "
+              f"{crash['pod_failed_to_restarting_s']:.2f}s); {machine_line()}", flush=True)
+        crashes.append(crash)
+    if crashes:
+        summary["crashes"] = crashes
+        summary["crash_to_restarting_median_s"] = median(
+            c["crash_to_restarting_s"] for c in crashes)
+        summary["crash_to_pod_failed_median_s"] = median(
+            c["crash_to_pod_failed_s"] for c in crashes)
     per_pair = ", ".join(f"{p['steps_ratio']:.3f}" for p in pairs)
     print(f"overhead: steps/s operator/bare = {summary['steps_ratio_median']:.3f} (median of "
           f"pairs {per_pair}; target >= 0.98); "
@@ -362,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(target < 2), of which last pod Succeeded -> job Succeeded "
           f"{summary['operator_pods_done_to_succeeded_median_s']:.2f}s; bare: last step -> "
           f"pods Succeeded {summary['bare_last_step_to_pods_done_median_s']:.2f}s")
+    if crashes:
+        print(f"overhead: crash -> job Restarting {summary['crash_to_restarting_median_s']:.2f}s "
+              f"(median of {len(crashes)}), of which crash -> first pod Failed "
+              f"{summary['crash_to_pod_failed_median_s']:.2f}s")
     print(f"  {machine_line()}")
     emit_result("overhead", summary, args.json)
     return 0

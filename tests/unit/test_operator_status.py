@@ -222,6 +222,59 @@ def test_pod_state_is_read_from_a_real_pod_manifest():
         1, 3, "Failed", 1, "Traceback: boom")
 
 
+def kubelet_reported(containers, *, phase="Running", exit_codes=None, sidecar=False):
+    """A pod manifest as the kubelet reports it right after containers exit: the terminated
+    states first, the pod's phase still Running until its sandbox is gone."""
+    exit_codes = exit_codes or {}
+    statuses = []
+    for name in containers:
+        state = ({"terminated": {"exitCode": exit_codes[name], "reason": "Completed"}}
+                 if name in exit_codes else {"running": {"startedAt": STAMP}})
+        statuses.append({"name": name, "state": state})
+    spec = {"restartPolicy": "Never", "containers": [{"name": n} for n in containers]}
+    status = {"phase": phase, "containerStatuses": statuses}
+    if sidecar:  # a restartable init container keeps running until the pod is torn down
+        spec["initContainers"] = [{"name": "proxy", "restartPolicy": "Always"}]
+        status["initContainerStatuses"] = [{"name": "proxy", "state": {"running": {}}}]
+    return {"metadata": {"name": "train-0", "labels": {"accelerate-operator.io/node-index": "0"}},
+            "spec": spec, "status": status}
+
+
+def test_a_pod_whose_containers_all_exited_0_is_succeeded_before_the_kubelet_says_so():
+    state = read_pod_state(kubelet_reported(["trainer"], exit_codes={"trainer": 0}, sidecar=True))
+    assert (state.phase, state.exit_code) == ("Succeeded", 0)
+
+
+def test_a_pod_with_a_failed_container_is_failed_before_the_kubelet_says_so():
+    state = read_pod_state(kubelet_reported(["trainer", "uploader"],
+                                            exit_codes={"trainer": 137, "uploader": 0}))
+    assert (state.phase, state.exit_code) == ("Failed", 137)
+
+
+def test_a_pod_is_running_while_any_of_its_containers_runs():
+    state = read_pod_state(kubelet_reported(["trainer", "uploader"], exit_codes={"trainer": 0}))
+    assert state.phase == "Running"
+    assert read_pod_state(kubelet_reported(["trainer"])).phase == "Running"
+
+
+def test_the_kubelets_terminal_phase_stands():
+    # A pod evicted while its container still ran: Failed, whatever the container says.
+    state = read_pod_state(kubelet_reported(["trainer"], phase="Failed"))
+    assert state.phase == "Failed"
+
+
+def test_a_job_succeeds_as_soon_as_its_containers_have_exited_0():
+    pods = []
+    for index in (0, 1):
+        manifest = kubelet_reported(["trainer"], exit_codes={"trainer": 0})
+        manifest["metadata"] = {"name": f"train-{index}", "labels": {
+            "accelerate-operator.io/node-index": str(index), "accelerate-operator.io/attempt": "0"}}
+        pods.append(read_pod_state(manifest))
+    plan = step(job(), running_status(), pods)
+    assert plan.status["phase"] == "Succeeded"
+    assert plan.status["nodes"]["succeeded"] == 2
+
+
 def test_a_pod_the_server_refuses_fails_the_job_with_the_servers_reason():
     reason = 'the API server refused Pod train-0: violates PodSecurity "restricted:latest"'
     plan = step(job(), {}, [], config_error=reason, config_error_reason="PodRejected")

@@ -5,6 +5,7 @@ CPU DDP can train on this host."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,34 @@ def test_dash_m_module_becomes_accelerates_module_flag():
     assert plan.argv[-5:] == ("--same_network", "--module", "my_pkg.train", "--epochs", "1")
 
 
+def test_fast_exit_wraps_the_launcher_and_every_rank():
+    plan = build_launch_plan(
+        topology("multi_cpu.yaml", num_nodes=2, nproc_per_node=2, node_rank=1),
+        load("multi_cpu.yaml"),
+        ["train.py", "--max-steps", "3"],
+        fast_exit_python="/opt/venv/bin/python",
+    )
+    launch_flags = head("multi_cpu.yaml", num_nodes=2, world_size=4, node_rank=1)[2:]
+    assert plan == LaunchPlan(
+        argv=("/opt/venv/bin/python", "-m", "accelerate_trainer.fast_exit",
+              "-m", "accelerate.commands.accelerate_cli", "launch") + launch_flags
+        + ("--multi_gpu", "--rdzv_backend", "static", "--same_network",
+           "--module", "accelerate_trainer.fast_exit", "train.py", "--max-steps", "3"),
+        env={"ACCELERATE_USE_CPU": "1"},
+    )
+
+
+def test_fast_exit_passes_a_users_module_on_to_the_rank():
+    plan = build_launch_plan(
+        topology("multi_cpu.yaml", num_nodes=2, nproc_per_node=2),
+        load("multi_cpu.yaml"),
+        ["-m", "my_pkg.train", "--epochs", "1"],
+        fast_exit_python="python3",
+    )
+    assert plan.argv[-7:] == ("--same_network", "--module", "accelerate_trainer.fast_exit",
+                              "-m", "my_pkg.train", "--epochs", "1")
+
+
 def test_resume_checkpoint_reaches_the_script_through_the_env():
     plan = build_launch_plan(
         topology("multi_gpu.yaml", num_nodes=2, nproc_per_node=8),
@@ -175,8 +204,13 @@ def accelerate_args(plan: LaunchPlan):
     """Parse our argv exactly as `accelerate launch` does, config file and all."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-    assert plan.argv[:2] == ("accelerate", "launch")
-    args = launch_command_parser().parse_args(list(plan.argv[2:]))
+    launch = plan.argv.index("launch")
+    assert plan.argv[:launch] in (
+        ("accelerate",),
+        (sys.executable, "-m", "accelerate_trainer.fast_exit",
+         "-m", "accelerate.commands.accelerate_cli"),
+    )
+    args = launch_command_parser().parse_args(list(plan.argv[launch + 1:]))
     args, defaults, mixed_precision_from_config = _validate_launch_command(args)
     return args, defaults, mixed_precision_from_config
 
@@ -202,6 +236,31 @@ def test_accelerate_routes_our_cpu_argv_to_torchrun_with_the_machine_topology(mo
     assert (args.master_addr, args.master_port) == ("job-node-0.job", "29500")  # --same_network
     assert (args.training_script, args.training_script_args) == ("train.py", ["--max-steps", "3"])
     assert env["ACCELERATE_USE_CPU"] == "1"  # what makes the children gloo ranks, not world size 1
+
+
+def test_torchrun_starts_each_rank_under_fast_exit(monkeypatch):
+    plan = build_launch_plan(
+        topology("multi_cpu.yaml", num_nodes=2, nproc_per_node=2, node_rank=1),
+        load("multi_cpu.yaml"),
+        ["train.py", "--max-steps", "3"],
+        fast_exit_python=sys.executable,
+    )
+    args, _, _ = accelerate_args(plan)
+    from accelerate.commands.launch import _filter_args
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    for name, value in plan.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    prepare_multi_gpu_env(args)
+    # What multi_gpu_launcher() hands to torchrun.
+    torchrun_args = _filter_args(args, get_args_parser(), [
+        "--training_script", args.training_script,
+        "--training_script_args", args.training_script_args])
+    _, command, command_args = config_from_args(torchrun_args)
+    assert [command, *command_args] == [
+        sys.executable, "-u", "-m", "accelerate_trainer.fast_exit", "train.py", "--max-steps", "3"]
 
 
 def test_accelerate_uses_a_rendezvous_endpoint_without_same_network():

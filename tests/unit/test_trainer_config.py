@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import accelerate_trainer.__main__ as trainer_main
@@ -311,12 +312,26 @@ def test_main_execs_accelerate_launch_with_the_plan_for_a_valid_cpu_job(
     assert trainer_main.main(["--", "train.py", "--max-steps", "3"], env) == 0
 
     ((program, argv, exec_env),) = no_exec
-    assert program == "accelerate"
-    assert argv[:2] == ("accelerate", "launch")
+    # `accelerate launch`, run by this interpreter under fast_exit, and so is each rank.
+    assert program == sys.executable
+    assert argv[:6] == (sys.executable, "-m", "accelerate_trainer.fast_exit",
+                        "-m", "accelerate.commands.accelerate_cli", "launch")
     assert "--multi_gpu" in argv
-    assert argv[-3:] == ("train.py", "--max-steps", "3")
+    assert argv[-5:] == ("--module", "accelerate_trainer.fast_exit",
+                         "train.py", "--max-steps", "3")
     assert exec_env["ACCELERATE_USE_CPU"] == "1"
     resume_from = checkpoint_dir / "checkpoints" / "checkpoint_3"
     assert exec_env["ACCELERATE_RESUME_FROM"] == str(resume_from)
     assert exec_env["MASTER_ADDR"] == "127.0.0.1"  # the pod's own env is passed on
     assert not termination_log.exists()
+
+
+def test_fast_exit_off_execs_plain_accelerate_launch(tmp_path, termination_log, no_exec):
+    env = job_env(CONFIGS / "multi_cpu.yaml", ACCELERATE_TRAINER_FAST_EXIT="0")
+
+    assert trainer_main.main(["train.py", "--max-steps", "3"], env) == 0
+
+    ((program, argv, _),) = no_exec
+    assert program == "accelerate"
+    assert argv[:2] == ("accelerate", "launch")
+    assert argv[-3:] == ("train.py", "--max-steps", "3")

@@ -3,13 +3,15 @@
 Logs the library versions it runs with, reads the mounted accelerate YAML and the topology env,
 validates them, unpacks the shipped code into the workspace and installs its requirements (when
 the job ships code), waits for the master, then replaces itself with `accelerate launch` so
-signals reach the training processes and their exit code is the pod's. A config error (or shipped
-code that cannot be used) exits 78 (permanent), a failed requirements install 75, each with the
-reason in the termination log, where the operator shows it on the job.
+signals reach the training processes and their exit code is the pod's. The launcher and the
+ranks run under fast_exit, so the pod ends as soon as the training has (fast_exit.py). A config
+error (or shipped code that cannot be used) exits 78 (permanent), a failed requirements install
+75, each with the reason in the termination log, where the operator shows it on the job.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -37,6 +39,7 @@ from .contract import (
     format_trainer_info_line,
 )
 from .deepspeed_checks import parse_deepspeed_json
+from .fast_exit import ENV_FAST_EXIT
 from .rendezvous import MasterUnreachable, wait_for_master
 from .schema import load as load_schema
 from .topology import Topology, TopologyError, parse_topology
@@ -163,6 +166,17 @@ def prepare_workspace(environ: Mapping[str, str], versions: dict[str, str]) -> d
     return workspace_env(code, packages, environ)
 
 
+def fast_exit_python(environ: Mapping[str, str]) -> str | None:
+    """The interpreter that runs the launcher and the ranks under fast_exit (this one), or None
+    for a plain `accelerate launch` from PATH: when the container sets
+    ACCELERATE_TRAINER_FAST_EXIT=0, or when accelerate is not installed beside this package."""
+    if environ.get(ENV_FAST_EXIT, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if importlib.util.find_spec("accelerate") is None:
+        return None
+    return sys.executable
+
+
 def fail(message: str, exit_code: int) -> int:
     log.error("%s", message)
     write_termination_message(message)
@@ -209,7 +223,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return fail(str(error), 1)
 
     plan = build_launch_plan(
-        topology, config, script, resume_from=str(resume_from) if resume_from else None
+        topology, config, script, resume_from=str(resume_from) if resume_from else None,
+        fast_exit_python=fast_exit_python(environ),
     )
     log.info(
         "node %d/%d, %d process(es) per node, world size %d: %s",

@@ -9,6 +9,10 @@ from typing import Any
 from .config import distributed_type, is_cpu_job
 from .topology import Topology
 
+FAST_EXIT_MODULE = "accelerate_trainer.fast_exit"
+# What the `accelerate` console script runs.
+ACCELERATE_CLI_MODULE = "accelerate.commands.accelerate_cli"
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -24,11 +28,21 @@ def build_launch_plan(
     script: Sequence[str],
     *,
     resume_from: str | None = None,
+    fast_exit_python: str | None = None,
 ) -> LaunchPlan:
     """Every topology flag is passed explicitly: accelerate reads none of MASTER_ADDR, RANK or
-    PET_* for itself, and a value on the command line wins over the YAML."""
+    PET_* for itself, and a value on the command line wins over the YAML.
+
+    With fast_exit_python (an interpreter that has accelerate and this package), the launcher
+    and every rank run under fast_exit, which ends each process as soon as its program has
+    returned and its atexit work is done: `PYTHON -m accelerate_trainer.fast_exit -m
+    accelerate.commands.accelerate_cli launch ... --module accelerate_trainer.fast_exit SCRIPT`.
+    """
+    launcher = ["accelerate"]
+    if fast_exit_python:
+        launcher = [fast_exit_python, "-m", FAST_EXIT_MODULE, "-m", ACCELERATE_CLI_MODULE]
     argv = [
-        "accelerate", "launch",
+        *launcher, "launch",
         "--config_file", topology.config_file,
         "--num_machines", str(topology.num_nodes),
         "--num_processes", str(topology.world_size),
@@ -52,7 +66,10 @@ def build_launch_plan(
         argv += ["--deepspeed_multinode_launcher", "standard"]
     if resume_from:
         env["ACCELERATE_RESUME_FROM"] = resume_from
-    if script and script[0] == "-m":
+    if fast_exit_python:
+        # The rank runs `python -m accelerate_trainer.fast_exit SCRIPT` (or `... -m MODULE`).
+        argv += ["--module", FAST_EXIT_MODULE]
+    elif script and script[0] == "-m":
         argv.append("--module")
         script = script[1:]
     argv += list(script)
