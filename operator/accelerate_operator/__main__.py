@@ -14,14 +14,17 @@ import sys
 
 
 def log_memory(*_: object) -> None:
-    """`kill -USR2 <pid>`: the RSS and the most numerous live Python objects, in the log, to
-    see what holds memory in a running operator (docs/benchmarks.md, finding 6)."""
+    """`kill -USR2 <pid>`: the RSS, the memory blocks Python's allocator holds for live objects,
+    and the most numerous live Python objects, in the log, to see what holds memory in a running
+    operator (docs/benchmarks.md, finding 6): live blocks back at the idle count while the RSS is
+    not means the allocator, not a leak, keeps the pages."""
     gc.collect()
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
     rss = next((line.split()[1] for line in open("/proc/self/status")
                 if line.startswith("VmRSS")), "?")
     logging.getLogger("accelerate_operator").warning(
-        "memory: RSS %s KiB, %d objects tracked by gc; most numerous: %s", rss,
+        "memory: RSS %s KiB, %d allocated blocks (%s), %d objects tracked by gc; most "
+        "numerous: %s", rss, sys.getallocatedblocks(), os.environ.get("PYTHONMALLOC", "pymalloc"),
         sum(counts.values()), ", ".join(f"{n} {name}" for name, n in counts.most_common(12)))
 
 

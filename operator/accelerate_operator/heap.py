@@ -3,7 +3,9 @@
 After a burst of jobs is deleted, the objects that described them are freed, but glibc keeps
 the freed pages of its heap for reuse and CPython's allocator keeps partly used arenas: the
 operator's RSS stayed at its peak for good, a few MiB higher after every burst
-(docs/benchmarks.md, finding 6). `malloc_trim(0)` returns every free page of glibc's heaps."""
+(docs/benchmarks.md, finding 6). `malloc_trim(0)` returns every free page of glibc's heaps; the
+operator image sets PYTHONMALLOC=malloc so that Python's small objects live there too, not in
+pymalloc arenas that are freed only when wholly empty (finding 8)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,10 @@ def test_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint(
     status = done["status"]
     assert status["phase"] == "Succeeded", status
     assert status["restarts"] == 1
-    assert "resume-1 failed with exit code 1" in status["lastFailure"]
+    # Rank 3 (pod resume-1) dies; over gloo the ranks of resume-0 see "Connection closed by
+    # peer" at once and exit 1 too. Both pods end within a fraction of a second (fast_exit), so
+    # the first one the kubelet reports is either.
+    assert re.match(r"pod resume-[01] failed with exit code 1: ", status["lastFailure"]), status
 
     log = kubectl("-n", namespace, "logs", "resume-0", kubeconfig=kubeconfig).stdout
     resumed = re.search(r"RESUMED from=(\S+) step=(\d+)", log)
