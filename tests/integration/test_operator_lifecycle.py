@@ -64,9 +64,12 @@ def test_children_are_created_with_topology_env_and_owner_references(kubeconfig,
 
 
 def test_job_succeeds_only_when_every_node_succeeded(kubeconfig, namespace):
-    # Node 1 finishes at once; node 0 keeps running a while: the job must stay Running.
-    script = ("import os, time; time.sleep(0 if os.environ['NODE_RANK'] == '1' else 8)")
+    # Node 1 finishes soon after both run; node 0 keeps running a while: the job must stay
+    # Running. (A pod counts as Succeeded as soon as its container exits 0, so a node 1 that
+    # ended before node 0 even started would leave the job Pending, not Running.)
+    script = ("import os, time; time.sleep(3 if os.environ['NODE_RANK'] == '1' else 12)")
     apply_job(kubeconfig, namespace, command_job("finish", script).build())
+    wait_for_job(kubeconfig, namespace, "finish", phase_is("Running"), timeout=90)
     wait_for_job(kubeconfig, namespace, "finish",
                  lambda j: j.get("status", {}).get("nodes", {}).get("succeeded") == 1,
                  timeout=90, description="one node succeeded")
