@@ -32,10 +32,12 @@ Usage: python bench/overhead.py [--pairs 3] [--max-steps 200] [--crash-runs 2] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 from accelerate_operator.api import parse_job
 from accelerate_operator.naming import master_address
@@ -159,6 +161,30 @@ def log_tails(cluster: Cluster, namespace: str, pods: list[str]) -> str:
     return "\n".join(tails)
 
 
+@contextlib.contextmanager
+def watching(cluster: Cluster, namespace: str, kinds: tuple[str, ...],
+             on_event: Callable[[float, str, str, dict], None], follow_pod: str,
+             on_line: Callable[[float, str], None]) -> Iterator[None]:
+    """Watch the leg's namespace, follow follow_pod's trainer log from its first event on, and
+    on the way out stop both and delete the namespace."""
+    followers: dict[str, LogFollower] = {}
+
+    def dispatch(t: float, kind: str, typ: str, obj: dict) -> None:
+        on_event(t, kind, typ, obj)
+        if kind == "pods" and obj["metadata"]["name"] == follow_pod and not followers:
+            followers[follow_pod] = LogFollower(cluster, namespace, follow_pod, "trainer", on_line)
+            followers[follow_pod].start()
+
+    watchers = start_watchers(cluster, namespace, dispatch, kinds=kinds)
+    try:
+        yield
+    finally:
+        for follower in followers.values():
+            follower.stop()
+        stop_watchers(watchers)
+        cluster.delete_namespace(namespace, wait=True)
+
+
 def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
     namespace = cluster.create_namespace("bench-overhead")
     job = example_job(namespace, "cpu-ddp", args.max_steps, [f"--log-every={args.log_every}"])
@@ -166,23 +192,18 @@ def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
     pods = PodTimes(["cpu-ddp-0", "cpu-ddp-1"])
     finished = threading.Event()
     phase: dict[str, float | str] = {}
-    followers: dict[str, LogFollower] = {}
 
     def on_event(t: float, kind: str, typ: str, obj: dict) -> None:
-        name = obj["metadata"]["name"]
         if kind == "pods":
             pods.on_pod(t, typ, obj)
-            if name == "cpu-ddp-0" and name not in followers:
-                followers[name] = LogFollower(cluster, namespace, name, "trainer", leg.on_line)
-                followers[name].start()
         if kind == "acceleratejobs" and typ != "DELETED":
             current = (obj.get("status") or {}).get("phase")
             if current in ("Succeeded", "Failed") and "end" not in phase:
                 phase.update(end=t, phase=current)
                 finished.set()
 
-    watchers = start_watchers(cluster, namespace, on_event, kinds=("acceleratejobs", "pods"))
-    try:
+    with watching(cluster, namespace, ("acceleratejobs", "pods"), on_event, "cpu-ddp-0",
+                  leg.on_line):
         t0 = time.monotonic()
         cluster.create_job(job)
         if not finished.wait(args.timeout):
@@ -194,11 +215,6 @@ def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
         time.sleep(0.2)  # the last log lines
         return leg.figures(t0, float(phase["end"]), args.max_steps, pods.first_created(),
                            pods.nodes(), pods.all_succeeded())
-    finally:
-        for follower in followers.values():
-            follower.stop()
-        stop_watchers(watchers)
-        cluster.delete_namespace(namespace, wait=True)
 
 
 def crash_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
@@ -211,24 +227,18 @@ def crash_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
         f"--log-every={args.log_every}", f"--fail-at-step={args.crash_at_step}",
         "--fail-rank=0", "--fail-attempt=0"])
     names = ["crash-0", "crash-1"]
-    pods = PodTimes(names)
     marks: dict[str, float] = {}
     restarting = threading.Event()
-    followers: dict[str, LogFollower] = {}
 
     def on_line(t: float, line: str) -> None:
         if line.startswith("FAILING on purpose"):
             marks.setdefault("crash", t)
 
     def on_event(t: float, kind: str, typ: str, obj: dict) -> None:
-        name = obj["metadata"]["name"]
         if kind == "pods":
-            pods.on_pod(t, typ, obj)
-            if read_pod_state(obj).phase == "Failed":
+            # As the operator reads it: Failed once the kubelet reports the containers ended.
+            if typ != "DELETED" and read_pod_state(obj).phase == "Failed":
                 marks.setdefault("pod_failed", t)
-            if name == names[0] and name not in followers:
-                followers[name] = LogFollower(cluster, namespace, name, "trainer", on_line)
-                followers[name].start()
         elif kind == "acceleratejobs" and typ != "DELETED":
             current = (obj.get("status") or {}).get("phase")
             if current == "Restarting":
@@ -238,8 +248,7 @@ def crash_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
                 marks.setdefault("ended", t)
                 restarting.set()
 
-    watchers = start_watchers(cluster, namespace, on_event, kinds=("acceleratejobs", "pods"))
-    try:
+    with watching(cluster, namespace, ("acceleratejobs", "pods"), on_event, names[0], on_line):
         cluster.create_job(job)
         if not restarting.wait(args.timeout):
             raise TimeoutError(f"crash leg: not Restarting within {args.timeout}s; "
@@ -252,11 +261,6 @@ def crash_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
             "crash_to_pod_failed_s": marks["pod_failed"] - marks["crash"],
             "pod_failed_to_restarting_s": marks["restarting"] - marks["pod_failed"],
         }
-    finally:
-        for follower in followers.values():
-            follower.stop()
-        stop_watchers(watchers)
-        cluster.delete_namespace(namespace, wait=True)
 
 
 def schedulable_nodes(cluster: Cluster) -> list[str]:
@@ -317,14 +321,9 @@ def bare_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
     pods = PodTimes(names)
     finished = threading.Event()
     outcome: dict[str, float | str] = {}
-    followers: dict[str, LogFollower] = {}
 
     def on_event(t: float, kind: str, typ: str, obj: dict) -> None:
-        name = obj["metadata"]["name"]
         pods.on_pod(t, typ, obj)
-        if name == names[0] and name not in followers:
-            followers[name] = LogFollower(cluster, namespace, name, "trainer", leg.on_line)
-            followers[name].start()
         with pods.lock:
             phases = {pod: phase for pod, (_, phase) in pods.phase.items()}
             if "end" in outcome:
@@ -336,8 +335,7 @@ def bare_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
                 outcome.update(end=max(at for at, _ in pods.phase.values()), phase="Succeeded")
                 finished.set()
 
-    watchers = start_watchers(cluster, namespace, on_event, kinds=("pods",))
-    try:
+    with watching(cluster, namespace, ("pods",), on_event, names[0], leg.on_line):
         t0 = time.monotonic()
         cluster.core.create_namespaced_config_map(namespace, configmap)
         cluster.core.create_namespaced_service(namespace, service)
@@ -351,11 +349,6 @@ def bare_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
         time.sleep(0.2)  # the last log lines
         return leg.figures(t0, float(outcome["end"]), args.max_steps, pods.first_created(),
                            pods.nodes(), pods.all_succeeded())
-    finally:
-        for follower in followers.values():
-            follower.stop()
-        stop_watchers(watchers)
-        cluster.delete_namespace(namespace, wait=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,8 +123,11 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         for c in status.get("conditions") or []
     )
     exit_code = reason = message = None
+    ended: dict[str, int | None] = {}  # container name -> exit code, for each one that ended
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated")
+        if terminated is not None:
+            ended[container.get("name")] = terminated.get("exitCode")
         if terminated and (exit_code is None or terminated.get("exitCode", 0) != 0):
             exit_code = terminated.get("exitCode")
             reason = terminated.get("reason")
@@ -136,7 +139,7 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         name=metadata.get("name", ""),
         index=int(labels.get(NODE_INDEX_LABEL, -1)),
         attempt=int(labels.get(ATTEMPT_LABEL, 0)),
-        phase=settled_phase(pod) or status.get("phase") or PENDING,
+        phase=settled_phase(pod.get("spec") or {}, status, ended) or status.get("phase") or PENDING,
         ready=ready,
         deleting=bool(metadata.get("deletionTimestamp")),
         exit_code=exit_code,
@@ -145,24 +148,19 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
     )
 
 
-def settled_phase(pod: Mapping[str, Any]) -> str | None:
-    """Succeeded or Failed as soon as every container of the pod has terminated, else None.
+def settled_phase(spec: Mapping[str, Any], status: Mapping[str, Any],
+                  ended: Mapping[str, int | None]) -> str | None:
+    """Succeeded or Failed as soon as every container of the pod has terminated (ended: name ->
+    exit code), else None; None too once the kubelet itself reports a terminal phase.
 
     Our pods run with restartPolicy Never, so no container runs again once it has ended, and the
     kubelet's own rule for that policy (getPhase: all containers terminated, any non-zero exit
     -> Failed, else Succeeded) gives the phase it will report. It reports the terminated
     containers first and the phase only after the pod's sandbox is torn down, on a later
     relist: about a second in which the job would wait for nothing (issue 15)."""
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    phase = status.get("phase")
-    if phase in (SUCCEEDED, FAILED) or spec.get("restartPolicy") != "Never":
-        return phase if phase in (SUCCEEDED, FAILED) else None
+    if status.get("phase") in (SUCCEEDED, FAILED) or spec.get("restartPolicy") != "Never":
+        return None
     names = {c.get("name") for c in spec.get("containers") or []}
-    ended = {}
-    for container in status.get("containerStatuses") or []:
-        terminated = (container.get("state") or {}).get("terminated")
-        if terminated is not None:
-            ended[container.get("name")] = terminated.get("exitCode")
     if not names or set(ended) != names:
         return None
     return SUCCEEDED if all(code == 0 for code in ended.values()) else FAILED
