@@ -16,7 +16,7 @@ import os
 import random
 import ssl
 import string
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -44,6 +44,10 @@ _PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
           "Workload": f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{{}}/{WORKLOADS}"}
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
+# Lists come in pages: the start-up listing of 10,000 pods is never one 80 MiB response.
+LIST_PAGE = 500
+# The server ends a watch after this long; the informer watches again from where it was.
+WATCH_SECONDS = 300
 
 
 class Rejected(ValueError):
@@ -60,6 +64,10 @@ class ApiError(Exception):
         self.status, self.reason, self.body = status, reason, body
 
 
+class Gone(Exception):
+    """The resourceVersion a watch or a list continues from is too old (410): list again."""
+
+
 class ConfigMapMissing(LookupError):
     """The ConfigMap or key named by spec.accelerateConfigFrom does not exist."""
 
@@ -73,6 +81,7 @@ class Kube:
         self.configuration = configuration
         self.connections = connections
         self._session: aiohttp.ClientSession | None = None
+        self._watch_session: aiohttp.ClientSession | None = None
 
     @classmethod
     def from_environment(cls, connections: int = CONNECTIONS) -> Kube:
@@ -109,6 +118,12 @@ class Kube:
             headers["Content-Type"] = content_type
         return headers
 
+    def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
+        url = self.configuration.host + path
+        if query:
+            url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        return url
+
     async def _request(self, method: str, path: str, body: Any = None, *,
                        query: Mapping[str, Any] | None = None,
                        content_type: str = "application/json",
@@ -117,9 +132,7 @@ class Kube:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self._ssl_context(), limit=self.connections))
-        url = self.configuration.host + path
-        if query:
-            url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        url = self._url(path, query)
         data = None if body is None else json.dumps(body, separators=(",", ":"))
         async with self._session.request(
                 method, url, data=data, headers=self._headers(content_type if data else None),
@@ -130,8 +143,82 @@ class Kube:
             return text
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+
+    # ---- lists and watches (informer.py) ---------------------------------------------------
+    async def list_pages(self, path: str, label_selector: str | None = None
+                         ) -> AsyncIterator[tuple[list[dict[str, Any]], str | None]]:
+        """A collection, page by page: (items, None), ..., then the last page's items with the
+        list's resourceVersion, from which a watch continues. Gone when a page's continue token
+        has expired (the caller lists again)."""
+        token = None
+        while True:
+            try:
+                page = json.loads(await self._request(
+                    "GET", path, query={"labelSelector": label_selector, "limit": LIST_PAGE,
+                                        "continue": token}))
+            except ApiError as error:
+                if error.status == 410:
+                    raise Gone(server_message(error)) from None
+                raise
+            metadata = page.get("metadata") or {}
+            token = metadata.get("continue")
+            if not token:
+                yield page.get("items") or [], metadata.get("resourceVersion") or ""
+                return
+            yield page.get("items") or [], None
+
+    async def watch(self, path: str, resource_version: str, label_selector: str | None = None,
+                    timeout_seconds: int = WATCH_SECONDS
+                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The collection's changes after `resource_version`, as (type, object), bookmarks
+        included, until the server ends the watch (after `timeout_seconds`). Gone when that
+        version is too old. Watches hold their connections for minutes: they get a session of
+        their own, so they never take the request pool's connections."""
+        if self._watch_session is None or self._watch_session.closed:
+            self._watch_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl_context(), limit=0))
+        url = self._url(path, {"watch": "true", "allowWatchBookmarks": "true",
+                               "resourceVersion": resource_version,
+                               "timeoutSeconds": timeout_seconds,
+                               "labelSelector": label_selector})
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT,
+                                        sock_read=timeout_seconds + REQUEST_TIMEOUT)
+        async with self._watch_session.get(url, headers=self._headers(None),
+                                           timeout=timeout) as response:
+            if response.status == 410:
+                raise Gone(await response.text())
+            if response.status >= 300:
+                raise ApiError(response.status, response.reason or "", await response.text())
+            pending = bytearray()  # one event per line; an object may span many chunks
+            async for chunk in response.content.iter_any():
+                pending += chunk
+                start = 0
+                while (end := pending.find(b"\n", start)) >= 0:
+                    if end > start:
+                        event = json.loads(pending[start:end])
+                        if event.get("type") == "ERROR":
+                            _raise_watch_error(event.get("object") or {})
+                        yield event["type"], event["object"]
+                    start = end + 1
+                del pending[:start]
+
+    async def remove_finalizer(self, body: Mapping[str, Any], finalizer: str) -> None:
+        """Drop `finalizer` from a job, as of the body's resourceVersion (409: the job changed
+        meanwhile, and its next event brings the next try)."""
+        metadata = body["metadata"]
+        kept = [f for f in metadata.get("finalizers") or [] if f != finalizer]
+        try:
+            await self._ignore_gone(
+                "PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{metadata['namespace']}/{PLURAL}/"
+                f"{metadata['name']}", {"metadata": {
+                    "finalizers": kept, "resourceVersion": metadata.get("resourceVersion")}},
+                content_type=MERGE)
+        except ApiError as error:
+            if error.status != 409:
+                raise
 
     # ---- children -------------------------------------------------------------------------
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
@@ -302,3 +389,11 @@ class Kube:
             detail = server_message(error) if isinstance(error, ApiError) else repr(error)
             log.warning("could not post event %s on %s: %s", event.reason, metadata["name"],
                         detail)
+
+
+def _raise_watch_error(status: Mapping[str, Any]) -> None:
+    """A watch's ERROR event carries a Status: 410 (the version expired) means list again."""
+    if status.get("code") == 410:
+        raise Gone(status.get("message") or "the watch's resourceVersion expired")
+    raise ApiError(int(status.get("code") or 500), status.get("reason") or "",
+                   json.dumps(status))

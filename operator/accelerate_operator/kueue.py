@@ -51,7 +51,7 @@ def priority_class(body: Mapping[str, Any]) -> str | None:
 
 @dataclass(frozen=True)
 class QueueContext:
-    """Kueue's objects for one job: its Workload as the operator's index shows it (None until
+    """Kueue's objects for one job: its Workload as the operator's store shows it (None until
     it exists), and what observe.py read when needed: the specs of the ResourceFlavors it was
     admitted with, the value of its WorkloadPriorityClass (before the Workload is created)."""
 

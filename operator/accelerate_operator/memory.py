@@ -1,8 +1,9 @@
 """The operator's in-memory state, per job: caches only.
 
 Everything here may be lost (an operator restart, a second replica never shares it) without
-changing any outcome: the API server and kopf's indexes hold the truth, and the next pass reads
-it, at worst after one more API call. Each cache says why. Nothing here talks to the API server."""
+changing any outcome: the API server and the informers' stores hold the truth, and the next pass
+reads it, at worst after one more API call. Each cache says why. Nothing here talks to the API
+server."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ IN_FLIGHT_SECONDS = 30.0
 
 
 class WrittenStatus:
-    """The last status this operator wrote per job. kopf's job index may lag behind our own
+    """The last status this operator wrote per job. the job's store may lag behind our own
     writes, and planning from a stale attempt number would recreate a group just deleted.
     Lost on restart: the start-up listing reads the status from the server, which has every
     write by then."""
@@ -52,12 +53,12 @@ class _Created:
 
 
 class InFlight:
-    """Children and pods this operator created that kopf's indexes do not show yet. Without them
+    """Children and pods this operator created that the stores do not show yet. Without them
     a pod event arriving first would plan those pods again (a 409 each) and patch the status
-    twice (docs/benchmarks.md, finding 2). Entries go when an index shows the object, when the
-    job moves to another attempt, or after IN_FLIGHT_SECONDS (so a pod deleted before the index
-    saw it is not hidden for long). Lost on restart: kopf lists every index in full before it
-    calls a handler, so the indexes then show everything created before."""
+    twice (docs/benchmarks.md, finding 2). Entries go when a store shows the object, when the
+    job moves to another attempt, or after IN_FLIGHT_SECONDS (so a pod deleted before the store
+    saw it is not hidden for long). Lost on restart: the controller fills every store before
+    any pass, so the stores then show everything created before."""
 
     def __init__(self, ttl: float = IN_FLIGHT_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -77,7 +78,7 @@ class InFlight:
     def add_to(self, uid: str, attempt: int, pods: Sequence[PodState],
                children: frozenset[tuple[str, str]]
                ) -> tuple[list[PodState], frozenset[tuple[str, str]]]:
-        """The pods and children the indexes show, plus those in flight (pods as Pending)."""
+        """The pods and children the stores show, plus those in flight (pods as Pending)."""
         entries = self._created.get(uid) or {}
         seen_pods = {(p.name, p.attempt) for p in pods}
         now = self._clock()

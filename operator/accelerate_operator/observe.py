@@ -1,14 +1,14 @@
 """Observe: everything one pass needs to know about a parsed job, gathered before planning.
 
-The pods and children come from kopf's indexes (passed in: no API call), completed by what this
-operator created that the indexes do not show yet; the status is the server's, unless our own
-last write is newer. The reads that call the API server, through kube.py: the user's ConfigMap
-named by spec.accelerateConfigFrom (the YAML and the files beside it), only while the rendered
-config has yet to be created or the topology still depends on that YAML (no status.topology
-yet); and for a queued job, the WorkloadPriorityClass its label names (until its Workload
-exists) and the ResourceFlavors its admission names (until its group is all there). The job's
-Workload itself comes from an index, passed in as a QueueContext. Observing decides nothing:
-that is plan.py's."""
+The pods and children come from the informers' stores (passed in: no API call), completed by
+what this operator created that the stores do not show yet; the status is the server's, unless
+our own last write is newer. The reads that call the API server, through kube.py: the user's
+ConfigMap named by spec.accelerateConfigFrom (the YAML and the files beside it), only while the
+rendered config has yet to be created or the topology still depends on that YAML (no
+status.topology yet); and for a queued job, the WorkloadPriorityClass its label names (until its
+Workload exists) and the ResourceFlavors its admission names (until its group is all there). The
+job's Workload itself comes from a store, passed in as a QueueContext. Observing decides
+nothing: that is plan.py's."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from .status import Event, Plan, PodState, QueueState, format_time, plan_reconci
 # names them <controller>-<condition>).
 FINISHED_MANAGER = "accelerate-operator-Finished"
 PODS_READY_MANAGER = "accelerate-operator-PodsReady"
-# An admitted flavor the index has not shown yet: look again soon.
+# An admitted flavor the store has not shown yet: look again soon.
 FLAVOR_WAIT_SECONDS = 2.0
 
 
@@ -62,7 +62,7 @@ class Observed:
     # server's refusal of one of its pods in an earlier pass.
     config_error: str | None = None
     refused: str | None = None
-    # Kueue as the indexes show it; None when the operator runs without the Kueue integration.
+    # Kueue as the stores show it; None when the operator runs without the Kueue integration.
     queue: QueueContext | None = None
 
     @property

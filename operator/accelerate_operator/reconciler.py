@@ -43,7 +43,7 @@ def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | 
     return None if metadata.get("deletionTimestamp") else job
 
 
-# What the indexes show when a pass starts: the pods, the children, and Kueue's view (or None).
+# What the stores show when a pass starts: the pods, the children, and Kueue's view (or None).
 Indexed = Callable[[], tuple[Iterable[PodState], Iterable[tuple[str, str]], QueueContext | None]]
 
 
@@ -64,13 +64,13 @@ class Reconciler:
                         children: Iterable[tuple[str, str]] = (),
                         queue: QueueContext | None = None) -> float | None:
         """Bring one job's children and status in line with its spec. `pods` and `children`
-        ((kind, name) of its ConfigMaps and Services) are what kopf's indexes show, `queue`
+        ((kind, name) of its ConfigMaps and Services) are what the stores show, `queue`
         what they show of Kueue (None: the Kueue integration is off). Returns when time alone
         will next change the job (seconds), for the clock, or None."""
         return await self.reconcile_latest(body, lambda: (pods, children, queue))
 
     async def reconcile_latest(self, body: Mapping[str, Any], indexed: Indexed) -> float | None:
-        """As reconcile, with the pods and children read from the indexes (`indexed()`) only
+        """As reconcile, with the pods and children read from the stores (`indexed()`) only
         when the pass starts. A call while a pass of the job waits to start joins that pass,
         handing it this (newer) body, and returns its result."""
         uid = body["metadata"]["uid"]

@@ -1,6 +1,6 @@
 """A fake of kube.py's Kube for the reconcile steps: objects in dicts, every call recorded, no
-cluster; async, as Kube is. `pods()` and `children()` play kopf's indexes (what the handlers
-pass to a pass)."""
+cluster; async, as Kube is. `pods()` and `children()` play the informers' stores (what the
+controller hands to a pass)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ class FakeKube:
         self.calls.append(("event", event.reason))
         self.events.append(event)
 
-    # ---- what kopf's indexes would show ---------------------------------------------------
+    # ---- what the stores would show -------------------------------------------------------
     def pods(self) -> list[PodState]:
         return [read_pod_state(o) for (kind, _), o in self.objects.items() if kind == "Pod"]
 

@@ -1,17 +1,22 @@
-"""The operator's kopf handlers run in this process with kopf.testing.KopfRunner, against the real
-API server (model: nolar/kopf examples/09-testing/test_example_09.py): a job gets its children,
-a rendered ConfigMap deleted by hand comes back, and the job succeeds.
+"""The operator's own entry point (`python -m accelerate_operator`) run as a process of this
+host against the real API server, for one namespace: it serves its health check once it has
+listed everything, a job gets its children, a rendered ConfigMap deleted by hand comes back, the
+job succeeds, and SIGTERM stops it cleanly.
 
 The operator the chart deployed is scaled to zero meanwhile, so that only this one acts."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 
-import kubernetes
 import pytest
-from kopf.testing import KopfRunner
 
 from devtools.cluster import kubectl, wait_for
 from tests.helpers.jobs import apply_job, command_job, phase_is, wait_for_job
@@ -51,13 +56,32 @@ def children(kubeconfig: str, namespace: str) -> set[str]:
     return set(out.stdout.split())
 
 
-def test_handlers_in_process_create_children_recreate_a_deleted_one_and_finish_the_job(
-        kubeconfig, namespace, deployed_operator_paused, monkeypatch):
-    # kopf logs in through the kubernetes client, whose default kubeconfig path was fixed from
-    # $KUBECONFIG when it was imported (before the session fixture set it).
-    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
-    argv = ["run", "--standalone", "--namespace", namespace, "-m", "accelerate_operator.handlers"]
-    with KopfRunner(argv, timeout=300) as runner:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def health(port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+            return json.loads(answer.read())
+    except OSError:
+        return None
+
+
+def test_operator_process_creates_children_recreates_a_deleted_one_and_stops_on_sigterm(
+        kubeconfig, namespace, deployed_operator_paused, tmp_path):
+    port = free_port()
+    log = tmp_path / "operator.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "accelerate_operator", "--namespace", namespace,
+             "--liveness-port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": kubeconfig})
+    try:
+        wait_for(lambda: (health(port) or {}).get("synced"), timeout=60,
+                 description="the operator's health check to report it synced")
         apply_job(kubeconfig, namespace, command_job("inproc", RUN_20_SECONDS, nodes=2).build())
         expected = {"configmap/inproc-accelerate-config", "service/inproc", "pod/inproc-0",
                     "pod/inproc-1"}
@@ -69,6 +93,16 @@ def test_handlers_in_process_create_children_recreate_a_deleted_one_and_finish_t
                  timeout=30, description="the deleted ConfigMap to be recreated")
         done = wait_for_job(kubeconfig, namespace, "inproc", phase_is("Succeeded", "Failed"),
                             timeout=180)
+        assert health(port) == {"synced": True, "jobs": 1}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    output = log.read_text()
     assert done["status"]["phase"] == "Succeeded", done["status"]
-    assert runner.exit_code == 0 and runner.exception is None
-    assert "Traceback" not in runner.output
+    assert code == 0, output
+    assert "Traceback" not in output and "ERROR" not in output, output
+    assert "stopped" in output.splitlines()[-1], output

@@ -278,19 +278,6 @@ def test_in_flight_objects_expire_so_a_pod_deleted_unseen_is_not_hidden_long():
     assert pods == []
 
 
-def test_pods_left_by_an_earlier_job_of_the_same_name_are_stale_not_failures():
-    from accelerate_operator.handlers import Operator
-
-    from tests.helpers.jobs import pod
-
-    operator = Operator()
-    operator.remember_indexes(pod_index={("ml", "train"): [
-        ("uid-new", pod("train", 1)), ("uid-old", pod("train", 0, attempt=3))]})
-    mine, earlier = operator.pods_of("ml", "train", "uid-new")
-    assert mine == pod("train", 1)
-    assert (earlier.name, earlier.attempt, earlier.deleting) == ("train-0", -1, True)
-
-
 def test_events_arriving_while_a_pass_waits_join_it():
     """Ten events of one job at once (its pods created, scheduled, started...): the first pass
     runs, the nine others join the single pass waiting behind it, which reads the indexes

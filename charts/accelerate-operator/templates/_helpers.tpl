@@ -55,8 +55,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-RBAC rules the operator needs in every namespace it watches (least privilege; kopf runs standalone,
-without peering, so no kopf peering resources). No Secret access: the operator never reads one.
+RBAC rules the operator needs in every namespace it watches (least privilege). No Secret access:
+the operator never reads one.
 */}}
 {{- define "accelerate-operator.namespacedRules" -}}
 - apiGroups: ["accelerate-operator.io"]
@@ -96,17 +96,11 @@ without peering, so no kopf peering resources). No Secret access: the operator n
 {{- end }}
 
 {{/*
-RBAC rules that only exist cluster-wide: kopf scans CRDs to resolve the resources it serves, and
-lists namespaces when it watches several of them; with kueue.enabled, Kueue's cluster-scoped
-ResourceFlavors and WorkloadPriorityClasses.
+RBAC rules that only exist cluster-wide: with kueue.enabled, Kueue's cluster-scoped
+ResourceFlavors and WorkloadPriorityClasses; nothing otherwise (the operator watches its own
+collections by path: it needs neither CRDs nor namespaces listed).
 */}}
 {{- define "accelerate-operator.clusterRules" -}}
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["list", "watch"]
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["list", "watch"]
 {{- if .Values.kueue.enabled }}
 # Kueue's cluster-wide objects, read by name: the flavors a job was admitted with (node labels,
 # tolerations) and the value of its priority class.
