@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import json
 import resource
 import time
@@ -37,7 +38,9 @@ def configmap(namespace: str, name: str) -> dict:
 
 
 async def through_threads(kube: Kube, namespace: str, creates: int) -> None:
-    configuration = kube.configuration
+    configuration = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
+                                       client_configuration=configuration)
     configuration.connection_pool_maxsize = 32
     core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(32))

@@ -1,11 +1,15 @@
-"""The only module that talks to the API server: create-if-absent, delete, status patches,
-events and reads. Everything else is pure and testable without a cluster.
+"""The only module that talks to the API server: lists and watches (for informer.py),
+create-if-absent, delete, status patches, events and reads. Everything else is pure and
+testable without a cluster.
 
-Calls are async, on one aiohttp session in the operator's event loop (kopf's own transport).
-The official client is kept for what it is best at, finding the credentials (in-cluster or
-kubeconfig, token refresh included), but not for the requests themselves: a create through it,
-run in a thread, cost 1.50 ms of CPU against 0.62 ms on aiohttp (docs/benchmarks.md, finding 5),
-and its threads held memory the operator never gave back."""
+Calls are async, on aiohttp sessions in the operator's event loop: a create through the
+official client, run in a thread, cost 1.50 ms of CPU against 0.62 ms on aiohttp
+(docs/benchmarks.md, finding 5), and its threads held memory the operator never gave back.
+
+Credentials: in a pod, the service account's token, CA and the API server's address, read from
+where the kubelet puts them (the token again every minute: it rotates); elsewhere the official
+client reads the kubeconfig (exec plugins, OIDC and token refresh included), imported only
+then: importing it costs the operator 17 MiB of its idle memory (finding 9)."""
 
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ import os
 import random
 import ssl
 import string
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
-import kubernetes
 
 from .apierrors import server_message
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
@@ -72,13 +78,89 @@ class ConfigMapMissing(LookupError):
     """The ConfigMap or key named by spec.accelerateConfigFrom does not exist."""
 
 
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# client-go reads a projected token again every minute; the kubelet rotates it well before expiry.
+TOKEN_REREAD_SECONDS = 60.0
+
+
+@dataclass
+class Credentials:
+    """Where the API server is and how to prove who we are. `auth_headers()` is called for
+    every request, so a rotated token is sent as soon as it is read."""
+
+    host: str
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+    check_hostname: bool = True
+    auth_headers: Callable[[], dict[str, str]] = field(default=dict)
+
+    @classmethod
+    def in_cluster(cls, root: Path = SERVICE_ACCOUNT, environ: Mapping[str, str] = os.environ,
+                   clock: Callable[[], float] = time.monotonic) -> Credentials | None:
+        """The pod's service account, or None outside a pod."""
+        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port or not (root / "token").is_file():
+            return None
+        if ":" in host:  # IPv6
+            host = f"[{host}]"
+        token = _RereadToken(root / "token", clock)
+        return cls(host=f"https://{host}:{port}", ca_file=str(root / "ca.crt"),
+                   auth_headers=lambda: {"Authorization": f"Bearer {token.read()}"})
+
+    @classmethod
+    def from_client_configuration(cls, configuration: Any) -> Credentials:
+        """What the official client's Configuration holds (a kubeconfig it loaded); its
+        auth_settings() refresh an exec plugin's or a rotated token themselves."""
+        def auth_headers() -> dict[str, str]:
+            return {auth["key"]: auth["value"]
+                    for auth in configuration.auth_settings().values()
+                    if auth["in"] == "header" and auth["value"]}
+        return cls(host=configuration.host, ca_file=configuration.ssl_ca_cert,
+                   cert_file=configuration.cert_file, key_file=configuration.key_file,
+                   verify=bool(configuration.verify_ssl),
+                   check_hostname=configuration.assert_hostname is not False,
+                   auth_headers=auth_headers)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None = None) -> Credentials:
+        import kubernetes  # only here: 17 MiB, and a pod never needs it
+
+        configuration = kubernetes.client.Configuration()
+        # $KUBECONFIG read now: the client's own default was fixed when it was imported.
+        kubernetes.config.load_kube_config(config_file=path or os.environ.get("KUBECONFIG"),
+                                           client_configuration=configuration)
+        return cls.from_client_configuration(configuration)
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if not self.verify:
+            return False
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        context.check_hostname = self.check_hostname
+        return context
+
+
+class _RereadToken:
+    def __init__(self, path: Path, clock: Callable[[], float]):
+        self._path, self._clock = path, clock
+        self._token, self._read_at = "", float("-inf")
+
+    def read(self) -> str:
+        if self._clock() - self._read_at >= TOKEN_REREAD_SECONDS:
+            self._token = self._path.read_text().strip()
+            self._read_at = self._clock()
+        return self._token
+
+
 class Kube:
     """The requests the operator makes, on one aiohttp session opened on first use (it belongs
-    to the running event loop)."""
+    to the running event loop), and one more for the watches."""
 
-    def __init__(self, configuration: kubernetes.client.Configuration,
-                 connections: int = CONNECTIONS):
-        self.configuration = configuration
+    def __init__(self, credentials: Credentials, connections: int = CONNECTIONS):
+        self.credentials = credentials
         self.connections = connections
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
@@ -86,40 +168,20 @@ class Kube:
     @classmethod
     def from_environment(cls, connections: int = CONNECTIONS) -> Kube:
         """In-cluster credentials when running in a pod, else the current kubeconfig."""
-        configuration = kubernetes.client.Configuration()
-        try:
-            kubernetes.config.load_incluster_config(client_configuration=configuration)
-        except kubernetes.config.ConfigException:
-            # $KUBECONFIG read now: the client's own default was fixed when it was imported.
-            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
-                                               client_configuration=configuration)
-        return cls(configuration, connections)
+        return cls(Credentials.in_cluster() or Credentials.from_kubeconfig(), connections)
 
     # ---- transport ------------------------------------------------------------------------
     def _ssl_context(self) -> ssl.SSLContext | bool:
-        c = self.configuration
-        if not c.verify_ssl:
-            return False
-        context = ssl.create_default_context(cafile=c.ssl_ca_cert)
-        if c.cert_file:
-            context.load_cert_chain(c.cert_file, c.key_file)
-        if c.assert_hostname is False:
-            context.check_hostname = False
-        return context
+        return self.credentials.ssl_context()
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
-        """The client's own auth settings (they refresh a rotated service-account or exec
-        token) turned into headers."""
-        headers = {"Accept": "application/json"}
-        for auth in self.configuration.auth_settings().values():
-            if auth["in"] == "header" and auth["value"]:
-                headers[auth["key"]] = auth["value"]
+        headers = {"Accept": "application/json", **self.credentials.auth_headers()}
         if content_type:
             headers["Content-Type"] = content_type
         return headers
 
     def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
-        url = self.configuration.host + path
+        url = self.credentials.host + path
         if query:
             url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
         return url
