@@ -86,6 +86,11 @@ class Store(Generic[V]):
         entry = self._objects.get(key)
         return entry[1] if entry else None
 
+    def kept(self, key: Key) -> tuple[Hashable, V] | None:
+        """(group, value) as kept for the object, or None."""
+        entry = self._objects.get(key)
+        return (entry[0], entry[2]) if entry else None
+
     def put(self, obj: Mapping[str, Any]) -> tuple[Hashable | None, V | None, Hashable | None]:
         """Keep (or replace) an object. Returns (its group, what is kept, the group it left
         when its group changed)."""
@@ -201,10 +206,20 @@ class Informer:
             if group is not None:
                 self._notify(DELETED, group, value, obj)
             return
+        self._put(kind, obj, notify=True)
+
+    def _put(self, kind: str, obj: Mapping[str, Any], notify: bool) -> None:
+        """Keep the object; report it unless what is kept of it is what was kept before (a pod
+        whose conditions changed in ways no pass reads, say): such an event cannot change what
+        a pass does, and skipping it saves the pass."""
+        metadata = obj["metadata"]
+        before = self.store.kept((metadata.get("namespace") or "", metadata["name"]))
         group, value, left = self.store.put(obj)
+        if not notify:
+            return
         if left is not None:
             self._notify(DELETED, left, None, obj)
-        if group is not None:
+        if group is not None and before != (group, value):
             self._notify(kind, group, value, obj)
 
     async def _relist(self, notify: bool) -> None:
@@ -221,11 +236,7 @@ class Informer:
                 if self.store.version(key) == metadata.get("resourceVersion"):
                     continue
                 kind = MODIFIED if self.store.version(key) is not None else ADDED
-                group, value, left = self.store.put(obj)
-                if notify and left is not None:
-                    self._notify(DELETED, left, None, obj)
-                if notify and group is not None:
-                    self._notify(kind, group, value, obj)
+                self._put(kind, obj, notify)
         for key in unseen:  # deleted while nobody watched
             group, value = self.store.remove(key)
             if notify and group is not None:

@@ -37,10 +37,14 @@ def pod_body(job: str, index: int, owner: str, *, attempt: int = 0, phase: str =
         "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-def configmap(name: str, job: str | None, version: str = "1") -> dict[str, Any]:
+def configmap(name: str, job: str | None, version: str = "1", value: str = "") -> dict[str, Any]:
     labels = {JOB_LABEL: job} if job else {}
     return {"metadata": {"name": name, "namespace": "ml", "labels": labels,
-                         "resourceVersion": version}}
+                         "resourceVersion": version}, "data": {"value": value}}
+
+
+def name_and_value(obj) -> str:
+    return obj["metadata"]["name"] + obj["data"]["value"]
 
 
 def by_job(obj):
@@ -102,7 +106,7 @@ class StreamKube:
 
 
 def run_informer(kube: StreamKube, events: list, until: int) -> Store:
-    store = Store(lambda obj: obj["metadata"]["name"], by_job)
+    store = Store(name_and_value, by_job)
     informer = Informer(kube, CONFIGMAPS, store,
                         lambda kind, group, value, obj: events.append((kind, group, value)),
                         namespace="ml")
@@ -119,21 +123,24 @@ def run_informer(kube: StreamKube, events: list, until: int) -> Store:
 
 
 def test_informer_follows_the_watch_and_lists_again_when_its_version_expired():
-    """The first list only fills the store; the watch reports changes; after 410 the new list
-    reports what changed meanwhile: b deleted, c created, a changed (d unchanged: no event)."""
-    a, b, d = configmap("a", "train"), configmap("b", "train"), configmap("d", "train")
-    c = configmap("c", "train", "5")
-    a2 = configmap("a", "train", "6")
-    kube = StreamKube(lists=[[[a, b], [d]], [[a2, c], [d]]],
+    """The first list only fills the store; the watch reports changes (not one that leaves what
+    the store keeps as it was: e's); after 410 the new list reports what changed meanwhile: b
+    deleted, c created, a changed (d and e unchanged: no event)."""
+    a, b, e = configmap("a", "train"), configmap("b", "train"), configmap("e", "train")
+    d, c = configmap("d", "train"), configmap("c", "train", "5")
+    d2, e2 = configmap("d", "train", "2", value="2"), configmap("e", "train", "3")
+    a2 = configmap("a", "train", "6", value="2")
+    kube = StreamKube(lists=[[[a, b], [d, e]], [[a2, c], [d2, e2]]],
                       watches=[[("BOOKMARK", {"metadata": {"resourceVersion": "150"}}),
-                                ("MODIFIED", configmap("d", "train", "1"))], Gone])
+                                ("MODIFIED", e2), ("MODIFIED", d2)], Gone])
     events: list = []
     store = run_informer(kube, events, until=4)
-    assert events == [(MODIFIED, ("ml", "train"), "d"), (MODIFIED, ("ml", "train"), "a"),
+    assert events == [(MODIFIED, ("ml", "train"), "d2"), (MODIFIED, ("ml", "train"), "a2"),
                       (ADDED, ("ml", "train"), "c"), (DELETED, ("ml", "train"), "b")]
-    assert sorted(store.get(("ml", "train"))) == ["a", "c", "d"]
-    # Resumed from the bookmark, then from the second list's version.
-    assert kube.watched_from == ["101", "1", "100"]
+    assert sorted(store.get(("ml", "train"))) == ["a2", "c", "d2", "e"]
+    # Watched from the first list's version, resumed from the last event's (the bookmark's was
+    # newer then), and after 410 from the second list's.
+    assert kube.watched_from == ["101", "2", "100"]
 
 
 def test_informer_reports_a_deletion_and_a_job_label_removed_as_deletions():
