@@ -166,10 +166,13 @@ class Informer:
             try:
                 if self.resource_version is None:
                     await self._relist(notify=True)
+                started = asyncio.get_running_loop().time()
                 async for kind, obj in self.kube.watch(self._path, self.resource_version,
                                                        self.collection.label_selector):
                     self._receive(kind, obj)
                     attempt = 0
+                if asyncio.get_running_loop().time() - started < 1:
+                    await asyncio.sleep(1)  # a server that ends every watch at once
             except Gone:
                 log.info("%s: the watch's version expired; listing again", self._path)
                 self.resource_version = None
