@@ -19,13 +19,18 @@ def log_memory(*_: object) -> None:
     and the most numerous live Python objects, in the log, to see what holds memory in a running
     operator (docs/benchmarks.md, finding 6): live blocks back at the idle count while the RSS is
     not means the allocator, not a leak, keeps the pages."""
+    from .heap import heap_usage
+
     gc.collect()
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
     rss = next((line.split()[1] for line in open("/proc/self/status")
                 if line.startswith("VmRSS")), "?")
+    heap = heap_usage()
     logging.getLogger("accelerate_operator").warning(
-        "memory: RSS %s KiB, %d allocated blocks (%s), %d objects tracked by gc; most "
-        "numerous: %s", rss, sys.getallocatedblocks(), os.environ.get("PYTHONMALLOC", "pymalloc"),
+        "memory: RSS %s KiB, %d allocated blocks (%s), glibc heap %s, %d objects tracked by "
+        "gc; most numerous: %s", rss, sys.getallocatedblocks(),
+        os.environ.get("PYTHONMALLOC", "pymalloc"),
+        f"{heap[0] >> 10} KiB in use, {heap[1] >> 10} KiB free" if heap else "unknown",
         sum(counts.values()), ", ".join(f"{n} {name}" for name, n in counts.most_common(12)))
 
 

@@ -40,6 +40,11 @@ log = logging.getLogger("accelerate_operator")
 
 KUEUE_ENABLED = os.environ.get("ACCELERATE_OPERATOR_KUEUE", "").lower() in ("1", "true")
 LEGACY_FINALIZER = f"{GROUP}/finalizer"
+# A pod or child deleted runs its job's pass this much later. When a job is deleted, the garbage
+# collector deletes its children, and their DELETED events (on other watches than the job's) can
+# come before the job's own: a pass run at once would recreate the children of a job that is
+# gone. By then the job's DELETED event has emptied its store entry, and the pass is not run.
+DELETION_GRACE_SECONDS = 1.0
 # kubectl apply keeps a full copy of the object in this annotation; nothing here reads it.
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
@@ -174,12 +179,20 @@ class Controller:
         self.clock.track(body)
         self._spawn(self.clock.run_pass(body))
 
-    def on_owned(self, _kind: str, key: Hashable, _value: Any,
+    def on_owned(self, kind: str, key: Hashable, _value: Any,
                  _obj: Mapping[str, Any] | None) -> None:
         """A pod (created, scheduled, started, ended, deleted) or a Workload (admitted,
         evicted): the job's next pass acts on it."""
+        if kind == DELETED:
+            self._spawn(self._pass_after_deletion(key))
+            return
         for body in self.jobs.get(key):
             self._spawn(self.clock.run_pass(body))
+
+    async def _pass_after_deletion(self, key: Hashable) -> None:
+        await asyncio.sleep(DELETION_GRACE_SECONDS)
+        for body in self.jobs.get(key):  # the job as it is now: none if it went meanwhile
+            await self.clock.run_pass(body)
 
     def on_child(self, kind: str, key: Hashable, value: Any,
                  obj: Mapping[str, Any] | None) -> None:

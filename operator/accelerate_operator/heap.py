@@ -32,3 +32,31 @@ def release_freed_memory() -> None:
     gc.collect()
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _find_mallinfo2() -> Callable[[], _MallInfo2] | None:
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+_MALLINFO2 = _find_mallinfo2()
+
+
+def heap_usage() -> tuple[int, int] | None:
+    """(bytes in use, bytes free) in glibc's heaps, or None where glibc cannot say. In use is
+    what live allocations hold (Python's objects too, under PYTHONMALLOC=malloc); free is what
+    the heap keeps between them, which malloc_trim hands back only in whole pages."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return info.uordblks + info.hblkhd, info.fordblks

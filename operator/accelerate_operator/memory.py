@@ -131,6 +131,10 @@ class Memory:
     def lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
 
+    def holds(self, uid: str, lock: asyncio.Lock) -> bool:
+        """Whether `lock` is still the job's: False once the job was forgotten meanwhile."""
+        return self._locks.get(uid) is lock
+
     def forget(self, uid: str) -> None:
         """The job is gone: drop everything kept for it."""
         self._locks.pop(uid, None)

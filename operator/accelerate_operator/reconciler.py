@@ -81,8 +81,9 @@ class Reconciler:
         waiting = _WaitingPass(body, asyncio.get_running_loop().create_future())
         self._waiting[uid] = waiting
         result = None
+        lock = self.memory.lock(uid)
         try:
-            async with self.memory.lock(uid):
+            async with lock:
                 if self._waiting.get(uid) is waiting:
                     del self._waiting[uid]
                 pods, children, queue = indexed()
@@ -92,6 +93,10 @@ class Reconciler:
         finally:
             if self._waiting.get(uid) is waiting:
                 del self._waiting[uid]
+            if not self.memory.holds(uid, lock):
+                # The job was deleted (forgotten) while this pass ran: what the pass recorded
+                # would stay for good.
+                self.memory.forget(uid)
             waiting.result.set_result(result)  # those who joined never see our exception
 
     async def _passes(self, body: Mapping[str, Any], pods: list[PodState],

@@ -269,3 +269,64 @@ def test_the_controller_follows_workloads_only_with_kueue(kueue: bool):
     assert followed == sorted(expected)
     assert controller.queue_of("a", "x", "u") == (QueueContext(workload=None) if kueue
                                                    else None)
+
+
+def test_children_deleted_with_their_job_are_not_recreated(monkeypatch):
+    """The garbage collector's deletions of a deleted job's children can arrive before the job's
+    own DELETED event: within the grace the job is gone, and no pass recreates anything."""
+    monkeypatch.setattr("accelerate_operator.controller.DELETION_GRACE_SECONDS", 0.2)
+    kube = FakeKube()
+    controller = Controller(kube)
+
+    async def go():
+        group, body, _ = controller.jobs.put(job_body())
+        controller.on_job(ADDED, group, body, None)
+        await settle(controller)
+        for (kind, _), manifest in kube.objects.items():
+            store = {"Pod": controller.pods, "ConfigMap": controller.configmaps,
+                     "Service": controller.services}[kind]
+            store.put(manifest)
+        kube.calls.clear()
+        for key, store in ((("ml", "llm-accelerate-config"), controller.configmaps),
+                           (("ml", "llm"), controller.services),
+                           (("ml", "llm-0"), controller.pods)):
+            group, value = store.remove(key)
+            (controller.on_owned if store is controller.pods else controller.on_child)(
+                DELETED, group, value, None)
+        group, value = controller.jobs.remove(("ml", "llm"))
+        controller.on_job(DELETED, group, value, None)
+        await settle(controller)
+
+    asyncio.run(go())
+    assert kube.calls == []
+    memory = controller.reconciler.memory
+    assert memory._locks == {} and memory.in_flight._created == {} and memory.written._written == {}
+
+
+def test_a_job_forgotten_while_its_pass_runs_leaves_nothing_behind():
+    class SlowKube(FakeKube):
+        def __init__(self):
+            super().__init__()
+            self.release = asyncio.Event()
+
+        async def create_if_absent(self, manifest):
+            await self.release.wait()
+            return await super().create_if_absent(manifest)
+
+    kube = SlowKube()
+    controller = Controller(kube)
+
+    async def go():
+        group, body, _ = controller.jobs.put(job_body())
+        controller.on_job(ADDED, group, body, None)
+        await asyncio.sleep(0.05)  # the pass waits on its first create
+        group, value = controller.jobs.remove(("ml", "llm"))
+        controller.on_job(DELETED, group, value, None)
+        kube.release.set()
+        await settle(controller)
+
+    asyncio.run(go())
+    assert kube.names("ConfigMap") == ["llm-accelerate-config"]  # the pass did run on
+    memory = controller.reconciler.memory
+    assert memory._locks == {} and memory.in_flight._created == {} and memory.written._written == {}
+    assert controller.reconciler._waiting == {}
