@@ -40,10 +40,11 @@ log = logging.getLogger("accelerate_operator")
 
 KUEUE_ENABLED = os.environ.get("ACCELERATE_OPERATOR_KUEUE", "").lower() in ("1", "true")
 LEGACY_FINALIZER = f"{GROUP}/finalizer"
-# A pod or child deleted runs its job's pass this much later. When a job is deleted, the garbage
-# collector deletes its children, and their DELETED events (on other watches than the job's) can
-# come before the job's own: a pass run at once would recreate the children of a job that is
-# gone. By then the job's DELETED event has emptied its store entry, and the pass is not run.
+# A pod or child deleted runs its job's pass this much later, and only once the API server has
+# confirmed that the job still exists. When a job is deleted, the garbage collector deletes its
+# children, and their DELETED events (on other watches than the job's) can come before the job's
+# own, by more than a second under load: a pass run on them would recreate the children of a job
+# that is gone. The deletions of one job within the grace share one check.
 DELETION_GRACE_SECONDS = 1.0
 # kubectl apply keeps a full copy of the object in this annotation; nothing here reads it.
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -103,6 +104,11 @@ def workload_entry(body: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]
         "status": body.get("status") or {}}
 
 
+def _being_deleted(value: Any) -> bool:
+    """A pod's entry whose pod has a deletionTimestamp (a graceful deletion has begun)."""
+    return isinstance(value, tuple) and isinstance(value[1], PodState) and value[1].deleting
+
+
 class Controller:
     """The stores, the informers that fill them, and what their events run."""
 
@@ -118,6 +124,7 @@ class Controller:
         self.workloads: Store[tuple[str | None, dict]] | None = (
             Store(workload_entry, owning_job) if kueue else None)
         self._uids: dict[JobKey, str] = {}
+        self._deletions: set[Hashable] = set()  # jobs whose check after a deletion is due
         self._tasks: set[asyncio.Task] = set()
         self.synced = False
         scopes = list(namespaces) or [None]
@@ -155,9 +162,15 @@ class Controller:
     async def reconcile(self, body: Mapping[str, Any]) -> float | None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         uid = body["metadata"]["uid"]
-        return await self.reconciler.reconcile_latest(
-            body, lambda: (self.pods_of(namespace, name, uid), self.children_of(namespace, name),
-                           self.queue_of(namespace, name, uid)))
+
+        def shown() -> tuple | None:
+            # A pass may have been asked for with a body taken before the job was deleted (the
+            # clock's, an event's just before the deletion): a job gone gets no pass.
+            if self._uids.get((namespace, name)) != uid:
+                return None
+            return (self.pods_of(namespace, name, uid), self.children_of(namespace, name),
+                    self.queue_of(namespace, name, uid))
+        return await self.reconciler.reconcile_latest(body, shown)
 
     # ---- events ---------------------------------------------------------------------------
     # Level-triggered: every event of a job (its creation, a spec change, the listing at
@@ -179,20 +192,29 @@ class Controller:
         self.clock.track(body)
         self._spawn(self.clock.run_pass(body))
 
-    def on_owned(self, kind: str, key: Hashable, _value: Any,
+    def on_owned(self, kind: str, key: Hashable, value: Any,
                  _obj: Mapping[str, Any] | None) -> None:
         """A pod (created, scheduled, started, ended, deleted) or a Workload (admitted,
-        evicted): the job's next pass acts on it."""
-        if kind == DELETED:
-            self._spawn(self._pass_after_deletion(key))
+        evicted): the job's next pass acts on it. One going away (deleted, or a pod being
+        deleted) may be going with its job: that pass waits for the check."""
+        if kind == DELETED or _being_deleted(value):
+            if key not in self._deletions:
+                self._deletions.add(key)
+                self._spawn(self._pass_after_deletion(key))
             return
         for body in self.jobs.get(key):
             self._spawn(self.clock.run_pass(body))
 
     async def _pass_after_deletion(self, key: Hashable) -> None:
-        await asyncio.sleep(DELETION_GRACE_SECONDS)
+        try:
+            await asyncio.sleep(DELETION_GRACE_SECONDS)
+        finally:
+            self._deletions.discard(key)
         for body in self.jobs.get(key):  # the job as it is now: none if it went meanwhile
-            await self.clock.run_pass(body)
+            metadata = body["metadata"]
+            if await self.kube.job_exists(metadata["namespace"], metadata["name"],
+                                          metadata["uid"]):
+                await self.clock.run_pass(body)
 
     def on_child(self, kind: str, key: Hashable, value: Any,
                  obj: Mapping[str, Any] | None) -> None:

@@ -414,6 +414,19 @@ class Kube:
             "PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
             {"status": dict(status)}, query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
 
+    async def job_exists(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the job (this one: not another of the same name) still exists, as the API
+        server knows it now, not as a watch has told so far."""
+        try:
+            body = json.loads(await self._request(
+                "GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"))
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return body["metadata"].get("uid") == uid and not body["metadata"].get(
+            "deletionTimestamp")
+
     async def delete_job(self, namespace: str, name: str) -> None:
         await self._ignore_gone(
             "DELETE", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",

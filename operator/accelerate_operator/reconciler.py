@@ -43,8 +43,10 @@ def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | 
     return None if metadata.get("deletionTimestamp") else job
 
 
-# What the stores show when a pass starts: the pods, the children, and Kueue's view (or None).
-Indexed = Callable[[], tuple[Iterable[PodState], Iterable[tuple[str, str]], QueueContext | None]]
+# What the stores show when a pass starts: the pods, the children, and Kueue's view (or None);
+# None instead when the job is gone by then (deleted while the pass waited to start).
+Indexed = Callable[[], tuple[Iterable[PodState], Iterable[tuple[str, str]], QueueContext | None]
+                   | None]
 
 
 @dataclass
@@ -81,21 +83,24 @@ class Reconciler:
         waiting = _WaitingPass(body, asyncio.get_running_loop().create_future())
         self._waiting[uid] = waiting
         result = None
+        shown = None
         lock = self.memory.lock(uid)
         try:
             async with lock:
                 if self._waiting.get(uid) is waiting:
                     del self._waiting[uid]
-                pods, children, queue = indexed()
-                result = await self._passes(waiting.body, list(pods), frozenset(children),
-                                            queue)
+                shown = indexed()
+                if shown is not None:
+                    pods, children, queue = shown
+                    result = await self._passes(waiting.body, list(pods), frozenset(children),
+                                                queue)
             return result
         finally:
             if self._waiting.get(uid) is waiting:
                 del self._waiting[uid]
-            if not self.memory.holds(uid, lock):
-                # The job was deleted (forgotten) while this pass ran: what the pass recorded
-                # would stay for good.
+            if shown is None or not self.memory.holds(uid, lock):
+                # The job was gone when the pass would have started, or was deleted
+                # (forgotten) while it ran: what the pass recorded would stay for good.
                 self.memory.forget(uid)
             waiting.result.set_result(result)  # those who joined never see our exception
 

@@ -24,6 +24,7 @@ class FakeKube:
         self.events: list[Any] = []
         self.refuse_pods: str | None = None
         self.job_deleted = False
+        self.jobs_gone: set[str] = set()  # deleted by someone else: job_exists says no
         # Cluster-scoped Kueue objects by (plural, name): ResourceFlavors, priority classes.
         self.kueue_objects: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -94,6 +95,10 @@ class FakeKube:
                                status: Mapping[str, Any]) -> None:
         self.calls.append(("patch", "status", name))
         self.statuses.append(copy.deepcopy(dict(status)))
+
+    async def job_exists(self, namespace: str, name: str, uid: str) -> bool:
+        self.calls.append(("get", "AccelerateJob", name))
+        return not self.job_deleted and name not in self.jobs_gone
 
     async def delete_job(self, namespace: str, name: str) -> None:
         self.calls.append(("delete", "AccelerateJob", name))

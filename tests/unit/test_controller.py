@@ -6,6 +6,7 @@ against the real API server in tests/integration/test_informer.py."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -330,3 +331,34 @@ def test_a_job_forgotten_while_its_pass_runs_leaves_nothing_behind():
     memory = controller.reconciler.memory
     assert memory._locks == {} and memory.in_flight._created == {} and memory.written._written == {}
     assert controller.reconciler._waiting == {}
+
+
+def test_a_deleted_jobs_children_are_not_recreated_when_its_own_event_lags(monkeypatch):
+    """Under load the job's DELETED event may come after the grace: the API server is asked,
+    says the job is gone, and no pass runs."""
+    monkeypatch.setattr("accelerate_operator.controller.DELETION_GRACE_SECONDS", 0.1)
+    kube = FakeKube()
+    controller = Controller(kube)
+
+    async def go():
+        group, body, _ = controller.jobs.put(job_body())
+        controller.on_job(ADDED, group, body, None)
+        await settle(controller)
+        for (kind, _), manifest in kube.objects.items():
+            {"Pod": controller.pods, "ConfigMap": controller.configmaps,
+             "Service": controller.services}[kind].put(manifest)
+        kube.calls.clear()
+        kube.jobs_gone.add("llm")
+        # llm-0 is being deleted (graceful: a MODIFIED event with its deletionTimestamp first)
+        deleting = copy.deepcopy(kube.objects[("Pod", "llm-0")])
+        deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        group, value, _ = controller.pods.put(deleting)
+        controller.on_owned(MODIFIED, group, value, deleting)
+        for key, store in ((("ml", "llm-1"), controller.pods),
+                           (("ml", "llm"), controller.services)):
+            group, value = store.remove(key)
+            controller.on_owned(DELETED, group, value, None)
+        await settle(controller)
+
+    asyncio.run(go())
+    assert kube.calls == [("get", "AccelerateJob", "llm")]  # one check for the three events
