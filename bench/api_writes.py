@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import json
+import os
 import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
