@@ -1,8 +1,8 @@
 """The user side of the AccelerateJob operator: `AccelerateJobClient` (Python) and the
 `accelerate-job` CLI (also `kubectl accelerate`), both on one request layer (request.py).
 
-Imports only the operator's pure modules (names, constants, builders' helpers): never kopf, the
-operator's kube.py or its reconciler (.importlinter)."""
+Imports only the operator's pure modules (names, constants, builders' helpers): never the
+operator's kube.py, its informers or its reconciler (.importlinter)."""
 
 from .client import AccelerateJobClient
 from .code import CodeArchive, CodeError, CodeTooLarge, pack_code

@@ -1,10 +1,10 @@
 """The operator-wide clock: the passes and reads that time alone makes due.
 
-kopf's timers would add a finalizer to every job (which blocks deleting jobs while the operator
-is down, kopf issue 1074), so one task ticks every CLOCK_SECONDS for all jobs instead:
+One task ticks every CLOCK_SECONDS for all jobs (no timer per job, and nothing written to a
+job to keep one):
 - a job's next pass is due when its plan said time would change it (`requeue_after`: an active
-  deadline, a TTL after finishing), and at the latest RESYNC_SECONDS after its last pass (event
-  handlers are not retried: this repeats a pass that failed on a passing API error);
+  deadline, a TTL after finishing), and at the latest RESYNC_SECONDS after its last pass (a pass
+  that an event ran is not retried: this repeats one that failed on a passing API error);
 - a Running job's progress is read from rank 0's log every PROGRESS_SECONDS;
 - every TRIM_SECONDS, if fewer jobs are followed than at the last look, the memory of those gone
   is handed back to the system (heap.py).

@@ -232,12 +232,11 @@ PRIVILEGED_INVALID = "`privileged` to true"
 
 def refusal_evidence(kubeconfig: str, namespace: str, job: str, text: str) -> str | None:
     """Where the API server's refusal of the pod shows: the job's status or events once the
-    operator reports it; until then only kopf's handler-progress annotation holds it."""
+    operator reports it."""
     body = job_body(kubeconfig, namespace, job)
     places = {
         "status": json.dumps(body.get("status") or {}),
         "events": json.dumps([e.get("message") for e in job_events(kubeconfig, namespace, job)]),
-        "annotations": json.dumps(body["metadata"].get("annotations") or {}),
     }
     for where, blob in places.items():
         if text in blob:
@@ -309,7 +308,7 @@ def test_operator_logs_carry_no_credentials(kubeconfig: str, restricted_ns: str)
     def operator_logs() -> str | None:
         proc = kubectl("-n", OPERATOR_NAMESPACE, "logs", f"deployment/{OPERATOR_DEPLOYMENT}",
                        "--all-containers", "--tail=-1", kubeconfig=kubeconfig)
-        # kopf logs the failed handler with the API server's answer, which names the pod.
+        # The operator logs the refusal with the API server's answer, which names the pod.
         return proc.stdout if "loud-0" in proc.stdout else None
     logs = wait_for(operator_logs, timeout=90,
                     description="the operator's log of the refused pod loud-0")
