@@ -104,11 +104,6 @@ def workload_entry(body: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]
         "status": body.get("status") or {}}
 
 
-def _being_deleted(value: Any) -> bool:
-    """A pod's entry whose pod has a deletionTimestamp (a graceful deletion has begun)."""
-    return isinstance(value, tuple) and isinstance(value[1], PodState) and value[1].deleting
-
-
 class Controller:
     """The stores, the informers that fill them, and what their events run."""
 
@@ -128,10 +123,10 @@ class Controller:
         self._tasks: set[asyncio.Task] = set()
         self.synced = False
         scopes = list(namespaces) or [None]
-        owned = [(PODS, self.pods, self.on_owned), (SERVICES, self.services, self.on_child),
+        owned = [(PODS, self.pods, self.on_pod), (SERVICES, self.services, self.on_child),
                  (CONFIGMAPS, self.configmaps, self.on_child)]
         if self.workloads is not None:
-            owned.append((WORKLOADS, self.workloads, self.on_owned))
+            owned.append((WORKLOADS, self.workloads, self.on_workload))
         self.owned_informers = [
             Informer(kube, collection, store, listener, namespace,
                      required=collection is not WORKLOADS)
@@ -192,18 +187,38 @@ class Controller:
         self.clock.track(body)
         self._spawn(self.clock.run_pass(body))
 
-    def on_owned(self, kind: str, key: Hashable, value: Any,
+    def on_pod(self, kind: str, key: Hashable, value: tuple[str | None, PodState] | None,
+               _obj: Mapping[str, Any] | None) -> None:
+        """A pod created, scheduled, started, ended: the job's pass acts on it now. One deleted
+        or being deleted (its deletionTimestamp set) may be going with its job: that pass waits
+        for the check (DELETION_GRACE_SECONDS)."""
+        if kind == DELETED or (value is not None and value[1].deleting):
+            self._after_deletion(key)
+        else:
+            self._pass_now(key)
+
+    def on_workload(self, kind: str, key: Hashable, _value: Any,
+                    _obj: Mapping[str, Any] | None) -> None:
+        """A Workload admitted or evicted: the job's pass acts on it."""
+        if kind == DELETED:
+            self._after_deletion(key)
+        else:
+            self._pass_now(key)
+
+    def on_child(self, kind: str, key: Hashable, _value: Any,
                  _obj: Mapping[str, Any] | None) -> None:
-        """A pod (created, scheduled, started, ended, deleted) or a Workload (admitted,
-        evicted): the job's next pass acts on it. One going away (deleted, or a pod being
-        deleted) may be going with its job: that pass waits for the check."""
-        if kind == DELETED or _being_deleted(value):
-            if key not in self._deletions:
-                self._deletions.add(key)
-                self._spawn(self._pass_after_deletion(key))
-            return
+        """A ConfigMap or Service deleted (by hand, say): the job's pass recreates it."""
+        if kind == DELETED:
+            self._after_deletion(key)
+
+    def _pass_now(self, key: Hashable) -> None:
         for body in self.jobs.get(key):
             self._spawn(self.clock.run_pass(body))
+
+    def _after_deletion(self, key: Hashable) -> None:
+        if key not in self._deletions:
+            self._deletions.add(key)
+            self._spawn(self._pass_after_deletion(key))
 
     async def _pass_after_deletion(self, key: Hashable) -> None:
         try:
@@ -215,12 +230,6 @@ class Controller:
             if await self.kube.job_exists(metadata["namespace"], metadata["name"],
                                           metadata["uid"]):
                 await self.clock.run_pass(body)
-
-    def on_child(self, kind: str, key: Hashable, value: Any,
-                 obj: Mapping[str, Any] | None) -> None:
-        """A ConfigMap or Service deleted (by hand, say): the next pass recreates it."""
-        if kind == DELETED:
-            self.on_owned(kind, key, value, obj)
 
     def _forget(self, key: Hashable, uid: str) -> None:
         self._uids.pop(key, None)
@@ -236,7 +245,8 @@ class Controller:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             # The job's next event, or the clock's resync, runs the pass again.
-            log.error("a pass failed: %r", task.exception(), exc_info=task.exception())
+            log.error("%s failed: %r", task.get_coro().__qualname__, task.exception(),
+                      exc_info=task.exception())
 
     # ---- the whole run ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -257,8 +267,3 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
             await self.kube.close()
-
-    def alive(self) -> bool:
-        """For the liveness probe: listed, and every watch and the clock still running (they
-        retry every failure themselves; one that ended is a bug)."""
-        return self.synced

@@ -206,7 +206,7 @@ def test_a_job_event_runs_its_pass_and_a_deleted_child_runs_it_again():
             store = {"Pod": controller.pods, "ConfigMap": controller.configmaps,
                      "Service": controller.services}[kind]
             group, value, _ = store.put(manifest)
-            (controller.on_owned if kind == "Pod" else controller.on_child)(
+            (controller.on_pod if kind == "Pod" else controller.on_child)(
                 ADDED, group, value, manifest)
         await settle(controller)
         kube.calls.clear()
@@ -292,7 +292,7 @@ def test_children_deleted_with_their_job_are_not_recreated(monkeypatch):
                            (("ml", "llm"), controller.services),
                            (("ml", "llm-0"), controller.pods)):
             group, value = store.remove(key)
-            (controller.on_owned if store is controller.pods else controller.on_child)(
+            (controller.on_pod if store is controller.pods else controller.on_child)(
                 DELETED, group, value, None)
         group, value = controller.jobs.remove(("ml", "llm"))
         controller.on_job(DELETED, group, value, None)
@@ -353,11 +353,11 @@ def test_a_deleted_jobs_children_are_not_recreated_when_its_own_event_lags(monke
         deleting = copy.deepcopy(kube.objects[("Pod", "llm-0")])
         deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         group, value, _ = controller.pods.put(deleting)
-        controller.on_owned(MODIFIED, group, value, deleting)
+        controller.on_pod(MODIFIED, group, value, deleting)
         for key, store in ((("ml", "llm-1"), controller.pods),
                            (("ml", "llm"), controller.services)):
             group, value = store.remove(key)
-            controller.on_owned(DELETED, group, value, None)
+            controller.on_pod(DELETED, group, value, None)
         await settle(controller)
 
     asyncio.run(go())
