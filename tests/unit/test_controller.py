@@ -192,6 +192,18 @@ async def settle(controller: Controller) -> None:
         await asyncio.gather(*list(controller._tasks))
 
 
+async def job_with_children(kube: FakeKube, controller: Controller) -> None:
+    """A job's first pass, then its children as the watches bring them (no events: the
+    stores are only filled)."""
+    group, body, _ = controller.jobs.put(job_body())
+    controller.on_job(ADDED, group, body, None)
+    await settle(controller)
+    for (kind, _), manifest in kube.objects.items():
+        {"Pod": controller.pods, "ConfigMap": controller.configmaps,
+         "Service": controller.services}[kind].put(manifest)
+    kube.calls.clear()
+
+
 def test_a_job_event_runs_its_pass_and_a_deleted_child_runs_it_again():
     kube = FakeKube()
     controller = Controller(kube)
@@ -280,14 +292,7 @@ def test_children_deleted_with_their_job_are_not_recreated(monkeypatch):
     controller = Controller(kube)
 
     async def go():
-        group, body, _ = controller.jobs.put(job_body())
-        controller.on_job(ADDED, group, body, None)
-        await settle(controller)
-        for (kind, _), manifest in kube.objects.items():
-            store = {"Pod": controller.pods, "ConfigMap": controller.configmaps,
-                     "Service": controller.services}[kind]
-            store.put(manifest)
-        kube.calls.clear()
+        await job_with_children(kube, controller)
         for key, store in ((("ml", "llm-accelerate-config"), controller.configmaps),
                            (("ml", "llm"), controller.services),
                            (("ml", "llm-0"), controller.pods)):
@@ -341,13 +346,7 @@ def test_a_deleted_jobs_children_are_not_recreated_when_its_own_event_lags(monke
     controller = Controller(kube)
 
     async def go():
-        group, body, _ = controller.jobs.put(job_body())
-        controller.on_job(ADDED, group, body, None)
-        await settle(controller)
-        for (kind, _), manifest in kube.objects.items():
-            {"Pod": controller.pods, "ConfigMap": controller.configmaps,
-             "Service": controller.services}[kind].put(manifest)
-        kube.calls.clear()
+        await job_with_children(kube, controller)
         kube.jobs_gone.add("llm")
         # llm-0 is being deleted (graceful: a MODIFIED event with its deletionTimestamp first)
         deleting = copy.deepcopy(kube.objects[("Pod", "llm-0")])
