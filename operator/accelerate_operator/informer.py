@@ -190,6 +190,9 @@ class Informer:
                 log.warning("%s is not served (is the CRD installed?); trying again every %d s",
                             self._path, NOT_SERVED_SECONDS)
             return True
+        if isinstance(error, Gone):  # a list's continue token expired between two pages
+            log.info("%s: listing again from the start: %s", self._path, error)
+            return True
         if isinstance(error, ApiError):
             log.warning("%s: %s", self._path, server_message(error))
             return True

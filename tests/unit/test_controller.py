@@ -361,3 +361,22 @@ def test_a_deleted_jobs_children_are_not_recreated_when_its_own_event_lags(monke
 
     asyncio.run(go())
     assert kube.calls == [("get", "AccelerateJob", "llm")]  # one check for the three events
+
+
+def test_a_start_up_list_whose_continue_token_expired_is_listed_again(monkeypatch):
+    monkeypatch.setattr("accelerate_operator.informer.BACKOFF_SECONDS", (0,))
+
+    class ExpiringKube(StreamKube):
+        async def list_pages(self, path, label_selector=None):
+            if len(self.lists) == 2:  # the first list: its second page's token has expired
+                self.lists.pop(0)
+                yield [configmap("a", "train")], None
+                raise Gone("the continue token expired")
+            async for page in super().list_pages(path, label_selector):
+                yield page
+
+    kube = ExpiringKube(lists=[[], [[configmap("a", "train")], [configmap("b", "train")]]],
+                        watches=[])
+    store = Store(name_and_value, by_job)
+    asyncio.run(Informer(kube, CONFIGMAPS, store, namespace="ml").sync(notify=False))
+    assert sorted(store.get(("ml", "train"))) == ["a", "b"]
