@@ -239,10 +239,10 @@ class Informer:
                 metadata = obj["metadata"]
                 key = (metadata.get("namespace") or "", metadata["name"])
                 unseen.discard(key)
-                if self.store.version(key) == metadata.get("resourceVersion"):
+                kept_version = self.store.version(key)
+                if kept_version == metadata.get("resourceVersion"):
                     continue
-                kind = MODIFIED if self.store.version(key) is not None else ADDED
-                self._put(kind, obj, notify)
+                self._put(ADDED if kept_version is None else MODIFIED, obj, notify)
         for key in unseen:  # deleted while nobody watched
             group, value = self.store.remove(key)
             if notify and group is not None:

@@ -23,7 +23,7 @@ IN_FLIGHT_SECONDS = 30.0
 
 
 class WrittenStatus:
-    """The last status this operator wrote per job. the job's store may lag behind our own
+    """The last status this operator wrote per job. The job's store may lag behind our own
     writes, and planning from a stale attempt number would recreate a group just deleted.
     Lost on restart: the start-up listing reads the status from the server, which has every
     write by then."""
