@@ -1,17 +1,20 @@
-"""`accelerate-operator` / `python -m accelerate_operator`: run the operator against the current
-kubeconfig, or in-cluster. One replica only: there is no leader election (two replicas would
-both act on every AccelerateJob), so the chart runs one with `strategy: Recreate`."""
+"""`accelerate-operator` / `python -m accelerate_operator`: run the operator (kopf, with the
+handlers of handlers.py) against the current kubeconfig, or in-cluster. With `--peering NAME`
+it is one replica of several: kopf's peering keeps the first started active and the others
+paused, and a paused replica takes over when the active one is gone (the chart runs two).
+`kopf run -m accelerate_operator.handlers --standalone` runs the same handlers."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import gc
 import logging
 import os
+import random
 import signal
 import sys
+import time
 
 
 def log_memory(*_: object) -> None:
@@ -34,42 +37,13 @@ def log_memory(*_: object) -> None:
         sum(counts.values()), ", ".join(f"{n} {name}" for name, n in counts.most_common(12)))
 
 
-async def serve(namespaces: list[str], liveness_port: int | None) -> None:
-    """Run the operator until SIGTERM or SIGINT; the health check answers meanwhile."""
-    from aiohttp import web
-
-    from .controller import Controller
-    from .kube import Kube
-
-    controller = Controller(Kube.from_environment(), namespaces)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    loop.add_signal_handler(signal.SIGUSR2, log_memory)
-    health = None
-    if liveness_port:
-        async def healthz(_: web.Request) -> web.Response:
-            # The event loop answered: the watches and passes it runs are not stuck.
-            return web.json_response({"synced": controller.synced, "jobs": len(controller.jobs)})
-        app = web.Application()
-        app.router.add_get("/healthz", healthz)
-        health = web.AppRunner(app, access_log=None)
-        await health.setup()
-        await web.TCPSite(health, "0.0.0.0", liveness_port).start()
-    running = asyncio.create_task(controller.run(), name="controller")
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (running, stopping):
-            task.cancel()
-        await asyncio.gather(running, stopping, return_exceptions=True)
-        if health is not None:
-            await health.cleanup()
-    if running.done() and not running.cancelled() and running.exception() is not None:
-        raise running.exception()
-    logging.getLogger("accelerate_operator").info("stopped")
+def replica_priority(now_ns: int | None = None) -> int:
+    """kopf's peering pauses every replica but the one of highest priority, and pauses them all
+    when two share it. The replica that started first gets the highest: a new or restarted
+    replica never takes over from a running one (no handover on a rollout of standbys), and
+    the random last digits keep two replicas started in the same millisecond apart."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return -(now_ns // 1_000_000) * 1000 + random.randrange(1000)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--namespace", action="append", default=[],
                         help="watch only this namespace (repeatable); default: every namespace")
     parser.add_argument("--liveness-port", type=int, default=None,
-                        help="serve the health check on http://0.0.0.0:PORT/healthz")
+                        help="serve kopf's liveness endpoint on http://0.0.0.0:PORT/healthz")
+    parser.add_argument("--peering", default=None, metavar="NAME",
+                        help="run as one replica of several: kopf's peering object NAME "
+                             "(a KopfPeering in the namespace watched, or a ClusterKopfPeering "
+                             "cluster-wide) keeps one active and pauses the others; default: "
+                             "standalone, the only replica")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="this replica's peering priority (default: the one started first "
+                             "wins)")
     parser.add_argument("--log-level",
                         default=os.environ.get("ACCELERATE_OPERATOR_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
@@ -86,7 +68,27 @@ def main(argv: list[str] | None = None) -> int:
     ]
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(namespaces, args.liveness_port))
+    # kopf logs every handler call and watch-stream step at INFO/DEBUG: at thousands of pods
+    # that is most of the log and a good part of the CPU. Its warnings and errors stay.
+    logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLogger().level))
+    signal.signal(signal.SIGUSR2, log_memory)
+
+    import kopf
+
+    from . import handlers  # registers the handlers with kopf
+
+    handlers.RUNTIME.namespaces = list(namespaces)
+
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        priority=args.priority if args.priority is not None else replica_priority(),
+        liveness_endpoint=(f"http://0.0.0.0:{args.liveness_port}/healthz"
+                           if args.liveness_port else None),
+    )
+    logging.getLogger("accelerate_operator").info("stopped")
     return 0
 
 

@@ -1,41 +1,30 @@
-"""Apply: carry a pass's Actions out through kube.py, and read rank 0's progress (and, once per
-attempt, the trainer's versions) into the status.
+"""Apply: carry a pass's Actions out through kube.py.
 
-Decides nothing (plan.py has): it only orders the calls, runs them with bounded parallelism,
-and records in Memory what the next pass must know: what it created, the status it wrote, a pod
-the API server refused."""
+Decides nothing (plan.py has): it only orders the calls, runs them with bounded parallelism, and
+records in the job's JobState what the next pass must know: what it created and the status it
+wrote. A child the API server refuses for good (Pod Security, a quota, validation) is returned
+as a value, before any status is written: the reconciler plans again with it (the job fails
+with the server's reason instead of retrying the same pod forever)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from .api import JobSpec
 from .kube import Kube, Rejected
-from .memory import Memory
-from .naming import pod_name, trainer_container_name
 from .observe import Observed
 from .plan import Actions, Archive, WorkloadWrite
-from .progress import (
-    build_progress_status,
-    build_trainer_status,
-    parse_progress,
-    parse_trainer_info,
-    progress_changed,
-)
 from .resources.logs import ARCHIVED_LINES, build_logs_configmap
+from .state import JobState
 
 log = logging.getLogger("accelerate_operator")
 
 # Bounded parallelism when creating many pods (JobSet uses 50): fast, without flooding the server.
 CREATE_PARALLELISM = 16
-# Rank 0 prints a progress line at most every ~2 s; other output between two of them fits here.
-PROGRESS_TAIL_LINES = 200
-# The trainer prints its versions first thing; pip's output may come before a second line.
-TRAINER_INFO_BYTES = 64 * 1024
 
 
 def utcnow() -> datetime:
@@ -43,36 +32,36 @@ def utcnow() -> datetime:
 
 
 class Applier:
-    def __init__(self, kube: Kube, memory: Memory):
+    def __init__(self, kube: Kube, clock: Callable[[], float]):
         self.kube = kube
-        self.memory = memory
+        self.clock = clock
         self._create_slots = asyncio.Semaphore(CREATE_PARALLELISM)
 
-    async def apply(self, seen: Observed, actions: Actions, now: datetime) -> bool:
-        """Carry the actions out. Returns False, having written no status, when the API server
-        refused a child: the refusal is kept for the next pass, which plans with it."""
+    async def apply(self, state: JobState, seen: Observed, actions: Actions,
+                    now: datetime) -> str | None:
+        """Carry the actions out. Returns the API server's refusal of a child, having written
+        no status (the caller plans again with it), or None."""
         job = seen.job
         if actions.archive:
             await self._archive_logs(job, actions.archive)
-        if actions.read_final_progress:
-            await self._final_progress(seen.body)
         await asyncio.gather(*(self.kube.delete_pod(job.namespace, name)
                                for name in actions.delete))
         for write in actions.workload_writes:  # after the deletes: a release needs no pod left
             await self._write_workload(job.namespace, write)
         children = actions.children + ((actions.workload,) if actions.workload else ())
         for manifests in (children, actions.pods):  # the pods mount the ConfigMap
-            if not await self._create_all(job, manifests):
-                return False
+            refused = await self._create_all(state, job, manifests)
+            if refused is not None:
+                return refused
         if actions.status is not None:
             await self.kube.patch_job_status(job.namespace, job.name, actions.status)
-            self.memory.written.remember(job.uid, actions.status)
+            state.remember_status(actions.status)
         for event in actions.events:
             await self.kube.post_event(seen.body, event, now)
         if actions.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished has passed", job.namespace, job.name)
             await self.kube.delete_job(job.namespace, job.name)
-        return True
+        return None
 
     async def _write_workload(self, namespace: str, write: WorkloadWrite) -> None:
         if write.part == "spec":
@@ -81,23 +70,20 @@ class Applier:
             await self.kube.apply_workload_status(namespace, write.name, write.body,
                                                   write.manager)
 
-    async def _create_all(self, job: JobSpec, manifests: Sequence[Mapping[str, Any]]) -> bool:
+    async def _create_all(self, state: JobState, job: JobSpec,
+                          manifests: Sequence[Mapping[str, Any]]) -> str | None:
         results = await asyncio.gather(*(self._create(m) for m in manifests),
                                        return_exceptions=True)
-        self.memory.in_flight.record(job.uid, [
-            m for m, result in zip(manifests, results, strict=True)
-            if not isinstance(result, BaseException)])
+        state.record_created([m for m, result in zip(manifests, results, strict=True)
+                              if not isinstance(result, BaseException)], self.clock())
         errors = [r for r in results if isinstance(r, BaseException)]
         rejected = [r for r in errors if isinstance(r, Rejected)]
         if len(rejected) < len(errors):
             raise next(r for r in errors if not isinstance(r, Rejected))
         if rejected:
-            # Pod Security or a quota refusing the template: the next pass fails the job with
-            # the server's reason rather than retrying the same pod forever.
             log.warning("%s/%s: %s", job.namespace, job.name, rejected[0])
-            self.memory.refusals.record(job.uid, str(rejected[0]))
-            return False
-        return True
+            return str(rejected[0])
+        return None
 
     async def _create(self, manifest: Mapping[str, Any]) -> None:
         async with self._create_slots:
@@ -116,52 +102,3 @@ class Applier:
         except Exception as error:  # best effort: the restart goes on
             log.warning("could not archive the logs of %s/%s attempt %d: %s",
                         job.namespace, job.name, archive.attempt, error)
-
-    async def _final_progress(self, body: Mapping[str, Any]) -> None:
-        """The clock reads progress only while the job is Running: catch the last report."""
-        try:
-            await self.refresh_progress(body)
-        except Exception as error:  # best effort, like the clock's reads
-            log.warning("could not read the final progress of %s/%s: %s",
-                        body["metadata"]["namespace"], body["metadata"]["name"], error)
-
-    async def refresh_progress(self, body: Mapping[str, Any]) -> None:
-        """Copy rank 0's latest progress report from the tail of pod `<job>-0`'s log into
-        status.progress, only when it changed (every write is an event for every watcher)."""
-        metadata = body["metadata"]
-        namespace, name = metadata["namespace"], metadata["name"]
-        template = (body.get("spec") or {}).get("template") or {}
-        await self._trainer_versions(body, template)
-        text = await self.kube.read_pod_log(namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
-                                            container=trainer_container_name(template))
-        report = parse_progress(text)
-        if report is None:
-            return
-        current = (body.get("status") or {}).get("progress") or {}
-        new = build_progress_status(report, utcnow())
-        if not progress_changed(current, new):
-            return
-        # A merge patch keeps keys it does not name: null out those the new report lacks.
-        patch = {**{key: None for key in current if key not in new}, **new}
-        await self.kube.patch_job_status(namespace, name, {"progress": patch})
-
-    async def _trainer_versions(self, body: Mapping[str, Any], template: Mapping[str, Any]
-                                ) -> None:
-        """Once per attempt: the versions pod `<job>-0`'s trainer printed at the head of its log,
-        into status.trainer. status.trainer.attempt records that the read was done (versions or
-        not), so an image that prints none costs one read per attempt, not one per tick."""
-        metadata, status = body["metadata"], body.get("status") or {}
-        attempt = int(status.get("attempt") or 0)
-        if (status.get("trainer") or {}).get("attempt") == attempt:
-            return
-        container = trainer_container_name(template)
-        head = await self.kube.read_pod_log(
-            metadata["namespace"], pod_name(metadata["name"], 0), None,
-            container=container, limit_bytes=TRAINER_INFO_BYTES)
-        if not head:
-            return  # nothing logged yet: the next read tries again
-        containers = (template.get("spec") or {}).get("containers") or [{}]
-        trainer = build_trainer_status(parse_trainer_info(head), attempt,
-                                       containers[0].get("image"))
-        await self.kube.patch_job_status(metadata["namespace"], metadata["name"],
-                                         {"trainer": trainer})

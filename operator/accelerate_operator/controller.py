@@ -1,65 +1,70 @@
-"""The operator's runtime: informers for the jobs and what they own, wired to the Reconciler
-and the Clock. Thin: an event finds its job in the stores and runs the job's pass; the pass
-reads the job's pods and children from the stores when it starts (no GET).
+"""What kopf's handlers (handlers.py) hand their events to: the work queue, each job's JobState,
+and the view of kopf's indexes that a pass reads. No kopf import here, so it is tested without an
+operator running.
 
-What is followed, each collection filtered on the server by our job-name label: the
-AccelerateJobs, their pods, Services and rendered ConfigMaps (a child deleted by hand is seen
-missing and recreated; the logs archived at a restart are never recreated, so not followed),
-and with the Kueue integration on (ACCELERATE_OPERATOR_KUEUE=true, the chart's kueue.enabled)
-the Kueue Workloads the operator created; those are followed only while Kueue serves them, so
-the operator runs the same on a cluster without Kueue.
-
-Start-up: the owned objects are listed first, then the jobs, each of which then runs a pass;
-only then do the watches start, from the lists' versions. So a pass never plans from a store
-that has not been filled yet, and nothing that changes after the lists is missed.
-
-The operator writes nothing to a job but its status: no finalizer (one would block deleting
-jobs while the operator is down), no annotation. A job carrying the finalizer that versions
-before 0.1 added gets it removed, so it can still be deleted."""
+Three small pieces kopf lacks, each on its public API:
+- **The deletion grace check** (docs/benchmarks.md, finding 11). When a job is deleted, the
+  garbage collector deletes its children, and their DELETED events (on other watches than the
+  job's) can come more than a second before the job's own: a pass run on them would recreate
+  the children of a job that is gone. So a pass that a deletion asked for (a pod or child
+  deleted, a pod being deleted) runs DELETION_GRACE_SECONDS later, and only once the API server
+  confirms that the job still exists.
+- **Skipping events that change nothing a pass reads**: a pod event whose state is one the
+  last pass planned from (a Pending pod's scheduling condition, kubelet heartbeats) runs none.
+- **The index audit.** After a watch's resourceVersion expired (410), or when a standby resumes,
+  kopf lists again, but an object deleted while it was not watching stays in its indexes for
+  good (nothing ever reports its deletion). A pass planning from such a ghost pod would wait
+  for it forever. So the owned collections are listed AUDIT_DELAY_SECONDS after kopf re-lists
+  (its listing events carry type None) and every AUDIT_SECONDS anyway; indexed objects the
+  listing lacks are ghosts: the passes no longer see them, and their jobs are reconciled."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Coroutine, Hashable, Mapping, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 
-from .clock import Clock
-from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
-from .informer import DELETED, Collection, Informer, Store
+from .constants import GROUP, KIND
+from .heap import release_freed_memory
 from .kube import Kube
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
 from .reconciler import Reconciler
+from .state import JobStates
 from .status import PodState, read_pod_state
+from .workqueue import WorkQueue
 
 log = logging.getLogger("accelerate_operator")
 
-KUEUE_ENABLED = os.environ.get("ACCELERATE_OPERATOR_KUEUE", "").lower() in ("1", "true")
 LEGACY_FINALIZER = f"{GROUP}/finalizer"
-# A pod or child deleted runs its job's pass this much later, and only once the API server has
-# confirmed that the job still exists. When a job is deleted, the garbage collector deletes its
-# children, and their DELETED events (on other watches than the job's) can come before the job's
-# own, by more than a second under load: a pass run on them would recreate the children of a job
-# that is gone. The deletions of one job within the grace share one check.
 DELETION_GRACE_SECONDS = 1.0
+AUDIT_SECONDS = 300.0
+AUDIT_DELAY_SECONDS = 5.0
 # kubectl apply keeps a full copy of the object in this annotation; nothing here reads it.
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
-JOBS = Collection(f"/apis/{GROUP}/{VERSION}", PLURAL)
-PODS = Collection("/api/v1", "pods", JOB_NAME_LABEL)
-SERVICES = Collection("/api/v1", "services", JOB_NAME_LABEL)
-CONFIGMAPS = Collection("/api/v1", "configmaps", f"{JOB_NAME_LABEL},!{ATTEMPT_LABEL}")
-WORKLOADS = Collection(f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}", "workloads", JOB_NAME_LABEL)
+# What each owned kind is watched with (server-side, settings.watching.label_selectors) and
+# listed with by the audit. The logs archived at a restart are never recreated: not followed.
+POD_SELECTOR = JOB_NAME_LABEL
+SERVICE_SELECTOR = JOB_NAME_LABEL
+CONFIGMAP_SELECTOR = f"{JOB_NAME_LABEL},!{ATTEMPT_LABEL}"
+WORKLOAD_SELECTOR = JOB_NAME_LABEL
 
 JobKey = tuple[str, str]  # (namespace, job name)
 
 
-# ---- what the stores keep of each object (pure) ------------------------------------------
-def _lean_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+class Index(Protocol):
+    """What a pass reads of a kopf.Index: the values indexed under a key."""
+
+    def get(self, key: Hashable, default: Any = None) -> Iterable[Any] | None: ...
+
+
+# ---- what the indexes keep of each object (pure; handlers.py's index functions) -------------
+def lean_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """managedFields are most of an object's metadata, and nothing here reads them."""
     lean = {key: value for key, value in metadata.items() if key != "managedFields"}
     annotations = lean.get("annotations")
@@ -69,201 +74,259 @@ def _lean_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def lean_job(body: Mapping[str, Any]) -> dict[str, Any]:
-    return {"metadata": _lean_metadata(body["metadata"]), "spec": body.get("spec") or {},
+    return {"metadata": lean_metadata(body["metadata"]), "spec": body.get("spec") or {},
             "status": body.get("status") or {}}
 
 
-def job_key(body: Mapping[str, Any]) -> JobKey:
-    return body["metadata"].get("namespace") or "", body["metadata"]["name"]
-
-
-def owning_job(body: Mapping[str, Any]) -> JobKey | None:
+def owning_job(metadata: Mapping[str, Any]) -> JobKey | None:
     """The job an object belongs to, by its job-name label."""
-    name = (body["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
-    return (body["metadata"].get("namespace") or "", name) if name else None
+    name = (metadata.get("labels") or {}).get(JOB_NAME_LABEL)
+    return (metadata.get("namespace") or "", name) if name else None
 
 
-def owner_uid(body: Mapping[str, Any]) -> str | None:
-    return next((ref.get("uid") for ref in body["metadata"].get("ownerReferences") or []
+def owner_uid(metadata: Mapping[str, Any]) -> str | None:
+    return next((ref.get("uid") for ref in metadata.get("ownerReferences") or []
                  if ref.get("kind") == KIND), None)
 
 
+def lean_workload(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": body.get("apiVersion") or f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "metadata": lean_metadata(body["metadata"]),
+            "spec": {"active": (body.get("spec") or {}).get("active", True)},
+            "status": body.get("status") or {}}
+
+
 def pod_entry(body: Mapping[str, Any]) -> tuple[str | None, PodState]:
-    return owner_uid(body), read_pod_state(body)
+    return owner_uid(body["metadata"]), read_pod_state(body)
 
 
-def child_name(body: Mapping[str, Any]) -> str:
-    return body["metadata"]["name"]
+class PauseTracker(logging.Handler):
+    """Follows kopf's peering: while it has paused this operator (another replica is active),
+    the work queue runs no pass. kopf reports pausing and resuming only in its peering log (its
+    toggles are not public API), so this reads those two records; tests/unit/test_runtime.py
+    checks that the installed kopf still logs them. An upstreamable alternative is described in
+    docs/benchmarks.md (a public "paused" flag on kopf's operator)."""
 
+    LOGGER = "kopf._core.engines.peering"
 
-def workload_entry(body: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    return owner_uid(body), {
-        "apiVersion": body.get("apiVersion") or f"{KUEUE_GROUP}/{KUEUE_VERSION}",
-        "metadata": _lean_metadata(body["metadata"]),
-        "spec": {"active": (body.get("spec") or {}).get("active", True)},
-        "status": body.get("status") or {}}
+    def __init__(self, queue: WorkQueue) -> None:
+        super().__init__(level=logging.INFO)
+        self.queue = queue
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Pausing"):
+            self.queue.paused = True
+        elif message.startswith("Resuming"):
+            self.queue.paused = False
 
 
 class Controller:
-    """The stores, the informers that fill them, and what their events run."""
-
-    def __init__(self, kube: Kube, namespaces: Sequence[str] = (),
-                 kueue: bool = KUEUE_ENABLED):
+    def __init__(self, kube: Kube, kueue: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
         self.kube = kube
-        self.reconciler = Reconciler(kube)
-        self.clock = Clock(self.reconcile, self.reconciler.refresh_progress)
-        self.jobs: Store[dict[str, Any]] = Store(lean_job, job_key)
-        self.pods: Store[tuple[str | None, PodState]] = Store(pod_entry, owning_job)
-        self.configmaps: Store[str] = Store(child_name, owning_job)
-        self.services: Store[str] = Store(child_name, owning_job)
-        self.workloads: Store[tuple[str | None, dict]] | None = (
-            Store(workload_entry, owning_job) if kueue else None)
-        self._uids: dict[JobKey, str] = {}
-        self._deletions: set[Hashable] = set()  # jobs whose check after a deletion is due
-        self._tasks: set[asyncio.Task] = set()
-        self.synced = False
-        scopes = list(namespaces) or [None]
-        owned = [(PODS, self.pods, self.on_pod), (SERVICES, self.services, self.on_child),
-                 (CONFIGMAPS, self.configmaps, self.on_child)]
-        if self.workloads is not None:
-            owned.append((WORKLOADS, self.workloads, self.on_workload))
-        self.owned_informers = [
-            Informer(kube, collection, store, listener, namespace,
-                     required=collection is not WORKLOADS)
-            for collection, store, listener in owned for namespace in scopes]
-        self.job_informers = [Informer(kube, JOBS, self.jobs, self.on_job, namespace)
-                              for namespace in scopes]
+        self.kueue = kueue
+        self.clock = clock
+        self.reconciler = Reconciler(kube, clock)
+        self.states = JobStates(clock)
+        self.queue = WorkQueue(self.reconcile, clock=clock)
+        self.indexes: dict[str, Index] = {}
+        self._check_exists: set[JobKey] = set()
+        self._ghosts: set[tuple[str, str, str]] = set()  # (kind, namespace, name)
+        self._audit_due: asyncio.TimerHandle | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._jobs_at_last_trim = 0
 
-    # ---- what a pass reads --------------------------------------------------------------
-    def pods_of(self, namespace: str, name: str, uid: str) -> list[PodState]:
+    # ---- what a pass reads ------------------------------------------------------------------
+    def _values(self, index: str, key: JobKey) -> list[Any]:
+        found = self.indexes[index].get(key) if index in self.indexes else None
+        return list(found or ())
+
+    def job_body(self, key: JobKey) -> Mapping[str, Any] | None:
+        bodies = self._values("job_bodies", key)
+        return bodies[0] if bodies else None
+
+    def pods_of(self, key: JobKey, uid: str) -> list[PodState]:
         """The job's pods. A pod of an earlier job of the same name (deleted, its pods still
         terminating) is no pod of this one: the pass sees it as a stale pod on its way out, so
         the new group waits for the name without counting the deletion as a failure."""
         return [state if owner == uid else replace(state, attempt=-1, deleting=True)
-                for owner, state in self.pods.get((namespace, name))]
+                for owner, state in self._values("job_pods", key)
+                if ("Pod", key[0], state.name) not in self._ghosts]
 
-    def children_of(self, namespace: str, name: str) -> set[tuple[str, str]]:
-        return ({("ConfigMap", n) for n in self.configmaps.get((namespace, name))}
-                | {("Service", n) for n in self.services.get((namespace, name))})
+    def children_of(self, key: JobKey) -> set[tuple[str, str]]:
+        return {(kind, name) for kind, index in (("ConfigMap", "job_configmaps"),
+                                                 ("Service", "job_services"))
+                for name in self._values(index, key) if (kind, key[0], name) not in self._ghosts}
 
-    def queue_of(self, namespace: str, name: str, uid: str) -> QueueContext | None:
+    def queue_of(self, key: JobKey, uid: str) -> QueueContext | None:
         """The job's Workload, None when the Kueue integration is off."""
-        if self.workloads is None:
+        if not self.kueue:
             return None
-        owned = [workload for owner, workload in self.workloads.get((namespace, name))
-                 if owner == uid]
+        owned = [workload for owner, workload in self._values("job_workloads", key)
+                 if owner == uid and ("Workload", key[0], workload["metadata"]["name"])
+                 not in self._ghosts]
         return QueueContext(workload=owned[0] if owned else None)
 
-    async def reconcile(self, body: Mapping[str, Any]) -> float | None:
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    async def reconcile(self, key: Hashable) -> float | None:
+        """The job's pass, from what the indexes show now; none for a job that is gone."""
+        body = self.job_body(key)
+        if body is None:
+            self.states.forget(key)
+            return None
         uid = body["metadata"]["uid"]
-
-        def shown() -> tuple | None:
-            # A pass may have been asked for with a body taken before the job was deleted (the
-            # clock's, an event's just before the deletion): a job gone gets no pass.
-            if self._uids.get((namespace, name)) != uid:
+        if key in self._check_exists:
+            self._check_exists.discard(key)
+            if not await self.kube.job_exists(key[0], key[1], uid):
                 return None
-            return (self.pods_of(namespace, name, uid), self.children_of(namespace, name),
-                    self.queue_of(namespace, name, uid))
-        return await self.reconciler.reconcile_latest(body, shown)
+        state = self.states.get(key, uid)
+        return await self.reconciler.reconcile(state, body, self.pods_of(key, uid),
+                                               self.children_of(key), self.queue_of(key, uid))
 
-    # ---- events ---------------------------------------------------------------------------
-    # Level-triggered: every event of a job (its creation, a spec change, the listing at
-    # start-up, our own status writes) reconciles it from scratch; a pass with nothing to
-    # change makes no API call.
-    def on_job(self, kind: str, key: Hashable, body: Mapping[str, Any],
-               _obj: Mapping[str, Any] | None) -> None:
-        uid = body["metadata"]["uid"]
-        if kind == DELETED:
-            self._forget(key, uid)
+    # ---- events (from handlers.py) ------------------------------------------------------------
+    def on_job(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """Level-triggered: every event of a job (created, its spec changed, listed at start-up,
+        our own status writes) runs its pass; a pass with nothing to change makes no API call."""
+        key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
+        if event_type == "DELETED":
+            self.forget(key)
             return
-        if self._uids.get(key, uid) != uid:  # deleted and created again while unwatched
-            self._forget(key, self._uids[key])
-        self._uids[key] = uid
+        self.queue.add(key)
+
+    def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A pod created, scheduled, started, ended: its job's pass runs now. One deleted or
+        being deleted may be going with its job: that pass waits for the grace check."""
         metadata = body["metadata"]
-        if metadata.get("deletionTimestamp") and LEGACY_FINALIZER in (
-                metadata.get("finalizers") or ()):
-            self._spawn(self.kube.remove_finalizer(body, LEGACY_FINALIZER))
-        self.clock.track(body)
-        self._spawn(self.clock.run_pass(body))
+        key = owning_job(metadata)
+        if key is None:
+            return
+        self._seen(event_type, "Pod", metadata)
+        if event_type == "DELETED" or metadata.get("deletionTimestamp"):
+            self.after_deletion(key)
+            return
+        state = self.states.peek(key)
+        if state is not None and read_pod_state(body) in state.planned_pods:
+            return
+        self.queue.add(key)
 
-    def on_pod(self, kind: str, key: Hashable, value: tuple[str | None, PodState] | None,
-               _obj: Mapping[str, Any] | None) -> None:
-        """A pod created, scheduled, started, ended: the job's pass acts on it now. One deleted
-        or being deleted (its deletionTimestamp set) may be going with its job: that pass waits
-        for the check (DELETION_GRACE_SECONDS)."""
-        if kind == DELETED or (value is not None and value[1].deleting):
-            self._after_deletion(key)
-        else:
-            self._pass_now(key)
+    def on_child(self, event_type: str | None, kind: str, body: Mapping[str, Any]) -> None:
+        """A ConfigMap or Service deleted (by hand, say): the job's pass recreates it. A Workload
+        admitted or evicted: the pass acts on it."""
+        metadata = body["metadata"]
+        key = owning_job(metadata)
+        if key is None:
+            return
+        self._seen(event_type, kind, metadata)
+        if event_type == "DELETED":
+            self.after_deletion(key)
+        elif kind == "Workload":
+            self.queue.add(key)
 
-    def on_workload(self, kind: str, key: Hashable, _value: Any,
-                    _obj: Mapping[str, Any] | None) -> None:
-        """A Workload admitted or evicted: the job's pass acts on it."""
-        if kind == DELETED:
-            self._after_deletion(key)
-        else:
-            self._pass_now(key)
+    def after_deletion(self, key: JobKey) -> None:
+        self._check_exists.add(key)
+        self.queue.add_after(key, DELETION_GRACE_SECONDS)
 
-    def on_child(self, kind: str, key: Hashable, _value: Any,
-                 _obj: Mapping[str, Any] | None) -> None:
-        """A ConfigMap or Service deleted (by hand, say): the job's pass recreates it."""
-        if kind == DELETED:
-            self._after_deletion(key)
+    def forget(self, key: JobKey) -> None:
+        self.states.forget(key)
+        self.queue.forget(key)
+        self._check_exists.discard(key)
 
-    def _pass_now(self, key: Hashable) -> None:
-        for body in self.jobs.get(key):
-            self._spawn(self.clock.run_pass(body))
+    def _seen(self, event_type: str | None, kind: str, metadata: Mapping[str, Any]) -> None:
+        """An event proves the object is no ghost; a listing event (type None) means kopf has
+        listed again: audit soon."""
+        if self._ghosts:
+            self._ghosts.discard((kind, metadata.get("namespace") or "", metadata["name"]))
+        if event_type is None and self._audit_due is None and self._tasks:
+            self._audit_due = asyncio.get_running_loop().call_later(
+                AUDIT_DELAY_SECONDS, self._start_audit)
 
-    def _after_deletion(self, key: Hashable) -> None:
-        if key not in self._deletions:
-            self._deletions.add(key)
-            self._spawn(self._pass_after_deletion(key))
+    # ---- the index audit ----------------------------------------------------------------------
+    def _indexed(self, kind: str, index: str) -> dict[tuple[str, str], JobKey]:
+        """(namespace, name) -> job key of every object of a kind the indexes show."""
+        found: dict[tuple[str, str], JobKey] = {}
+        source = self.indexes.get(index)
+        if source is None:
+            return found
+        for key in list(source):
+            for value in source.get(key) or ():
+                if kind == "Pod":
+                    name = value[1].name
+                elif kind == "Workload":
+                    name = value[1]["metadata"]["name"]
+                else:
+                    name = value
+                found[(key[0], name)] = key
+        return found
 
-    async def _pass_after_deletion(self, key: Hashable) -> None:
+    async def audit(self) -> int:
+        """List the owned collections once; every indexed object the lists lack becomes a ghost
+        the passes no longer see, and its job is reconciled. Returns the ghosts found."""
+        kinds = [("Pod", "job_pods", "/api/v1/pods", POD_SELECTOR),
+                 ("Service", "job_services", "/api/v1/services", SERVICE_SELECTOR),
+                 ("ConfigMap", "job_configmaps", "/api/v1/configmaps", CONFIGMAP_SELECTOR)]
+        if self.kueue and "job_workloads" in self.indexes:
+            kinds.append(("Workload", "job_workloads",
+                          f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/workloads", WORKLOAD_SELECTOR))
+        found = 0
+        for kind, index, path, selector in kinds:
+            before = self._indexed(kind, index)  # what was indexed before the list started
+            if not before:
+                continue
+            listed = {item async for item in self.kube.list_names(path, selector)}
+            for (namespace, name), key in before.items():
+                if (namespace, name) not in listed and (kind, namespace, name) not in self._ghosts:
+                    log.info("%s %s/%s is gone but still indexed (deleted while unwatched): "
+                             "no pass sees it any more", kind, namespace, name)
+                    self._ghosts.add((kind, namespace, name))
+                    self.queue.add(key)
+                    found += 1
+        # Ghosts whose index entry has gone (their name indexed again as a new object clears
+        # them in _seen) are forgotten.
+        indexed = {(kind, ns, name) for kind, index, *_ in kinds
+                   for (ns, name) in self._indexed(kind, index)}
+        self._ghosts &= indexed
+        return found
+
+    def _start_audit(self) -> None:
+        self._audit_due = None
+        self._tasks.append(asyncio.create_task(self._audit_once(), name="index audit"))
+
+    async def _audit_once(self) -> None:
         try:
-            await asyncio.sleep(DELETION_GRACE_SECONDS)
+            await self.audit()
+        except Exception as error:  # the next audit tries again
+            log.warning("index audit failed: %r", error)
         finally:
-            self._deletions.discard(key)
-        for body in self.jobs.get(key):  # the job as it is now: none if it went meanwhile
-            metadata = body["metadata"]
-            if await self.kube.job_exists(metadata["namespace"], metadata["name"],
-                                          metadata["uid"]):
-                await self.clock.run_pass(body)
+            self._tasks = [t for t in self._tasks if not t.done()]
 
-    def _forget(self, key: Hashable, uid: str) -> None:
-        self._uids.pop(key, None)
-        self.reconciler.forget(uid)
-        self.clock.forget(uid)
+    async def _every(self, seconds: float, work: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            result = work()
+            if asyncio.iscoroutine(result):
+                await result
 
-    def _spawn(self, work: Coroutine) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
-
-    def _finished(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # The job's next event, or the clock's resync, runs the pass again.
-            log.error("%s failed: %r", task.get_coro().__qualname__, task.exception(),
-                      exc_info=task.exception())
+    def _trim(self) -> None:
+        """Fewer jobs than at the last look (finished or deleted): hand the memory of those gone
+        back to the system (heap.py)."""
+        if len(self.states) < self._jobs_at_last_trim:
+            release_freed_memory()
+        self._jobs_at_last_trim = len(self.states)
 
     # ---- the whole run ----------------------------------------------------------------------
-    async def run(self) -> None:
-        """List everything, reconcile every job, then follow the watches until cancelled."""
-        tasks: list[asyncio.Task] = []
-        try:
-            await asyncio.gather(*(i.sync(notify=False) for i in self.owned_informers))
-            await asyncio.gather(*(i.sync() for i in self.job_informers))
-            self.synced = True
-            log.info("%s started: %d jobs, %d pods", FIELD_MANAGER, len(self.jobs),
-                     len(self.pods))
-            tasks = [asyncio.create_task(i.run(), name=f"watch {i.collection.plural}")
-                     for i in self.owned_informers + self.job_informers]
-            tasks.append(asyncio.create_task(self.clock.run(), name="clock"))
-            await asyncio.gather(*tasks)
-        finally:
-            for task in [*tasks, *self._tasks]:
-                task.cancel()
-            await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
-            await self.kube.close()
+    def start(self, indexes: Mapping[str, Index]) -> None:
+        """kopf's indexes (as its start-up handler receives them), then the workers."""
+        self.indexes = dict(indexes)
+        self.queue.start()
+        self._tasks = [asyncio.create_task(self._every(AUDIT_SECONDS, self._audit_once),
+                                           name="index audit every 5 minutes"),
+                       asyncio.create_task(self._every(10.0, self._trim), name="heap trim")]
+
+    async def stop(self) -> None:
+        if self._audit_due is not None:
+            self._audit_due.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.queue.stop()
+        await self.kube.close()

@@ -1,33 +1,32 @@
-"""The only module that talks to the API server: lists and watches (for informer.py),
-create-if-absent, delete, status patches, events and reads. Everything else is pure and
-testable without a cluster.
+"""The only module that talks to the API server for the passes: create-if-absent, delete,
+status patches, events, reads, and one paged list for the index audit. Watching is kopf's; this
+module never watches. Everything else is pure and testable without a cluster.
 
-Calls are async, on aiohttp sessions in the operator's event loop: a create through the
+Calls are async, on one aiohttp session in the operator's event loop: a create through the
 official client, run in a thread, cost 1.50 ms of CPU against 0.62 ms on aiohttp
 (docs/benchmarks.md, finding 5), and its threads held memory the operator never gave back.
 
-Credentials: in a pod, the service account's token, CA and the API server's address, read from
-where the kubelet puts them (the token again every minute: it rotates); elsewhere the official
-client reads the kubeconfig (exec plugins, OIDC and token refresh included), imported only
-then: importing it costs the operator 17 MiB of its idle memory (finding 10)."""
+Credentials are kopf's: the `kopf.ConnectionInfo` its login handler returned (handlers.py), made
+into headers and an SSL context by kopf's own `as_http_headers()` / `as_ssl_context()`. A 401
+logs in again through the same login (a rotated service-account token, an expired exec-plugin
+token) and retries once; a 429 or 503 is retried after the server's Retry-After, as kopf's own
+requests are."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
 import random
-import ssl
 import string
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 import aiohttp
+
+if TYPE_CHECKING:
+    from kopf import ConnectionInfo
 
 from .apierrors import server_message
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
@@ -50,10 +49,11 @@ _PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
           "Workload": f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{{}}/{WORKLOADS}"}
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
-# Lists come in pages: the start-up listing of 10,000 pods is never one 80 MiB response.
+# Lists come in pages: the audit's listing of 10,000 pods is never one 80 MiB response.
 LIST_PAGE = 500
-# The server ends a watch after this long; the informer watches again from where it was.
-WATCH_SECONDS = 300
+# A 429 or 503 is retried this many times, after the server's Retry-After (capped).
+RETRIES = 3
+RETRY_AFTER_MAX_SECONDS = 10.0
 
 
 class Rejected(ValueError):
@@ -70,118 +70,54 @@ class ApiError(Exception):
         self.status, self.reason, self.body = status, reason, body
 
 
-class Gone(Exception):
-    """The resourceVersion a watch or a list continues from is too old (410): list again."""
-
-
 class ConfigMapMissing(LookupError):
     """The ConfigMap or key named by spec.accelerateConfigFrom does not exist."""
 
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-# client-go reads a projected token again every minute; the kubelet rotates it well before expiry.
-TOKEN_REREAD_SECONDS = 60.0
-
-
-@dataclass
-class Credentials:
-    """Where the API server is and how to prove who we are. `auth_headers()` is called for
-    every request, so a rotated token is sent as soon as it is read."""
-
-    host: str
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    verify: bool = True
-    check_hostname: bool = True
-    auth_headers: Callable[[], dict[str, str]] = field(default=dict)
-
-    @classmethod
-    def in_cluster(cls, root: Path = SERVICE_ACCOUNT, environ: Mapping[str, str] = os.environ,
-                   clock: Callable[[], float] = time.monotonic) -> Credentials | None:
-        """The pod's service account, or None outside a pod."""
-        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
-        if not host or not port or not (root / "token").is_file():
-            return None
-        if ":" in host:  # IPv6
-            host = f"[{host}]"
-        token = _RereadToken(root / "token", clock)
-        return cls(host=f"https://{host}:{port}", ca_file=str(root / "ca.crt"),
-                   auth_headers=lambda: {"Authorization": f"Bearer {token.read()}"})
-
-    @classmethod
-    def from_client_configuration(cls, configuration: Any) -> Credentials:
-        """What the official client's Configuration holds (a kubeconfig it loaded); its
-        auth_settings() refresh an exec plugin's or a rotated token themselves."""
-        def auth_headers() -> dict[str, str]:
-            return {auth["key"]: auth["value"]
-                    for auth in configuration.auth_settings().values()
-                    if auth["in"] == "header" and auth["value"]}
-        return cls(host=configuration.host, ca_file=configuration.ssl_ca_cert,
-                   cert_file=configuration.cert_file, key_file=configuration.key_file,
-                   verify=bool(configuration.verify_ssl),
-                   check_hostname=configuration.assert_hostname is not False,
-                   auth_headers=auth_headers)
-
-    @classmethod
-    def from_kubeconfig(cls, path: str | None = None) -> Credentials:
-        import kubernetes  # only here: 17 MiB, and a pod never needs it
-
-        configuration = kubernetes.client.Configuration()
-        # $KUBECONFIG read now: the client's own default was fixed when it was imported.
-        kubernetes.config.load_kube_config(config_file=path or os.environ.get("KUBECONFIG"),
-                                           client_configuration=configuration)
-        return cls.from_client_configuration(configuration)
-
-    def ssl_context(self) -> ssl.SSLContext | bool:
-        if not self.verify:
-            return False
-        context = ssl.create_default_context(cafile=self.ca_file)
-        if self.cert_file:
-            context.load_cert_chain(self.cert_file, self.key_file)
-        context.check_hostname = self.check_hostname
-        return context
-
-
-class _RereadToken:
-    def __init__(self, path: Path, clock: Callable[[], float]):
-        self._path, self._clock = path, clock
-        self._token, self._read_at = "", float("-inf")
-
-    def read(self) -> str:
-        if self._clock() - self._read_at >= TOKEN_REREAD_SECONDS:
-            self._token = self._path.read_text().strip()
-            self._read_at = self._clock()
-        return self._token
+Login = Callable[[], Awaitable["ConnectionInfo"]]
 
 
 class Kube:
-    """The requests the operator makes, on one aiohttp session opened on first use (it belongs
-    to the running event loop), and one more for the watches."""
+    """The requests a pass makes, on one aiohttp session opened on first use (it belongs to the
+    running event loop). `login` returns kopf's current ConnectionInfo: called before the first
+    request, and again after a 401."""
 
-    def __init__(self, credentials: Credentials, connections: int = CONNECTIONS):
-        self.credentials = credentials
+    def __init__(self, login: Login, connections: int = CONNECTIONS):
+        self._login = login
         self.connections = connections
+        self._info: ConnectionInfo | None = None
+        self._headers_cache: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
-        self._watch_session: aiohttp.ClientSession | None = None
+        self._logging_in = asyncio.Lock()
 
     @classmethod
-    def from_environment(cls, connections: int = CONNECTIONS) -> Kube:
-        """In-cluster credentials when running in a pod, else the current kubeconfig."""
-        return cls(Credentials.in_cluster() or Credentials.from_kubeconfig(), connections)
+    def from_connection(cls, info: ConnectionInfo, connections: int = CONNECTIONS) -> Kube:
+        """Fixed credentials (tests, benchmarks): a 401 logs in to the same ones again."""
+        async def login() -> ConnectionInfo:
+            return info
+        return cls(login, connections)
 
     # ---- transport ------------------------------------------------------------------------
-    def _ssl_context(self) -> ssl.SSLContext | bool:
-        return self.credentials.ssl_context()
-
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", **self.credentials.auth_headers()}
-        if content_type:
-            headers["Content-Type"] = content_type
-        return headers
+    async def _connect(self, again: bool = False) -> aiohttp.ClientSession:
+        """The session, logged in. Concurrent requests share one login: `again` (after a
+        401) logs in anew unless another request already did while this one waited."""
+        stale = self._info
+        if self._info is None or again:
+            async with self._logging_in:
+                if self._info is stale:
+                    self._info = await self._login()
+                    self._headers_cache = {"Accept": "application/json",
+                                           **self._info.as_http_headers()}
+                    if self._session is not None:
+                        await self._session.close()
+                        self._session = None
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                ssl=self._info.as_ssl_context(), limit=self.connections))
+        return self._session
 
     def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
-        url = self.credentials.host + path
+        url = self._info.server.rstrip("/") + path
         if query:
             url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
         return url
@@ -190,82 +126,53 @@ class Kube:
                        query: Mapping[str, Any] | None = None,
                        content_type: str = "application/json",
                        timeout: float = REQUEST_TIMEOUT) -> str:
-        """The response's text; ApiError for anything but 2xx."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl_context(), limit=self.connections))
-        url = self._url(path, query)
+        """The response's text; ApiError for anything but 2xx (after the retries)."""
+        session = await self._connect()
         data = None if body is None else json.dumps(body, separators=(",", ":"))
-        async with self._session.request(
-                method, url, data=data, headers=self._headers(content_type if data else None),
-                timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-            text = await response.text()
-            if response.status >= 300:
-                raise ApiError(response.status, response.reason or "", text)
-            return text
+        headers = dict(self._headers_cache)
+        if data is not None:
+            headers["Content-Type"] = content_type
+        logged_in_again = False
+        for attempt in range(RETRIES + 1):
+            async with session.request(
+                    method, self._url(path, query), data=data, headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                text = await response.text()
+                if response.status < 300:
+                    return text
+                error = ApiError(response.status, response.reason or "", text)
+                retry_after = response.headers.get("Retry-After")
+            if error.status == 401 and not logged_in_again:
+                logged_in_again = True
+                session = await self._connect(again=True)
+                headers = {**self._headers_cache, **({"Content-Type": content_type}
+                                                     if data is not None else {})}
+                continue
+            if error.status in (429, 503) and attempt < RETRIES:
+                await asyncio.sleep(_retry_delay(retry_after, attempt))
+                continue
+            raise error
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
-        for session in (self._session, self._watch_session):
-            if session is not None:
-                await session.close()
+        if self._session is not None:
+            await self._session.close()
 
-    # ---- lists and watches (informer.py) ---------------------------------------------------
-    async def list_pages(self, path: str, label_selector: str | None = None
-                         ) -> AsyncIterator[tuple[list[dict[str, Any]], str | None]]:
-        """A collection, page by page: (items, None), ..., then the last page's items with the
-        list's resourceVersion, from which a watch continues. Gone when a page's continue token
-        has expired (the caller lists again)."""
+    # ---- the index audit (controller.py) ---------------------------------------------------
+    async def list_names(self, path: str, label_selector: str | None = None
+                         ) -> AsyncIterator[tuple[str, str]]:
+        """(namespace, name) of every object of a collection, listed in pages."""
         token = None
         while True:
-            try:
-                page = json.loads(await self._request(
-                    "GET", path, query={"labelSelector": label_selector, "limit": LIST_PAGE,
-                                        "continue": token}))
-            except ApiError as error:
-                if error.status == 410:
-                    raise Gone(server_message(error)) from None
-                raise
-            metadata = page.get("metadata") or {}
-            token = metadata.get("continue")
+            page = json.loads(await self._request(
+                "GET", path, query={"labelSelector": label_selector, "limit": LIST_PAGE,
+                                    "continue": token}))
+            for item in page.get("items") or []:
+                metadata = item["metadata"]
+                yield metadata.get("namespace") or "", metadata["name"]
+            token = (page.get("metadata") or {}).get("continue")
             if not token:
-                yield page.get("items") or [], metadata.get("resourceVersion") or ""
                 return
-            yield page.get("items") or [], None
-
-    async def watch(self, path: str, resource_version: str, label_selector: str | None = None,
-                    timeout_seconds: int = WATCH_SECONDS
-                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """The collection's changes after `resource_version`, as (type, object), bookmarks
-        included, until the server ends the watch (after `timeout_seconds`). Gone when that
-        version is too old. Watches hold their connections for minutes: they get a session of
-        their own, so they never take the request pool's connections."""
-        if self._watch_session is None or self._watch_session.closed:
-            self._watch_session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl_context(), limit=0))
-        url = self._url(path, {"watch": "true", "allowWatchBookmarks": "true",
-                               "resourceVersion": resource_version,
-                               "timeoutSeconds": timeout_seconds,
-                               "labelSelector": label_selector})
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT,
-                                        sock_read=timeout_seconds + REQUEST_TIMEOUT)
-        async with self._watch_session.get(url, headers=self._headers(None),
-                                           timeout=timeout) as response:
-            if response.status == 410:
-                raise Gone(await response.text())
-            if response.status >= 300:
-                raise ApiError(response.status, response.reason or "", await response.text())
-            pending = bytearray()  # one event per line; an object may span many chunks
-            async for chunk in response.content.iter_any():
-                pending += chunk
-                start = 0
-                while (end := pending.find(b"\n", start)) >= 0:
-                    if end > start:
-                        event = json.loads(pending[start:end])
-                        if event.get("type") == "ERROR":
-                            _raise_watch_error(event.get("object") or {})
-                        yield event["type"], event["object"]
-                    start = end + 1
-                del pending[:start]
 
     async def remove_finalizer(self, body: Mapping[str, Any], finalizer: str) -> None:
         """Drop `finalizer` from a job, as of the body's resourceVersion (409: the job changed
@@ -309,6 +216,21 @@ class Kube:
                 ) from None
             raise
         return True
+
+    async def ensure_peering(self, name: str, namespaces: list[str]) -> None:
+        """kopf's peering object: a ClusterKopfPeering for an operator of every namespace, else
+        a KopfPeering in each one watched. kopf only writes into an existing one; without it a
+        replica that must peer stays paused."""
+        body = {"apiVersion": "kopf.dev/v1", "metadata": {"name": name}}
+        paths = ([f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings" for ns in namespaces]
+                 or ["/apis/kopf.dev/v1/clusterkopfpeerings"])
+        for path in paths:
+            kind = "ClusterKopfPeering" if "clusterkopfpeerings" in path else "KopfPeering"
+            try:
+                await self._request("POST", path, {**body, "kind": kind})
+            except ApiError as error:
+                if error.status != 409:
+                    raise
 
     @staticmethod
     def _job_path(namespace: str, name: str) -> str:
@@ -467,9 +389,10 @@ class Kube:
                         detail)
 
 
-def _raise_watch_error(status: Mapping[str, Any]) -> None:
-    """A watch's ERROR event carries a Status: 410 (the version expired) means list again."""
-    if status.get("code") == 410:
-        raise Gone(status.get("message") or "the watch's resourceVersion expired")
-    raise ApiError(int(status.get("code") or 500), status.get("reason") or "",
-                   json.dumps(status))
+def _retry_delay(retry_after: str | None, attempt: int) -> float:
+    """The server's Retry-After (seconds), else 1, 2, 4 s; never more than the cap."""
+    try:
+        delay = float(retry_after) if retry_after else 2.0 ** attempt
+    except ValueError:  # an HTTP date: not worth parsing for a few seconds
+        delay = 2.0 ** attempt
+    return min(max(delay, 0.0), RETRY_AFTER_MAX_SECONDS)

@@ -7,39 +7,57 @@ ConfigMap named by spec.accelerateConfigFrom (the YAML and the files beside it),
 rendered config has yet to be created or the topology still depends on that YAML (no
 status.topology yet); and for a queued job, the WorkloadPriorityClass its label names (until its
 Workload exists) and the ResourceFlavors its admission names (until its group is all there). The
-job's Workload itself comes from a store, passed in as a QueueContext. Observing decides
-nothing: that is plan.py's."""
+job's Workload itself comes from a store, passed in as a QueueContext. While the job runs, rank
+0's progress (the tail of pod `<job>-0`'s log, every PROGRESS_SECONDS and whenever a pod of the
+group has ended, so the last report is caught) and, once per attempt, the versions its trainer
+printed (the head of that log): read here, so the pass writes them with the rest of the status,
+in one write. Observing decides nothing: that is plan.py's."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from .api import JobSpec
+from .constants import RUNNING
 from .kube import ConfigMapMissing, Kube
 from .kueue import QueueContext, priority_class, queue_name, read_workload
-from .memory import Memory
-from .naming import configmap_name
+from .naming import configmap_name, pod_name, trainer_container_name
 from .plan import Observed
+from .progress import parse_progress, parse_trainer_info
+from .state import JobState
 from .status import PodState
 
+log = logging.getLogger("accelerate_operator")
 
-async def observe(kube: Kube, memory: Memory, body: Mapping[str, Any], job: JobSpec,
+# How often a running job's progress is read (rank 0 prints a report at most every ~2 s).
+PROGRESS_SECONDS = 5.0
+# Rank 0 prints a progress line at most every ~2 s; other output between two of them fits here.
+PROGRESS_TAIL_LINES = 200
+# The trainer prints its versions first thing; pip's output may come before a second line.
+TRAINER_INFO_BYTES = 64 * 1024
+
+
+async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: JobSpec,
                   pods: Iterable[PodState],
                   children: Iterable[tuple[str, str]] = (),
-                  queue: QueueContext | None = None) -> Observed:
-    uid = job.uid
-    status = memory.written.latest(uid, body.get("status") or {})
+                  queue: QueueContext | None = None, clock: float = 0.0) -> Observed:
+    """`clock` is the operator's monotonic time, for what is due (in-flight expiry, the next
+    progress read)."""
+    status = state.latest_status(body.get("status") or {})
     attempt = int(status.get("attempt") or 0)
     children = frozenset(children)
     if queue is not None and queue.workload is not None:
         children |= {("Workload", queue.workload["metadata"]["name"])}
-    all_pods, all_children = memory.in_flight.add_to(uid, attempt, list(pods), children)
+    all_pods, all_children = state.with_in_flight(attempt, list(pods), children, clock)
     seen = Observed(body=body, job=job, status=status, pods=tuple(all_pods),
-                    children=all_children, refused=memory.refusals.get(uid), queue=queue)
+                    children=all_children, queue=queue)
     if queue is not None and queue_name(body) and not seen.finished:
         seen = await _read_kueue(kube, seen, queue)
+    if status.get("phase") == RUNNING:
+        seen = await _read_rank0_log(kube, state, seen, attempt, clock)
     rendered = seen.has("ConfigMap", configmap_name(job.name))
     if seen.finished or not job.config_from or (rendered and job.topology_resolved):
         return seen
@@ -50,6 +68,31 @@ async def observe(kube: Kube, memory: Memory, body: Mapping[str, Any], job: JobS
         return replace(seen, config_error=str(error))
     return replace(seen, config_source=source)
 
+
+async def _read_rank0_log(kube: Kube, state: JobState, seen: Observed, attempt: int,
+                          clock: float) -> Observed:
+    """Rank 0's latest progress report when it is due (or a pod of the group has ended: the job
+    may finish in this pass), and its trainer's versions once per attempt. Best effort: a node
+    agent that does not answer costs the report, never the pass."""
+    ended = any(p.finished for p in seen.pods if p.attempt == attempt)
+    if not ended and clock < state.next_progress_read:
+        return seen
+    state.next_progress_read = clock + PROGRESS_SECONDS
+    namespace, name = seen.job.namespace, seen.job.name
+    container = trainer_container_name(seen.job.template)
+    found: dict[str, Any] = {}
+    try:
+        if (seen.status.get("trainer") or {}).get("attempt") != attempt:
+            head = await kube.read_pod_log(namespace, pod_name(name, 0), None,
+                                           container=container, limit_bytes=TRAINER_INFO_BYTES)
+            if head:  # nothing logged yet: the next read tries again
+                found.update(trainer_info_read=True, trainer_versions=parse_trainer_info(head))
+        tail = await kube.read_pod_log(namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
+                                       container=container)
+        found["progress_report"] = parse_progress(tail)
+    except Exception as error:  # noqa: BLE001 - best effort, like any progress read
+        log.warning("could not read rank 0's log of %s/%s: %s", namespace, name, error)
+    return replace(seen, **found)
 
 
 async def _read_kueue(kube: Kube, seen: Observed, queue: QueueContext) -> Observed:

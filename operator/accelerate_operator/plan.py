@@ -31,6 +31,7 @@ from .kueue import (
     read_workload,
 )
 from .naming import configmap_name, service_name, trainer_container_name, workload_name
+from .progress import build_progress_status, build_trainer_status, progress_changed
 from .resources.configmap import ConfigSource, prepare_config
 from .resources.pods import build_pod
 from .resources.service import build_service
@@ -62,8 +63,13 @@ class Observed:
     # server's refusal of one of its pods in an earlier pass.
     config_error: str | None = None
     refused: str | None = None
-    # Kueue as the stores show it; None when the operator runs without the Kueue integration.
+    # Kueue as the indexes show it; None when the operator runs without the Kueue integration.
     queue: QueueContext | None = None
+    # Rank 0's log, when this pass read it (observe.py): its latest progress report, and at the
+    # first read of an attempt the versions its trainer printed.
+    progress_report: Mapping[str, Any] | None = None
+    trainer_info_read: bool = False
+    trainer_versions: Mapping[str, str] | None = None
 
     @property
     def finished(self) -> bool:
@@ -87,7 +93,6 @@ class Actions:
     """Everything one pass changes, in the order apply.py does it."""
 
     archive: Archive | None = None
-    read_final_progress: bool = False  # the job finishes now: catch rank 0's last report
     delete: tuple[str, ...] = ()  # pod names
     children: tuple[dict[str, Any], ...] = ()  # ConfigMap and Service manifests
     pods: tuple[dict[str, Any], ...] = ()  # Pod manifests
@@ -132,11 +137,10 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
             pods = tuple(with_flavors(pod, *placement) for pod in pods)
     return Actions(
         archive=_archive(seen, plan),
-        read_final_progress=finishing,
         delete=plan.delete,
         children=() if finishing else tuple(children),
         pods=pods,
-        status=_changed(seen.status, plan.status),
+        status=_status_write(seen, plan.status, now),
         events=plan.events,
         delete_job=plan.delete_job,
         requeue_after=requeue_after,
@@ -229,9 +233,31 @@ def _archive(seen: Observed, plan: Plan) -> Archive | None:
     return Archive(previous, tuple(names), trainer_container_name(seen.job.template))
 
 
-# Status keys only the log reader writes (apply.refresh_progress): never written by a pass, which
-# could put back a stale copy, nor compared.
+# Status keys read from rank 0's log (observe.py): written only when this pass read them, never
+# put back from an older copy, and not compared with the planned status.
 READER_KEYS = ("progress", "trainer")
+
+
+def _status_write(seen: Observed, planned: Mapping[str, Any], now: datetime
+                  ) -> dict[str, Any] | None:
+    """The one status write of this pass: the planned status when it changed, plus what the
+    pass read of rank 0's log when that changed; None when there is nothing new."""
+    status = _changed(seen.status, planned)
+    readings: dict[str, Any] = {}
+    if seen.progress_report is not None:
+        current = seen.status.get("progress") or {}
+        new = build_progress_status(seen.progress_report, now)
+        if progress_changed(current, new):
+            # A merge patch keeps keys it does not name: null out those the new report lacks.
+            readings["progress"] = {**{key: None for key in current if key not in new}, **new}
+    if seen.trainer_info_read:
+        containers = (seen.job.template.get("spec") or {}).get("containers") or [{}]
+        readings["trainer"] = build_trainer_status(
+            seen.trainer_versions, int(seen.status.get("attempt") or 0),
+            containers[0].get("image"))
+    if not readings:
+        return status
+    return {**(status or {}), **readings}
 
 
 def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:

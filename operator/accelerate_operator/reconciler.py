@@ -1,32 +1,35 @@
 """One reconcile pass, in four named steps: parse (api.py), observe (observe.py), plan (plan.py,
-pure), apply (apply.py, through kube.py). One pass per job at a time, and at most one waiting:
-events that arrive while a pass waits join it (it starts from the newest state), so a burst of
-events of one job (its pods created, scheduled, started) costs one or two passes, not one each.
+pure), apply (apply.py, through kube.py). The work queue (workqueue.py) runs at most one pass per
+job at a time, so a pass owns its job's JobState while it runs.
 
 Level-triggered: a pass starts from what is there, never from what happened, so any event of a
-job, or the clock, may run it, and a pass with nothing to change makes no API call."""
+job, or a requeue, may run it, and a pass with nothing to change makes no API call. The status is
+written once per pass, progress included; a child the API server refuses is planned with at once
+(the job fails with the server's reason), in the same pass."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from .api import JobSpec, SpecError, parse_job
 from .apply import Applier, utcnow
+from .constants import FINISHED_PHASES, RUNNING
 from .kube import Kube
 from .kueue import QueueContext
-from .memory import Memory
-from .observe import observe
-from .plan import plan_pass
+from .observe import PROGRESS_SECONDS, observe
+from .plan import Actions, Observed, plan_pass
+from .state import JobState
 from .status import PodState
 
 log = logging.getLogger("accelerate_operator")
 
-# A pass whose pod the API server refused is followed by one more, which plans with the refusal.
-MAX_PASSES = 2
+# An unfinished job is looked at again at least this often: a pass that changed nothing is
+# cheap, and this bounds how long anything missed (a lost event, a failed read) can last.
+RESYNC_SECONDS = 30.0
 
 
 def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | None:
@@ -43,84 +46,44 @@ def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | 
     return None if metadata.get("deletionTimestamp") else job
 
 
-# What the stores show when a pass starts: the pods, the children, and Kueue's view (or None);
-# None instead when the job is gone by then (deleted while the pass waited to start).
-Indexed = Callable[[], tuple[Iterable[PodState], Iterable[tuple[str, str]], QueueContext | None]
-                   | None]
-
-
-@dataclass
-class _WaitingPass:
-    body: Mapping[str, Any]
-    result: asyncio.Future
+def requeue_after(seen: Observed, actions: Actions, ttl: bool) -> float | None:
+    """When time alone will next change the job: the plan's own time (a deadline, a TTL), the
+    next progress read of a running job, the resync of an unfinished one; None for a finished
+    job without a TTL."""
+    phase = (actions.status or {}).get("phase") or seen.status.get("phase")
+    if phase in FINISHED_PHASES and not (ttl or actions.requeue_after is not None):
+        return None
+    due = [RESYNC_SECONDS if phase not in FINISHED_PHASES else None,
+           PROGRESS_SECONDS if phase == RUNNING else None, actions.requeue_after]
+    return min(d for d in due if d is not None) if any(d is not None for d in due) else None
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, memory: Memory | None = None):
+    def __init__(self, kube: Kube, clock: Callable[[], float] = time.monotonic):
         self.kube = kube
-        self.memory = memory or Memory()
-        self.applier = Applier(kube, self.memory)
-        self._waiting: dict[str, _WaitingPass] = {}
+        self.clock = clock
+        self.applier = Applier(kube, clock)
 
-    async def reconcile(self, body: Mapping[str, Any], pods: Iterable[PodState],
-                        children: Iterable[tuple[str, str]] = (),
+    async def reconcile(self, state: JobState, body: Mapping[str, Any],
+                        pods: Iterable[PodState], children: Iterable[tuple[str, str]] = (),
                         queue: QueueContext | None = None) -> float | None:
         """Bring one job's children and status in line with its spec. `pods` and `children`
-        ((kind, name) of its ConfigMaps and Services) are what the stores show, `queue`
-        what they show of Kueue (None: the Kueue integration is off). Returns when time alone
-        will next change the job (seconds), for the clock, or None."""
-        return await self.reconcile_latest(body, lambda: (pods, children, queue))
-
-    async def reconcile_latest(self, body: Mapping[str, Any], indexed: Indexed) -> float | None:
-        """As reconcile, with the pods and children read from the stores (`indexed()`) only
-        when the pass starts. A call while a pass of the job waits to start joins that pass,
-        handing it this (newer) body, and returns its result."""
-        uid = body["metadata"]["uid"]
-        waiting = self._waiting.get(uid)
-        if waiting is not None:
-            waiting.body = body
-            return await asyncio.shield(waiting.result)
-        waiting = _WaitingPass(body, asyncio.get_running_loop().create_future())
-        self._waiting[uid] = waiting
-        result = None
-        shown = None
-        lock = self.memory.lock(uid)
-        try:
-            async with lock:
-                if self._waiting.get(uid) is waiting:
-                    del self._waiting[uid]
-                shown = indexed()
-                if shown is not None:
-                    pods, children, queue = shown
-                    result = await self._passes(waiting.body, list(pods), frozenset(children),
-                                                queue)
-            return result
-        finally:
-            if self._waiting.get(uid) is waiting:
-                del self._waiting[uid]
-            if shown is None or not self.memory.holds(uid, lock):
-                # The job was gone when the pass would have started, or was deleted
-                # (forgotten) while it ran: what the pass recorded would stay for good.
-                self.memory.forget(uid)
-            waiting.result.set_result(result)  # those who joined never see our exception
-
-    async def _passes(self, body: Mapping[str, Any], pods: list[PodState],
-                      children: frozenset[tuple[str, str]],
-                      queue: QueueContext | None) -> float | None:
-        uid = body["metadata"]["uid"]
-        for _ in range(MAX_PASSES):
-            job = parse_spec(body, self.memory.written.latest(uid, body.get("status") or {}))
-            if job is None:
-                return None
-            seen = await observe(self.kube, self.memory, body, job, pods, children, queue)
-            now = utcnow()
+        ((kind, name) of its ConfigMaps and Services) are what the indexes show, `queue` what
+        they show of Kueue (None: the Kueue integration is off). Returns when time alone will
+        next change the job (seconds), or None."""
+        pods = list(pods)
+        job = parse_spec(body, state.latest_status(body.get("status") or {}))
+        if job is None:
+            return None
+        seen = await observe(self.kube, state, body, job, pods, children, queue, self.clock())
+        state.planned_pods = frozenset(pods)
+        now = utcnow()
+        actions = plan_pass(seen, now)
+        refused = await self.applier.apply(state, seen, actions, now)
+        if refused is not None:
+            # Planned with at once: the job fails with the server's reason; such a plan creates
+            # nothing more, so it cannot be refused again.
+            seen = replace(seen, refused=refused)
             actions = plan_pass(seen, now)
-            if await self.applier.apply(seen, actions, now):
-                return actions.requeue_after
-        return None
-
-    async def refresh_progress(self, body: Mapping[str, Any]) -> None:
-        await self.applier.refresh_progress(body)
-
-    def forget(self, uid: str) -> None:
-        self.memory.forget(uid)
+            await self.applier.apply(state, seen, actions, now)
+        return requeue_after(seen, actions, job.run_policy.ttl_seconds_after_finished is not None)

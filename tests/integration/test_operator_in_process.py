@@ -1,7 +1,8 @@
-"""The operator's own entry point (`python -m accelerate_operator`) run as a process of this
-host against the real API server, for one namespace: it serves its health check once it has
-listed everything, a job gets its children, a rendered ConfigMap deleted by hand comes back, the
-job succeeds, and SIGTERM stops it cleanly.
+"""The operator's own entry point (`python -m accelerate_operator`, kopf underneath) run as a
+process of this host against the real API server, for one namespace: kopf's liveness endpoint
+answers with the operator's probe, a job gets its children, a rendered ConfigMap deleted by hand
+comes back, the job succeeds with nothing of kopf written on it (no finalizer, no annotation),
+and SIGTERM stops it cleanly.
 
 The operator the chart deployed is scaled to zero meanwhile, so that only this one acts."""
 
@@ -80,8 +81,8 @@ def test_operator_process_creates_children_recreates_a_deleted_one_and_stops_on_
              "--liveness-port", str(port)],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": kubeconfig})
     try:
-        wait_for(lambda: (health(port) or {}).get("synced"), timeout=60,
-                 description="the operator's health check to report it synced")
+        wait_for(lambda: (health(port) or {}).get("jobs"), timeout=60,
+                 description="kopf's liveness endpoint to answer with the operator's probe")
         apply_job(kubeconfig, namespace, command_job("inproc", RUN_20_SECONDS, nodes=2).build())
         expected = {"configmap/inproc-accelerate-config", "service/inproc", "pod/inproc-0",
                     "pod/inproc-1"}
@@ -93,7 +94,8 @@ def test_operator_process_creates_children_recreates_a_deleted_one_and_stops_on_
                  timeout=30, description="the deleted ConfigMap to be recreated")
         done = wait_for_job(kubeconfig, namespace, "inproc", phase_is("Succeeded", "Failed"),
                             timeout=180)
-        assert health(port) == {"synced": True, "jobs": 1}
+        probe = health(port)["jobs"]
+        assert probe["jobs"] == 1 and probe["paused"] is False and probe["passes"] >= 3, probe
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -103,6 +105,9 @@ def test_operator_process_creates_children_recreates_a_deleted_one_and_stops_on_
             raise
     output = log.read_text()
     assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert not done["metadata"].get("finalizers"), done["metadata"]
+    assert not [a for a in done["metadata"].get("annotations") or {} if "kopf" in a], done[
+        "metadata"]
     assert code == 0, output
     assert "Traceback" not in output, output
     assert "stopped" in output.splitlines()[-1], output

@@ -34,8 +34,11 @@ NAMESPACED_RULES = {
     ("", "configmaps"): {"get", "list", "watch", "create"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    ("kopf.dev", "kopfpeerings"): READ | {"create", "patch"},  # kopf's peering per namespace
 }
 CLUSTER_ONLY_RULES: dict = {}  # with kueue.enabled, Kueue's flavors and priority classes
+# An operator of every namespace peers through one ClusterKopfPeering.
+CLUSTER_WIDE_PEERING = {("kopf.dev", "clusterkopfpeerings"): READ | {"create", "patch"}}
 
 
 def _helm_ok(path: str | None) -> bool:
@@ -87,7 +90,10 @@ def render(helm: str, *sets: str) -> list[dict]:
 
 
 def only(docs: list[dict], kind: str) -> dict:
-    found = [d for d in docs if d["kind"] == kind]
+    """The one object of a kind; for CRDs, the AccelerateJob one (kopf's peering CRDs beside
+    it are verbatim copies of crds/ too, checked by the drift test)."""
+    found = [d for d in docs if d["kind"] == kind and (
+        kind != "CustomResourceDefinition" or d["spec"]["group"] == "accelerate-operator.io")]
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
 
@@ -121,7 +127,7 @@ def test_default_render_has_exactly_the_expected_kinds(helm):
     kinds = Counter(d["kind"] for d in render(helm))
     assert kinds == Counter(
         {
-            "CustomResourceDefinition": 1,
+            "CustomResourceDefinition": 3,  # AccelerateJob, and kopf's two peering kinds
             "ServiceAccount": 1,
             "ClusterRole": 1,
             "ClusterRoleBinding": 1,
@@ -140,17 +146,19 @@ def test_every_object_carries_the_standard_labels(helm):
         assert labels["app.kubernetes.io/managed-by"] == "Helm", doc["kind"]
 
 
-def test_deployment_runs_one_replica_recreated_never_rolled(helm):
+def test_deployment_runs_two_peered_replicas_rolled_with_no_gap(helm):
     deployment = only(render(helm), "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     assert deployment["metadata"]["namespace"] == NAMESPACE
+    assert only(render(helm, "replicaCount=1"), "Deployment")["spec"]["replicas"] == 1
 
 
 def test_deployment_sets_the_command_explicitly_with_liveness_probe(helm):
     container = operator_container(render(helm))
     assert container["command"] == ["accelerate-operator"]
-    assert container["args"] == ["--liveness-port", "8080"]
+    assert container["args"] == ["--liveness-port", "8080", "--peering", "accelerate-operator"]
     assert container["image"] == "ghcr.io/accelerate-operator/operator:0.1.0"
     assert {"name": "ACCELERATE_OPERATOR_LOG_LEVEL", "value": "info"} in container["env"]
     probe = container["livenessProbe"]["httpGet"]
@@ -204,7 +212,7 @@ def test_values_reach_the_deployment(helm):
         ("image.tagg=x", "tagg"),
         ("securityContext.runAsNonroot=true", "runAsNonroot"),
         ("crds.keeep=false", "keeep"),
-        ("replicaCount=2", "replicaCount"),
+        ("replicaCountt=2", "replicaCountt"),
     ],
 )
 def test_mistyped_value_key_fails_schema_validation_naming_the_key(helm, mistyped, key):
@@ -233,7 +241,8 @@ def test_watch_namespaces_get_a_role_each_and_no_cluster_wide_pod_access(helm):
     # Nothing cluster-wide is needed: no ClusterRole at all.
     assert [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == []
     container = operator_container(docs)
-    assert container["args"] == "--liveness-port 8080 --namespace team-a --namespace team-b".split()
+    assert container["args"] == ("--liveness-port 8080 --peering accelerate-operator "
+                                 "--namespace team-a --namespace team-b").split()
 
 
 def test_cluster_role_grants_exactly_the_operator_verbs_and_no_secrets(helm):
@@ -242,7 +251,7 @@ def test_cluster_role_grants_exactly_the_operator_verbs_and_no_secrets(helm):
     rules = rules_of(role)
     assert not any(resource == "secrets" or resource == "*" for _, resource in rules)
     assert not any("*" in verbs for verbs in rules.values())
-    assert rules == {**NAMESPACED_RULES, **CLUSTER_ONLY_RULES}
+    assert rules == {**NAMESPACED_RULES, **CLUSTER_ONLY_RULES, **CLUSTER_WIDE_PEERING}
     binding = only(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -328,7 +337,7 @@ def test_kueue_enabled_grants_exactly_the_workload_verbs_and_turns_the_integrati
     docs = render(helm, "kueue.enabled=true")
     assert rules_of(only(docs, "ClusterRole")) == {
         **NAMESPACED_RULES, **CLUSTER_ONLY_RULES, **KUEUE_NAMESPACED_RULES,
-        **KUEUE_CLUSTER_RULES}
+        **KUEUE_CLUSTER_RULES, **CLUSTER_WIDE_PEERING}
     env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
     assert env["ACCELERATE_OPERATOR_KUEUE"] == "true"
     namespaced = render(helm, "kueue.enabled=true", "watchNamespaces={team-a}")

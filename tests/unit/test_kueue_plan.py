@@ -13,6 +13,7 @@ from accelerate_operator.kueue import QueueContext, build_quota_release, read_wo
 from accelerate_operator.reconciler import Reconciler
 from accelerate_operator.resources.pods import build_pod
 from accelerate_operator.resources.workload import build_workload, with_flavors
+from accelerate_operator.state import JobState
 
 from tests.helpers.fake_kube import FakeKube
 from tests.helpers.jobs import JobBuilder
@@ -143,11 +144,12 @@ class Queue:
         self.kube.kueue_objects[("resourceflavors", "gpu")] = {"spec": GPU_FLAVOR}
         self.body = body
         self.reconciler = Reconciler(self.kube)
+        self.state = JobState(body["metadata"]["uid"])
 
     def reconcile(self) -> None:
         workloads = [o for (kind, _), o in self.kube.objects.items() if kind == "Workload"]
         context = QueueContext(workload=copy.deepcopy(workloads[0]) if workloads else None)
-        asyncio.run(self.reconciler.reconcile(self.body, self.kube.pods(),
+        asyncio.run(self.reconciler.reconcile(self.state, self.body, self.kube.pods(),
                                               self.kube.children(), context))
         for status in self.kube.statuses:
             self.body.setdefault("status", {}).update(status)
@@ -289,5 +291,6 @@ def test_jobs_without_the_queue_label_or_without_the_integration_ignore_kueue():
     assert unlabelled.kube.names("Pod") == ["plain-0", "plain-1"]
     assert unlabelled.kube.names("Workload") == []
     kube = FakeKube()
-    asyncio.run(Reconciler(kube).reconcile(queued_job(), [], set(), None))
+    job = queued_job()
+    asyncio.run(Reconciler(kube).reconcile(JobState(job["metadata"]["uid"]), job, [], set(), None))
     assert kube.names("Pod") == ["llm-0", "llm-1"]

@@ -10,9 +10,9 @@ import json
 from datetime import datetime
 
 import pytest
-from accelerate_operator.apply import TRAINER_INFO_BYTES, Applier
-from accelerate_operator.memory import Memory
-from accelerate_operator.plan import _changed
+from accelerate_operator.api import parse_job
+from accelerate_operator.observe import TRAINER_INFO_BYTES, observe
+from accelerate_operator.plan import _changed, _status_write
 from accelerate_operator.progress import (
     build_progress_status,
     build_trainer_status,
@@ -21,6 +21,7 @@ from accelerate_operator.progress import (
     parse_trainer_info,
     progress_changed,
 )
+from accelerate_operator.state import JobState
 from accelerate_trainer.contract import format_trainer_info_line
 from accelerate_trainer.progress import ProgressReporter, ProgressTracker, is_reporting_rank
 from accelerate_trainer.versions import read_versions
@@ -229,24 +230,40 @@ def running_body(status: dict) -> dict:
     return body
 
 
+def observe_running(kube: FakeKube, body: dict):
+    return asyncio.run(observe(kube, JobState(body["metadata"]["uid"]), body, parse_job(body),
+                               pods=[]))
+
+
 def test_the_versions_are_read_from_the_head_of_pod_0s_log_once_per_attempt():
     kube = FakeKube()
     kube.logs["llm-0"] = format_trainer_info_line({"versions": {"accelerate": "1.15.0"}})
-    applier = Applier(kube, Memory())
-    asyncio.run(applier.refresh_progress(running_body({})))
-    assert kube.calls[:2] == [("log-head", "llm-0"), ("patch", "status", "llm")]
-    assert kube.statuses[0] == {"trainer": {
+    seen = observe_running(kube, running_body({}))
+    assert kube.calls[:2] == [("log-head", "llm-0"), ("log", "llm-0")]
+    # Written with the rest of the pass's status, in its one write.
+    assert _status_write(seen, seen.status, NOW) == {"trainer": {
         "attempt": 1, "image": JobBuilder().build()["spec"]["template"]["spec"]["containers"][0][
             "image"], "versions": {"accelerate": "1.15.0"}, "message": None}}
     kube.calls.clear()
-    asyncio.run(applier.refresh_progress(running_body({"trainer": kube.statuses[0]["trainer"]})))
+    observe_running(kube, running_body({"trainer": {"attempt": 1}}))
     assert ("log-head", "llm-0") not in kube.calls  # this attempt's versions are known
 
 
 def test_an_empty_log_is_read_again_later_and_the_planner_never_writes_the_versions():
     kube = FakeKube()
-    asyncio.run(Applier(kube, Memory()).refresh_progress(running_body({})))
-    assert kube.statuses == []  # nothing logged yet: no status.trainer, the next read retries
+    seen = observe_running(kube, running_body({}))
+    assert _status_write(seen, seen.status, NOW) is None  # nothing logged yet: the next retries
     old = {"phase": "Running", "trainer": {"attempt": 0}}
     assert _changed(old, {"phase": "Running", "trainer": {"attempt": 1}}) is None
     assert TRAINER_INFO_BYTES >= 16 * 1024
+
+
+def test_a_running_jobs_progress_is_written_with_its_status_only_when_it_changed():
+    kube = FakeKube()
+    kube.logs["llm-0"] = 'ACCELERATE_PROGRESS {"step": 3, "total_steps": 10}\n'
+    seen = observe_running(kube, running_body({"trainer": {"attempt": 1}}))
+    write = _status_write(seen, seen.status, NOW)
+    assert write["progress"]["step"] == 3 and write["progress"]["totalSteps"] == 10
+    again = observe_running(kube, running_body({"trainer": {"attempt": 1},
+                                                "progress": write["progress"]}))
+    assert _status_write(again, again.status, NOW) is None

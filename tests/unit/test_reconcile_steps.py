@@ -1,6 +1,6 @@
 """The reconcile pass (parse -> observe -> plan -> apply) against a fake API (tests/helpers/
 fake_kube.py): what each pass creates, deletes and writes, with no cluster. The pure step,
-plan_pass, is also tested alone; the clock with a fake time."""
+plan_pass, is also tested alone, and when a pass asks to be run again (requeue_after)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import asyncio
 from datetime import datetime
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.clock import PROGRESS_SECONDS, RESYNC_SECONDS, Clock
-from accelerate_operator.memory import InFlight
-from accelerate_operator.plan import Observed, plan_pass
-from accelerate_operator.reconciler import Reconciler
+from accelerate_operator.observe import PROGRESS_SECONDS
+from accelerate_operator.plan import Actions, Observed, plan_pass
+from accelerate_operator.reconciler import RESYNC_SECONDS, Reconciler, requeue_after
 from accelerate_operator.resources.configmap import ConfigSource
+from accelerate_operator.state import JobState
 
 from tests.helpers.fake_kube import FakeKube
 from tests.helpers.jobs import JobBuilder, pod
@@ -27,12 +27,13 @@ class Cluster:
     def __init__(self, body: dict, kube: FakeKube | None = None):
         self.kube = kube or FakeKube()
         self.body = body
-        self.reconciler = Reconciler(self.kube)
+        self.reconciler = Reconciler(self.kube, clock=lambda: 0.0)
+        self.state = JobState(body["metadata"]["uid"])
 
     def reconcile(self, *, indexed: bool = True) -> float | None:
         pods = self.kube.pods() if indexed else []
         children = self.kube.children() if indexed else set()
-        requeue = asyncio.run(self.reconciler.reconcile(self.body, pods, children))
+        requeue = asyncio.run(self.reconciler.reconcile(self.state, self.body, pods, children))
         for status in self.kube.statuses:
             self.body.setdefault("status", {}).update(status)
         return requeue
@@ -59,7 +60,10 @@ def test_a_pass_with_nothing_to_change_makes_no_api_call():
     cluster.reconcile()
     assert cluster.phase() == "Running"
     cluster.kube.calls.clear()
-    cluster.reconcile()
+    cluster.reconcile()  # a running job's first pass reads rank 0's log (progress, versions)
+    assert cluster.kube.calls == [("log-head", "llm-0"), ("log", "llm-0")]
+    cluster.kube.calls.clear()
+    cluster.reconcile()  # nothing changed and no read due (the clock stands still here)
     assert cluster.kube.calls == []
 
 
@@ -204,99 +208,34 @@ def test_plan_asks_the_clock_back_at_the_active_deadline():
     assert actions.requeue_after == 30
 
 
-# ---- the clock, with a fake time ------------------------------------------------------------
+# ---- when a pass asks to be run again ------------------------------------------------------
 
 
-class Time:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def clock_with(requeue=None):
-    passes, reads, time = [], [], Time()
-
-    async def reconcile(body):
-        passes.append(body["metadata"]["name"])
-        return requeue
-
-    async def refresh(body):
-        reads.append(body["metadata"]["name"])
-
-    return Clock(reconcile, refresh, now=time), passes, reads, time
-
-
-def test_the_clock_runs_a_pass_when_the_plan_asked_for_one():
-    clock, passes, _, time = clock_with(requeue=5.0)
+def seen_with(phase: str | None) -> Observed:
     body = JobBuilder("llm").build()
-    clock.track(body)
-    asyncio.run(clock.run_pass(body))
-    time.now += 4
-    asyncio.run(clock.tick())
-    assert passes == ["llm"]
-    time.now += 1
-    asyncio.run(clock.tick())
-    assert passes == ["llm", "llm"]
+    body["status"] = {"phase": phase} if phase else {}
+    return observed(body)
 
 
-def test_the_clock_resyncs_an_unfinished_job_and_reads_progress_while_running():
-    clock, passes, reads, time = clock_with()
-    body = JobBuilder("llm").build()
-    body["status"] = {"phase": "Running"}
-    clock.track(body)
-    asyncio.run(clock.tick())
-    assert (passes, reads) == ([], ["llm"])
-    time.now += PROGRESS_SECONDS
-    asyncio.run(clock.tick())
-    assert reads == ["llm", "llm"]
-    time.now += RESYNC_SECONDS
-    asyncio.run(clock.tick())
-    assert passes == ["llm"]
+def test_a_running_job_comes_back_for_its_progress_and_a_pending_one_for_the_resync():
+    assert requeue_after(seen_with("Running"), Actions(), ttl=False) == PROGRESS_SECONDS
+    assert requeue_after(seen_with("Pending"), Actions(), ttl=False) == RESYNC_SECONDS
+    assert requeue_after(seen_with("Running"), Actions(requeue_after=2.0), ttl=False) == 2.0
 
 
-def test_a_finished_job_without_a_ttl_leaves_the_clock():
-    clock, passes, reads, time = clock_with()
-    body = JobBuilder("llm").build()
-    body["status"] = {"phase": "Succeeded"}
-    clock.track(body)
-    time.now += 10 * RESYNC_SECONDS
-    asyncio.run(clock.tick())
-    assert (passes, reads) == ([], [])
+def test_a_finished_job_comes_back_only_for_its_ttl():
+    assert requeue_after(seen_with("Succeeded"), Actions(), ttl=False) is None
+    assert requeue_after(seen_with("Succeeded"), Actions(requeue_after=60.0), ttl=True) == 60.0
+    finishing = Actions(status={"phase": "Failed"})
+    assert requeue_after(seen_with("Running"), finishing, ttl=False) is None
 
 
 def test_in_flight_objects_expire_so_a_pod_deleted_unseen_is_not_hidden_long():
-    time = Time()
-    cache = InFlight(ttl=30, clock=time)
-    cache.record("u", [{"kind": "Pod", "metadata": {"name": "llm-0", "labels": {
-        "accelerate-operator.io/attempt": "0", "accelerate-operator.io/node-index": "0"}}}])
-    pods, _ = cache.add_to("u", 0, [], frozenset())
+    state = JobState("u")
+    state.record_created([{"kind": "Pod", "metadata": {"name": "llm-0", "labels": {
+        "accelerate-operator.io/attempt": "0", "accelerate-operator.io/node-index": "0"}}}],
+        now=1000.0)
+    pods, _ = state.with_in_flight(0, [], frozenset(), now=1000.0, ttl=30)
     assert [p.name for p in pods] == ["llm-0"]
-    time.now += 31
-    pods, _ = cache.add_to("u", 0, [], frozenset())
+    pods, _ = state.with_in_flight(0, [], frozenset(), now=1031.0, ttl=30)
     assert pods == []
-
-
-def test_events_arriving_while_a_pass_waits_join_it():
-    """Ten events of one job at once (its pods created, scheduled, started...): the first pass
-    runs, the nine others join the single pass waiting behind it, which reads the indexes
-    when it starts; every caller gets that pass's result."""
-    kube = FakeKube()
-    reconciler = Reconciler(kube)
-    body = JobBuilder("llm").nodes(2).build()
-    index_reads = []
-
-    def indexed():
-        index_reads.append(len(kube.pods()))
-        return kube.pods(), kube.children(), None
-
-    async def burst():
-        return await asyncio.gather(*(reconciler.reconcile_latest(body, indexed)
-                                      for _ in range(10)))
-
-    results = asyncio.run(burst())
-    assert index_reads == [0, 2]  # two passes: the second saw the first one's pods
-    assert [c for c in kube.calls if c[0] == "create"].count(("create", "Pod", "llm-0")) == 1
-    assert len(set(results[1:])) == 1  # the nine who joined share one result
-    assert reconciler._waiting == {}

@@ -83,6 +83,11 @@ the operator never reads one.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# kopf's peering between the replicas: the KopfPeering of each watched namespace (created at
+# start-up if missing), its keep-alive records patched, watched to pause or resume.
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- if .Values.kueue.enabled }}
 # Kueue: the Workload of each queued job (created, watched, spec.active patched for a suspend)
 # and its status (quota released after an eviction, PodsReady, Finished).
@@ -101,6 +106,12 @@ ResourceFlavors and WorkloadPriorityClasses; nothing otherwise (the operator wat
 collections by path: it needs neither CRDs nor namespaces listed).
 */}}
 {{- define "accelerate-operator.clusterRules" -}}
+{{- if empty .Values.watchNamespaces }}
+# kopf's peering for an operator watching every namespace: one ClusterKopfPeering.
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+{{- end }}
 {{- if .Values.kueue.enabled }}
 # Kueue's cluster-wide objects, read by name: the flavors a job was admitted with (node labels,
 # tolerations) and the value of its priority class.

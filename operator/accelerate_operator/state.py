@@ -1,0 +1,112 @@
+"""What the operator keeps in memory about each job, in one object, `JobState`, dropped in one
+place, `JobStates.forget`. Caches only: losing them all (an operator restart, a standby taking
+over) changes no outcome, since the API server and kopf's indexes hold the truth and the next
+pass reads it, at worst after one more API call. Nothing here talks to the API server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelerate_trainer.contract import ATTEMPT_LABEL, NODE_INDEX_LABEL
+
+from .constants import PENDING
+from .status import PodState
+
+# How long an object this operator created counts as existing when no index shows it yet.
+IN_FLIGHT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class _Created:
+    attempt: int | None
+    index: int | None
+    when: float
+
+
+@dataclass
+class JobState:
+    """One job's caches.
+
+    - `written`: the last status this operator wrote. kopf's view of the job may lag behind our
+      own writes, and planning from a stale attempt number would recreate a group just deleted.
+    - `in_flight`: children and pods created that the indexes do not show yet. Without them a pod
+      event arriving first would plan those pods again (a 409 each) and patch the status twice
+      (docs/benchmarks.md, finding 2). An entry goes when an index shows the object, when the job
+      moves to another attempt, or after IN_FLIGHT_SECONDS (so a pod deleted before any index saw
+      it is not hidden for long).
+    - `planned_pods`: the pod states the last pass planned from. A pod event whose state is among
+      them changes nothing a pass reads, and runs no pass (a Pending pod's scheduling condition,
+      its IP, kubelet heartbeats).
+    - `next_progress_read`: when a running job's progress is next due (observe.py).
+    """
+
+    uid: str
+    written: dict[str, Any] | None = None
+    in_flight: dict[tuple[str, str], _Created] = field(default_factory=dict)
+    planned_pods: frozenset[PodState] = frozenset()
+    # When rank 0's log is next due to be read (the operator's monotonic clock).
+    next_progress_read: float = 0.0
+
+    def latest_status(self, status: Mapping[str, Any]) -> dict[str, Any]:
+        """The job's status as of our last write, unless the server already shows a newer one."""
+        written = self.written
+        if written and int(written.get("attempt", 0)) >= int(status.get("attempt") or 0):
+            return {**dict(status), **written}
+        return dict(status)
+
+    def remember_status(self, status: Mapping[str, Any]) -> None:
+        self.written = {**(self.written or {}), **status}
+
+    def record_created(self, manifests: Iterable[Mapping[str, Any]], now: float) -> None:
+        for manifest in manifests:
+            labels = manifest["metadata"].get("labels") or {}
+            attempt, index = labels.get(ATTEMPT_LABEL), labels.get(NODE_INDEX_LABEL)
+            self.in_flight[(manifest["kind"], manifest["metadata"]["name"])] = _Created(
+                int(attempt) if attempt is not None else None,
+                int(index) if index is not None else None, now)
+
+    def with_in_flight(self, attempt: int, pods: Sequence[PodState],
+                       children: frozenset[tuple[str, str]], now: float, ttl: float =
+                       IN_FLIGHT_SECONDS) -> tuple[list[PodState], frozenset[tuple[str, str]]]:
+        """The pods and children the indexes show, plus those in flight (pods as Pending)."""
+        seen_pods = {(p.name, p.attempt) for p in pods}
+        extra_pods, extra_children = [], set()
+        for (kind, name), created in list(self.in_flight.items()):
+            is_pod = kind == "Pod"
+            shown = (name, created.attempt) in seen_pods if is_pod else (kind, name) in children
+            stale = now - created.when > ttl or (is_pod and created.attempt != attempt)
+            if shown or stale:
+                del self.in_flight[(kind, name)]
+            elif is_pod:
+                extra_pods.append(PodState(name=name, index=created.index, attempt=attempt,
+                                           phase=PENDING))
+            else:
+                extra_children.add((kind, name))
+        return [*pods, *extra_pods], children | extra_children
+
+
+class JobStates:
+    """Every job's JobState, by key ((namespace, name)); a job created again under its name
+    (another uid) starts from a fresh one."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._states: dict[Hashable, JobState] = {}
+
+    def get(self, key: Hashable, uid: str) -> JobState:
+        state = self._states.get(key)
+        if state is None or state.uid != uid:
+            state = self._states[key] = JobState(uid)
+        return state
+
+    def peek(self, key: Hashable) -> JobState | None:
+        return self._states.get(key)
+
+    def forget(self, key: Hashable) -> None:
+        self._states.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._states)

@@ -1,0 +1,448 @@
+"""The runtime between kopf's events and the passes, without a cluster: the work queue (one pass
+per job at a time, events merged, requeue after, backoff, paused while a standby), the
+controller's reading of kopf's indexes (stale pods, ghosts found by the audit), what each event
+runs (nothing for a pod state already planned from; a deletion after the grace check), and
+following kopf's peering. kopf itself runs these handlers against the real API server in
+tests/integration/test_operator_in_process.py and test_kopf_runner.py."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+from collections.abc import AsyncIterator, Hashable
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from accelerate_operator.__main__ import replica_priority
+from accelerate_operator.controller import (
+    LAST_APPLIED,
+    Controller,
+    PauseTracker,
+    lean_job,
+    lean_workload,
+    pod_entry,
+)
+from accelerate_operator.workqueue import WorkQueue
+
+from tests.helpers.fake_kube import FakeKube
+from tests.helpers.jobs import JobBuilder, pod
+
+JOB_LABEL = "accelerate-operator.io/job-name"
+
+
+class FakeIndex(dict):
+    """What kopf.Index offers a pass: values by key."""
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self.setdefault(key, []).append(value)
+
+    def drop(self, key: Hashable, match) -> None:
+        self[key] = [v for v in self.get(key, []) if not match(v)]
+        if not self[key]:
+            del self[key]
+
+
+class ListingKube(FakeKube):
+    """FakeKube plus the audit's listing: what the API server has now."""
+
+    async def list_names(self, path: str, label_selector: str | None = None
+                         ) -> AsyncIterator[tuple[str, str]]:
+        kind = {"pods": "Pod", "services": "Service", "configmaps": "ConfigMap"}[
+            path.rsplit("/", 1)[1]]
+        for (k, name) in list(self.objects):
+            if k == kind:
+                yield "ml", name
+
+
+def job_body(name: str = "llm", uid: str = "uid-1", **metadata: Any) -> dict[str, Any]:
+    body = JobBuilder(name).nodes(2).build()
+    body["metadata"].update(namespace="ml", uid=uid, resourceVersion="1", **metadata)
+    return body
+
+
+def pod_body(job: str, index: int, owner: str, *, attempt: int = 0,
+             phase: str = "Running") -> dict[str, Any]:
+    return {"metadata": {
+        "name": f"{job}-{index}", "namespace": "ml",
+        "labels": {JOB_LABEL: job, "accelerate-operator.io/node-index": str(index),
+                   "accelerate-operator.io/attempt": str(attempt)},
+        "ownerReferences": [{"kind": "AccelerateJob", "uid": owner}]},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+class Harness:
+    """A Controller on fake indexes, filled as kopf's index handlers would fill them."""
+
+    def __init__(self, kube: FakeKube | None = None):
+        self.kube = kube or ListingKube()
+        self.controller = Controller(self.kube)
+        self.indexes = {name: FakeIndex() for name in
+                        ("job_bodies", "job_pods", "job_services", "job_configmaps")}
+        self.controller.indexes = self.indexes
+
+    def add_job(self, body: dict[str, Any]) -> None:
+        self.indexes["job_bodies"][("ml", body["metadata"]["name"])] = [lean_job(body)]
+
+    def index_created(self) -> None:
+        """What the pass created, as the watches bring it into the indexes (no events)."""
+        for key in self.indexes:
+            if key != "job_bodies":
+                self.indexes[key].clear()
+        for (kind, name), manifest in self.kube.objects.items():
+            job = ("ml", manifest["metadata"]["labels"][JOB_LABEL])
+            if kind == "Pod":
+                self.indexes["job_pods"].put(job, pod_entry(manifest))
+            elif kind in ("Service", "ConfigMap"):
+                self.indexes[f"job_{kind.lower()}s"].put(job, name)
+
+    async def settle(self) -> None:
+        """Until no pass runs or waits, nor is due within a second (the resync's is not)."""
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            queue = self.controller.queue
+            soon = [due for due, _ in queue._timers.values() if due - queue._clock() < 1.0]
+            if not queue._queued and not queue._running and not soon:
+                return
+        raise AssertionError("the work queue did not settle")
+
+
+# ---- the work queue ------------------------------------------------------------------------
+
+def test_events_of_a_job_merge_and_one_arriving_during_its_pass_runs_it_once_more():
+    async def go():
+        runs, release = [], asyncio.Event()
+
+        async def run(key):
+            runs.append(key)
+            if len(runs) == 1:
+                await release.wait()
+            return None
+
+        queue = WorkQueue(run, workers=4)
+        queue.start()
+        for _ in range(10):
+            queue.add("a")  # a burst before any pass starts: one pass
+        await asyncio.sleep(0.02)
+        for _ in range(10):
+            queue.add("a")  # during that pass: exactly one more, after it
+        await asyncio.sleep(0.02)
+        assert runs == ["a"]  # never two passes of one key at once
+        release.set()
+        await asyncio.sleep(0.05)
+        await queue.stop()
+        return runs
+
+    assert asyncio.run(go()) == ["a", "a"]
+
+
+def test_requeue_after_keeps_the_earliest_and_forget_cancels_it():
+    async def go():
+        runs = []
+
+        async def run(key):
+            runs.append(key)
+            return None
+
+        queue = WorkQueue(run)
+        queue.start()
+        queue.add_after("a", 10)
+        queue.add_after("a", 0.05)  # earlier: replaces
+        queue.add_after("a", 5)     # later: ignored
+        queue.add_after("b", 0.05)
+        queue.forget("b")
+        await asyncio.sleep(0.15)
+        await queue.stop()
+        return runs
+
+    assert asyncio.run(go()) == ["a"]
+
+
+def test_a_failing_pass_is_retried_with_backoff_and_the_plans_requeue_is_honoured(monkeypatch):
+    monkeypatch.setattr("accelerate_operator.workqueue.BACKOFF_FIRST_SECONDS", 0.02)
+
+    async def go():
+        runs = []
+
+        async def run(key):
+            runs.append(key)
+            if len(runs) < 3:
+                raise RuntimeError("the API server said 500")
+            return 0.05 if len(runs) == 3 else None
+
+        queue = WorkQueue(run)
+        queue.start()
+        queue.add("a")
+        await asyncio.sleep(0.4)
+        await queue.stop()
+        return runs
+
+    assert asyncio.run(go()) == ["a"] * 4  # two failures, a success asking to come back, again
+
+
+def test_a_paused_queue_runs_no_pass_until_resumed():
+    async def go():
+        runs = []
+
+        async def run(key):
+            runs.append(key)
+
+        queue = WorkQueue(run)
+        queue.paused = True
+        queue.start()
+        queue.add("a")
+        await asyncio.sleep(0.05)
+        assert runs == []
+        queue.paused = False
+        await asyncio.sleep(0.05)
+        await queue.stop()
+        return runs
+
+    assert asyncio.run(go()) == ["a"]
+
+
+# ---- what a pass reads of the indexes ----------------------------------------------------------
+
+def test_pods_left_by_an_earlier_job_of_the_same_name_are_stale_not_failures():
+    harness = Harness()
+    harness.indexes["job_pods"].put(("ml", "train"), pod_entry(pod_body("train", 1, "uid-new")))
+    harness.indexes["job_pods"].put(("ml", "train"),
+                                    pod_entry(pod_body("train", 0, "uid-old", attempt=3)))
+    mine, earlier = sorted(harness.controller.pods_of(("ml", "train"), "uid-new"),
+                           key=lambda p: p.name, reverse=True)
+    assert mine == pod("train", 1)
+    assert (earlier.name, earlier.attempt, earlier.deleting) == ("train-0", -1, True)
+
+
+def test_a_job_is_indexed_without_managed_fields_or_kubectls_copy_of_itself():
+    body = job_body(managedFields=[{"manager": "kubectl"}],
+                    annotations={LAST_APPLIED: "{...}", "team": "ml"})
+    lean = lean_job(body)
+    assert "managedFields" not in lean["metadata"]
+    assert lean["metadata"]["annotations"] == {"team": "ml"}
+    assert lean["spec"] == body["spec"]
+    workload = lean_workload({"metadata": {"name": "w", "managedFields": []},
+                              "spec": {"podSets": [{"count": 2}], "active": False}})
+    assert workload["spec"] == {"active": False} and "managedFields" not in workload["metadata"]
+
+
+# ---- events and passes ------------------------------------------------------------------------
+
+def test_a_job_event_runs_its_pass_and_a_deleted_child_is_recreated_after_the_grace(monkeypatch):
+    monkeypatch.setattr("accelerate_operator.controller.DELETION_GRACE_SECONDS", 0.05)
+    harness = Harness()
+
+    async def go():
+        harness.controller.queue.start()
+        body = job_body()
+        harness.add_job(body)
+        harness.controller.on_job("ADDED", body)
+        await harness.settle()
+        assert harness.kube.names("Pod") == ["llm-0", "llm-1"]
+        harness.index_created()
+        harness.controller.on_job("MODIFIED", body)  # the indexes show what was in flight
+        await harness.settle()
+        harness.kube.calls.clear()
+        deleted = harness.kube.objects.pop(("ConfigMap", "llm-accelerate-config"))
+        harness.index_created()
+        harness.controller.on_child("DELETED", "ConfigMap", deleted)
+        await harness.settle()
+        await harness.controller.queue.stop()
+
+    asyncio.run(go())
+    assert harness.kube.calls == [("get", "AccelerateJob", "llm"),
+                                  ("create", "ConfigMap", "llm-accelerate-config")]
+
+
+def test_a_pod_event_that_changes_nothing_a_pass_reads_runs_no_pass():
+    harness = Harness()
+
+    async def go():
+        harness.controller.queue.start()
+        body = job_body()
+        harness.add_job(body)
+        harness.controller.on_job("ADDED", body)
+        await harness.settle()
+        harness.index_created()
+        harness.controller.on_job("MODIFIED", body)  # the pass now plans from the pods
+        await harness.settle()
+        passes = harness.controller.queue.passes
+        manifest = copy.deepcopy(harness.kube.objects[("Pod", "llm-0")])
+        manifest["status"] = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+        harness.controller.on_pod("MODIFIED", manifest)  # same PodState as planned from
+        await harness.settle()
+        unchanged = harness.controller.queue.passes - passes
+        manifest["status"] = {"phase": "Running",
+                              "conditions": [{"type": "Ready", "status": "True"}]}
+        harness.controller.on_pod("MODIFIED", manifest)  # it started: a pass
+        await harness.settle()
+        changed = harness.controller.queue.passes - passes - unchanged
+        await harness.controller.queue.stop()
+        return unchanged, changed
+
+    assert asyncio.run(go()) == (0, 1)
+
+
+def test_children_deleted_with_their_job_are_not_recreated(monkeypatch):
+    """The garbage collector's deletions of a deleted job's children can arrive before the job's
+    own DELETED event: after the grace the API server says the job is gone, and no pass
+    recreates anything; the job's state goes with its own event."""
+    monkeypatch.setattr("accelerate_operator.controller.DELETION_GRACE_SECONDS", 0.05)
+    harness = Harness()
+
+    async def go():
+        harness.controller.queue.start()
+        body = job_body()
+        harness.add_job(body)
+        harness.controller.on_job("ADDED", body)
+        await harness.settle()
+        harness.index_created()
+        harness.kube.calls.clear()
+        harness.kube.jobs_gone.add("llm")  # deleted: the API server no longer has it
+        for kind, name in list(harness.kube.objects):
+            manifest = harness.kube.objects.pop((kind, name))
+            if kind == "Pod":
+                harness.controller.on_pod("DELETED", manifest)
+            else:
+                harness.controller.on_child("DELETED", kind, manifest)
+        harness.index_created()
+        await harness.settle()
+        harness.indexes["job_bodies"].clear()
+        harness.controller.on_job("DELETED", body)
+        await harness.controller.queue.stop()
+
+    asyncio.run(go())
+    assert [c for c in harness.kube.calls if c[0] != "get"] == []
+    assert len(harness.controller.states) == 0
+
+
+def test_a_job_deleted_while_its_pass_runs_leaves_nothing_behind():
+    class SlowKube(ListingKube):
+        def __init__(self):
+            super().__init__()
+            self.release = asyncio.Event()
+
+        async def create_if_absent(self, manifest):
+            await self.release.wait()
+            return await super().create_if_absent(manifest)
+
+    harness = Harness(SlowKube())
+
+    async def go():
+        harness.controller.queue.start()
+        body = job_body()
+        harness.add_job(body)
+        harness.controller.on_job("ADDED", body)
+        await asyncio.sleep(0.05)  # the pass waits on its first create
+        harness.indexes["job_bodies"].clear()
+        harness.controller.on_job("DELETED", body)
+        harness.kube.release.set()
+        await harness.settle()
+        await harness.controller.queue.stop()
+
+    asyncio.run(go())
+    assert harness.kube.names("ConfigMap") == ["llm-accelerate-config"]  # the pass did run on
+    assert len(harness.controller.states) == 0 and len(harness.controller.queue) == 0
+
+
+def test_a_pod_deleted_while_unwatched_is_found_by_the_audit_and_the_group_restarts():
+    """kopf's gap: after a 410 re-list, a pod deleted meanwhile stays in its index. The job
+    would wait for that pod forever; the audit's listing lacks it, the passes stop seeing it,
+    and the job restarts its group as for any pod deleted."""
+    harness = Harness()
+
+    async def go():
+        harness.controller.queue.start()
+        body = job_body()
+        harness.add_job(body)
+        harness.controller.on_job("ADDED", body)
+        await harness.settle()
+        for name in ("llm-0", "llm-1"):
+            harness.kube.set_pod_phase(name, "Running")
+        harness.index_created()
+        harness.controller.on_job("MODIFIED", body)
+        await harness.settle()
+        running = harness.controller.states.peek(("ml", "llm")).written
+        assert running["phase"] == "Running"
+        # The watch was down (410): pod llm-1 was deleted, kopf's index still shows it.
+        del harness.kube.objects[("Pod", "llm-1")]
+        harness.kube.calls.clear()
+        harness.controller.on_job("MODIFIED", body)
+        await harness.settle()
+        stuck = [c for c in harness.kube.calls if c[0] in ("delete", "create")]
+        ghosts = await harness.controller.audit()
+        await harness.settle()
+        await harness.controller.queue.stop()
+        return stuck, ghosts
+
+    stuck, ghosts = asyncio.run(go())
+    assert stuck == [] and ghosts == 1  # without the audit nothing would ever happen
+    written = harness.controller.states.peek(("ml", "llm")).written
+    assert written["attempt"] == 1 and written["restarts"] == 1, written
+    assert ("delete", "Pod", "llm-0") in harness.kube.calls
+
+
+# ---- kopf: peering and the handlers ------------------------------------------------------------
+
+def test_the_pause_tracker_follows_kopfs_peering_records():
+    queue = WorkQueue(lambda key: None)
+    tracker = PauseTracker(queue)
+    logger = logging.getLogger(PauseTracker.LOGGER)
+    logger.addHandler(tracker)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("Pausing operations in favour of [Peer(...)].")
+        assert queue.paused
+        logger.info("Resuming operations after the pause. Conflicting operators with the same "
+                    "priority are gone.")
+        assert not queue.paused
+    finally:
+        logger.removeHandler(tracker)
+
+
+def test_the_installed_kopf_still_logs_what_the_pause_tracker_reads():
+    import kopf._core.engines.peering as peering
+
+    source = Path(peering.__file__).read_text()
+    assert peering.logger.name == PauseTracker.LOGGER
+    assert 'logger.info(f"Pausing operations' in source
+    assert 'logger.warning(f"Pausing all operators' in source
+    assert 'logger.info(f"Resuming operations' in source
+
+
+def test_the_replica_started_first_has_the_highest_peering_priority():
+    first = replica_priority(now_ns=1_700_000_000_000_000_000)
+    later = replica_priority(now_ns=1_700_000_000_001_000_000)  # a millisecond later
+    assert first > later
+
+
+def test_every_handler_is_a_coroutine_and_none_makes_kopf_write_to_jobs():
+    """A plain function would run in kopf's thread pool (a thread hop per event); a changing or
+    deletion handler would make kopf keep a diff-base annotation or a finalizer on every job."""
+    import accelerate_operator.handlers as handlers
+
+    registry = kopf.get_default_registry()
+    ours = [h for h in (registry._indexing.get_all_handlers()
+                        + registry._watching.get_all_handlers()
+                        + registry._activities.get_all_handlers())
+            if h.fn.__module__ == handlers.__name__]
+    assert {h.id for h in ours} >= {"job_bodies", "job_pods", "job_services", "job_configmaps",
+                                    "job_events", "pod_events", "configure", "login", "jobs"}
+    assert all(inspect.iscoroutinefunction(h.fn) for h in ours)
+    assert not [h for h in registry._changing.get_all_handlers()
+                if h.fn.__module__ == handlers.__name__]
+    assert not [h for h in registry._spawning.get_all_handlers()
+                if h.fn.__module__ == handlers.__name__]
+
+
+@pytest.mark.parametrize("status, retry_after, expected", [
+    (429, "2", [2.0]), (503, None, [1.0]), (429, "120", [10.0])])
+def test_throttled_requests_are_retried_after_the_servers_delay(monkeypatch, status, retry_after,
+                                                              expected):
+    from accelerate_operator.kube import _retry_delay
+
+    assert [_retry_delay(retry_after, 0)] == expected
