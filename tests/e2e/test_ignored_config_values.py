@@ -32,6 +32,7 @@ class Case(NamedTuple):
     warned: str | None = None  # a substring of the Warning event and the condition
     logged: bool = False  # the trainer also prints the warning (the key reaches the pod)
     resources: dict | None = None
+    procs: int = 2
 
 
 CASES = {
@@ -59,6 +60,9 @@ CASES = {
     "r9-inductor-no-compiler": Case({**CPU, "dynamo_config": {"dynamo_backend": "INDUCTOR"}},
                                     "dynamo_config.dynamo_backend INDUCTOR compiles C++ for the "
                                     "CPU, but this image has no C++ compiler", before_pods=False),
+    "r10-fp16-no-gpu": Case({"distributed_type": "NO", "mixed_precision": "fp16"},
+                            "mixed_precision: fp16 on a pod whose torch sees no GPU",
+                            before_pods=False, procs=1),
     # ---- warned: trains
     "w1-gpu-ids-on-cpu": Case({**CPU, "gpu_ids": "0"}, warned="gpu_ids '0' is ignored"),
     "w2-downcast-bf16": Case({**CPU, "mixed_precision": "bf16", "downcast_bf16": "yes"},
@@ -103,7 +107,7 @@ def job(name: str, case: Case) -> dict:
         "metadata": {"name": name},
         "spec": {
             "numNodes": 1,
-            "numProcPerNode": 2,
+            "numProcPerNode": case.procs,
             "accelerateConfig": case.config,
             "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
             "template": {"spec": {"terminationGracePeriodSeconds": 1,

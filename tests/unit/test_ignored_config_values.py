@@ -252,6 +252,22 @@ def test_fp8_on_gpus_below_compute_capability_8_9_is_refused(capabilities, refus
     assert "trains fp16 instead" in str(error.value)
 
 
+@pytest.mark.parametrize(("gpus", "refused"), [(0, True), (1, False), (None, False)])
+def test_fp16_without_use_cpu_on_a_pod_that_sees_no_gpu_is_refused(gpus, refused):
+    config = {"distributed_type": "NO", "mixed_precision": "fp16"}
+    if not refused:
+        check_pod_hardware(config, PodHardware(gpus=gpus))
+        return
+    with pytest.raises(ConfigError, match="fp16 on a pod whose torch sees no GPU"):
+        check_pod_hardware(config, PodHardware(gpus=gpus))
+
+
+def test_the_trainer_exits_78_for_fp16_on_a_pod_without_gpus(pod_main, monkeypatch, tmp_path):
+    monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda: 0)
+    assert pod_main({"distributed_type": "NO", "mixed_precision": "fp16"}, processes=1) == 78
+    assert "fp16 on a pod whose torch sees no GPU" in (tmp_path / "termination-log").read_text()
+
+
 @pytest.mark.parametrize(("config", "hardware", "refused_with"), [
     ({**CPU, **INDUCTOR}, PodHardware(), "has no C++ compiler"),
     ({**CPU, **INDUCTOR}, PodHardware(cxx_compiler="/usr/bin/g++"), None),
@@ -301,10 +317,13 @@ def pod_main(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_main.os, "execvpe", lambda *args: None)
     monkeypatch.setattr(trainer_main, "wait_for_master", lambda *a, **k: None)
 
-    def run(config: dict) -> int:
+    def run(config: dict, processes: int = 2) -> int:
         path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump({**config, "num_machines": 1, "num_processes": 2}))
-        return trainer_main.main(["train.py"], trainer_env(path))
+        path.write_text(yaml.safe_dump({**config, "num_machines": 1,
+                                        "num_processes": processes}))
+        env = {**trainer_env(path), "NPROC_PER_NODE": str(processes),
+               "WORLD_SIZE": str(processes)}
+        return trainer_main.main(["train.py"], env)
     return run
 
 

@@ -229,6 +229,15 @@ def probe_hardware(config: Mapping[str, Any], *, gpus: int | None = None) -> Pod
 def check_pod_hardware(config: Mapping[str, Any], hardware: PodHardware) -> None:
     """What only the pod's real hardware decides; raises ConfigError (the trainer exits 78)."""
     cpu = _is_cpu(config)
+    if _precision(config) == "fp16" and not cpu and hardware.gpus == 0:
+        # A CPU job is refused by check_ignored_values already; this is a config that does not
+        # say CPU (distributed_type NO, say) on a pod whose torch sees no GPU.
+        raise ConfigError(
+            "mixed_precision: fp16 on a pod whose torch sees no GPU: accelerate then trains on "
+            "the CPU, where it turns fp16 autocast off (Accelerator.__init__ leaves native_amp "
+            "off for the cpu device), so every step would run in fp32 without a word. Request "
+            "nvidia.com/gpu in the template, or use bf16 or mixed_precision: 'no' to train on CPU"
+        )
     if _precision(config) == "fp8" and hardware.capabilities:
         weak = [f"{major}.{minor}" for major, minor in hardware.capabilities
                 if (major, minor) < FP8_CAPABILITY]
