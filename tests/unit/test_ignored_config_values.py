@@ -295,6 +295,15 @@ def test_probe_looks_for_the_compilers_inductor_uses(monkeypatch):
     assert probe_hardware(CPU) == PodHardware()  # nothing asked, nothing probed
 
 
+def test_probe_counts_conda_as_a_compiler_only_where_inductor_would_install_gcc(monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(ignored.shutil, "which", {"conda": "/opt/conda/bin/conda"}.get)
+    monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
+    assert probe_hardware({**CPU, **INDUCTOR}).cxx_compiler is None
+    monkeypatch.setenv("TORCH_INDUCTOR_INSTALL_GXX", "1")
+    assert probe_hardware({**CPU, **INDUCTOR}).cxx_compiler == "/opt/conda/bin/conda"
+
+
 def test_the_pod_checks_gpu_ids_against_the_gpus_torch_sees():
     with pytest.raises(ConfigError, match="names GPU\\(s\\) 2 but each pod has 2 GPU"):
         check_in_pod({**GPU, "gpu_ids": "0,2"}, nproc_per_node=2, hardware=PodHardware(gpus=2))

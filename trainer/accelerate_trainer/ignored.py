@@ -216,8 +216,11 @@ def probe_hardware(config: Mapping[str, Any], *, gpus: int | None = None) -> Pod
     cxx = c = None
     triton = False
     if dynamo_backend(config) == "INDUCTOR":
-        # torch._inductor.config.cpp.cxx: $CXX, else g++ (conda's gcc is no option in a pod).
+        # torch._inductor.config.cpp.cxx: $CXX, else g++; or conda-forge's gcc, which
+        # cpp_compiler_search installs only when TORCH_INDUCTOR_INSTALL_GXX is set.
         cxx = shutil.which(os.environ.get("CXX") or "g++")
+        if cxx is None and os.environ.get("TORCH_INDUCTOR_INSTALL_GXX"):
+            cxx = shutil.which("conda")
         # triton/runtime/build.py: $CC, else the first of clang, gcc, cc on PATH.
         c = next((found for name in (os.environ.get("CC"), "clang", "gcc", "cc") if name
                   for found in [shutil.which(name)] if found), None)
