@@ -257,7 +257,7 @@ def check_pod_hardware(config: Mapping[str, Any], hardware: PodHardware) -> None
         if not on_gpu and hardware.cxx_compiler is None:
             raise ConfigError(
                 "dynamo_config.dynamo_backend INDUCTOR compiles C++ for the CPU, but this image "
-                f"has no C++ compiler ({os.environ.get('CXX') or 'g++'} is not on PATH), so "
+                "has no C++ compiler ($CXX, else g++, is not on PATH), so "
                 "torch.compile would fail in every rank. Install g++ in the image (or set CXX), "
                 "or use dynamo_backend: 'NO' (or AOT_EAGER)"
             )
