@@ -95,6 +95,10 @@ class JobSpec:
     # spec.accelerateConfigFiles: file name -> content, mounted beside the accelerate YAML.
     config_files: Mapping[str, str] = field(default_factory=dict)
     code: Code | None = None
+    # Values of the accelerate config that accelerate would drop harmlessly (a TPU-only key on
+    # a GPU job...), found when the config is rendered (resources/configmap.prepare_config);
+    # status.py names them in a Warning event and the ConfigWarnings condition.
+    config_warnings: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:

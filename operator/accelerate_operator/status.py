@@ -37,6 +37,12 @@ from .constants import (
 )
 from .kueue import WorkloadView
 
+# True while the job's accelerate config holds values accelerate would drop harmlessly (the
+# render's JobSpec.config_warnings); listed after the phase conditions. Set on the pass that
+# renders the config and kept from the status afterwards, since later passes do not render it.
+CONFIG_WARNINGS = "ConfigWarnings"
+CONFIG_WARNINGS_REASON = "IgnoredConfigValues"
+
 
 @dataclass(frozen=True)
 class PodState:
@@ -237,7 +243,8 @@ class _StatusBuilder:
 
     def finish(self) -> dict[str, Any]:
         self.status["conditions"] = [
-            self.conditions[t] for t in CONDITION_TYPES if t in self.conditions
+            self.conditions[t] for t in (*CONDITION_TYPES, CONFIG_WARNINGS)
+            if t in self.conditions
         ]
         self.status.setdefault("restarts", 0)
         return self.status
@@ -313,6 +320,19 @@ class _Pass:
             active=wants_active if workload.active != wants_active and not workload.finished
             else None,
             release=self.release, pods_ready=pods_ready, finished=finished)
+
+    def config_warnings(self) -> None:
+        """Name the values accelerate would drop: one Warning event when the list first shows
+        (or changes), and the ConfigWarnings condition, which `kubectl describe` keeps showing."""
+        warnings = self.job.config_warnings
+        if not warnings:
+            return
+        message = (f"{len(warnings)} accelerate config value(s) would be ignored; training "
+                   "goes on: " + " | ".join(warnings))
+        before = self.out.conditions.get(CONFIG_WARNINGS, {}).get("message")
+        self.out.condition(CONFIG_WARNINGS, True, CONFIG_WARNINGS_REASON, message)
+        if before != message:
+            self.out.events.append(Event("Warning", CONFIG_WARNINGS_REASON, message))
 
     def fail(self, reason: str, message: str) -> Plan:
         self.out.phase(FAILED, reason, message, warning=True)
@@ -508,6 +528,7 @@ def plan_reconcile(
         return run.finished()
     if config_error:
         return run.fail(config_error_reason, config_error)
+    run.config_warnings()
     if queue is not None:
         gated = run.queue_gate()
         if gated is not None:

@@ -1,7 +1,8 @@
 """End to end: every config accelerate ships (tests/accelerate_corpus), unchanged, in one
 ConfigMap with the DeepSpeed JSON beside it, each named by a job that gives no topology of its
 own, on CPU pods. What must happen is tests/helpers/corpus.py's table: a file that can run on CPU
-trains to Succeeded (2 steps) and its pods log the world size its YAML asked for; a GPU-only one
+trains to Succeeded (2 steps) and its pods log the world size its YAML asked for, with the
+ConfigWarnings condition naming exactly the values accelerate would ignore; a GPU-only one
 fails (InvalidConfig, exit 78, no restart) with the reason named; one the operator can refuse
 alone fails before any pod exists. Plus the issue's case: the multi-node template switched to
 MULTI_CPU keeps its port 9999 and trains over 2 pods x 4 processes.
@@ -130,6 +131,11 @@ def test_every_accelerate_config_trains_on_cpu_or_fails_naming_why(kubeconfig: s
         if status.get("phase") != "Succeeded":
             problems.append(f"{relative}: expected Succeeded, got {record[relative]}")
             continue
+        warned = next((c for c in status.get("conditions", [])
+                       if c["type"] == "ConfigWarnings"), {}).get("message", "")
+        missing = [w for w in expect.warns if w not in warned]
+        if missing or (warned and not expect.warns):
+            problems.append(f"{relative}: ConfigWarnings {warned!r}, expected {expect.warns}")
         nodes, procs, _ = expect.topology
         sizes = logged_world_sizes(kubeconfig, namespace, name, nodes)
         if sizes != {nodes * procs}:

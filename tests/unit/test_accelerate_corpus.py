@@ -17,21 +17,33 @@ from accelerate_operator.resources.configmap import ConfigSource, prepare_config
 from accelerate_trainer.__main__ import read_deepspeed_json, validate
 from accelerate_trainer.config import ConfigError, is_cpu_job
 from accelerate_trainer.contract import CONFIG_KEY, CONFIG_MOUNT_PATH
+from accelerate_trainer.ignored import PodHardware, check_in_pod
 from accelerate_trainer.topology import Topology
 
 from tests.helpers.corpus import (
     CORPUS,
     CORPUS_TABLE,
     DEEPSPEED_JSONS,
+    OUTCOMES_BEGIN,
+    OUTCOMES_END,
     SHIPPED,
     TEMPLATES,
     corpus_files,
+    outcome_table,
 )
 from tests.helpers.jobs import JobBuilder
 
 
 def test_the_table_covers_every_vendored_config():
     assert sorted(CORPUS_TABLE) == corpus_files()
+
+
+def test_the_corpus_readme_records_each_files_outcome_as_the_table_says():
+    readme = (CORPUS / "README.md").read_text()
+    start, end = readme.index(OUTCOMES_BEGIN), readme.index(OUTCOMES_END) + len(OUTCOMES_END)
+    assert readme[start:end] == outcome_table(), (
+        "tests/accelerate_corpus/README.md is stale: paste outcome_table() from "
+        "tests/helpers/corpus.py between its markers")
 
 
 def job_without_topology(name: str = "corpus") -> dict:
@@ -61,7 +73,9 @@ def mount(configmap: dict, into: Path) -> Path:
     return into / CONFIG_KEY
 
 
-def trainer_validates(config_file: Path, job, *, visible_gpus: int) -> None:
+def trainer_validates(config_file: Path, job, *, visible_gpus: int) -> list[str]:
+    """The trainer's checks in a pod that sees `visible_gpus` GPUs (of FP8-capable compute
+    capability, with compilers); returns the warnings it logs."""
     config = yaml.safe_load(config_file.read_text())
     topology = Topology(master_addr="corpus-0.corpus", master_port=job.master_port, node_rank=0,
                         num_nodes=job.num_nodes, nproc_per_node=job.nproc_per_node,
@@ -70,6 +84,9 @@ def trainer_validates(config_file: Path, job, *, visible_gpus: int) -> None:
     gpus = None if is_cpu_job(config) else visible_gpus
     validate(topology, config, visible_gpus=gpus, deepspeed_json=deepspeed_json,
              deepspeed_source=source)
+    hardware = PodHardware(gpus=gpus, capabilities=((9, 0),) * (gpus or 0), cxx_compiler="g++",
+                           c_compiler="gcc", triton=True)
+    return check_in_pod(config, nproc_per_node=job.nproc_per_node, hardware=hardware)
 
 
 def outcome(check) -> str | None:
@@ -91,6 +108,10 @@ def test_corpus_config_renders_and_validates_as_recorded(relative: str, tmp_path
         return
     assert expect.render is None, f"rendered, but expected: {expect.render}"
     assert (job.num_nodes, job.nproc_per_node, job.master_port) == expect.topology
+    assert len(job.config_warnings) == len(expect.warns), job.config_warnings
+    for warning, wanted in zip(job.config_warnings, expect.warns, strict=True):
+        assert warning.startswith("ConfigMap 'corpus' key 'accelerate.yaml': "), warning
+        assert wanted in warning, warning
     rendered = yaml.safe_load(configmap["data"][CONFIG_KEY])
     assert rendered["num_machines"] == job.num_nodes
     assert rendered["num_processes"] == job.world_size

@@ -40,6 +40,7 @@ from .contract import (
 )
 from .deepspeed_checks import parse_deepspeed_json
 from .fast_exit import ENV_FAST_EXIT
+from .ignored import check_in_pod, probe_hardware
 from .rendezvous import MasterUnreachable, wait_for_master
 from .schema import load as load_schema
 from .topology import Topology, TopologyError, parse_topology
@@ -202,6 +203,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         gpus = None if is_cpu_job(config) else count_visible_gpus()
         validate(topology, config, visible_gpus=gpus, deepspeed_json=deepspeed_json,
                  deepspeed_source=deepspeed_source)
+        # Values accelerate would drop on this pod's real hardware: refused, or said here.
+        for warning in check_in_pod(config, nproc_per_node=topology.nproc_per_node,
+                                    hardware=probe_hardware(config, gpus=gpus)):
+            log.warning("WARNING: accelerate config: %s", warning)
     except (TopologyError, ConfigError) as error:
         return fail(f"invalid configuration: {error}", CONFIG_ERROR_EXIT_CODE)
     try:

@@ -11,10 +11,13 @@ spec.accelerateConfigFiles, are written beside `config.yaml` and mounted with it
 config that names one of them (relative to the config's folder, or by its file name wherever the
 path pointed when the user wrote it, since ConfigMap keys are flat) is rewritten to where it is
 mounted. What can be checked without the image is checked here, before any pod exists: the
-DeepSpeed JSON is there, parses, and fits the YAML and the job. Pure: no API calls."""
+DeepSpeed JSON is there, parses, and fits the YAML and the job; no value the spec already tells
+accelerate would drop is left unsaid (accelerate_trainer.ignored: a refusal, or a warning the job
+carries in `JobSpec.config_warnings` for its status). Pure: no API calls."""
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,13 +30,16 @@ from accelerate_trainer.config import (
     deepspeed_file,
     distributed_type,
     file_references,
+    is_cpu_job,
     parse_accelerate_yaml,
     resolve_config_path,
 )
 from accelerate_trainer.contract import CONFIG_KEY, CONFIG_MOUNT_PATH
 from accelerate_trainer.deepspeed_checks import parse_deepspeed_json
+from accelerate_trainer.ignored import check_ignored_values, gpu_ids_of
 
 from ..api import JobSpec, SpecError, with_config
+from ..constants import GPU_RESOURCE
 from ..labels import job_labels
 from ..naming import configmap_name
 
@@ -108,8 +114,35 @@ def render_accelerate_config(
     shipped_in: str = "spec.accelerateConfigFiles",
 ) -> dict[str, Any]:
     """The config the pods read. Raises accelerate_trainer.config.ConfigError when it
-    contradicts the job, or names a DeepSpeed JSON that is missing, malformed or does not fit.
+    contradicts the job, names a DeepSpeed JSON that is missing, malformed or does not fit, or
+    holds a value accelerate would drop and so train otherwise than it says.
     `shipped_in` says where a missing file should be added."""
+    return _render(job, user_config, files, binary_names=binary_names, shipped_in=shipped_in)[0]
+
+
+def gpu_limit(job: JobSpec) -> int | None:
+    """The trainer container's nvidia.com/gpu limit (requests, where only they are given): the
+    GPUs each pod really gets. None when it names none or not a whole number."""
+    containers = (job.template.get("spec") or {}).get("containers") or [{}]
+    resources = containers[0].get("resources") or {}
+    value = ((resources.get("limits") or {}).get(GPU_RESOURCE)
+             or (resources.get("requests") or {}).get(GPU_RESOURCE))
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _render(
+    job: JobSpec,
+    user_config: Mapping[str, Any],
+    files: Mapping[str, str] | None = None,
+    *,
+    binary_names: frozenset[str] = frozenset(),
+    shipped_in: str = "spec.accelerateConfigFiles",
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """render_accelerate_config, and the warnings for the values accelerate would drop
+    harmlessly."""
     files = dict(files or {})
     rendered = {key: value for key, value in user_config.items() if key not in PER_POD_KEYS}
     deepspeed_json, deepspeed_source = _place_files(
@@ -119,6 +152,13 @@ def render_accelerate_config(
                    deepspeed_source=deepspeed_source)
     rendered.setdefault("compute_environment", "LOCAL_MACHINE")
     rendered.setdefault("distributed_type", "NO" if job.world_size == 1 else "MULTI_GPU")
+    # The per-pod keys the render drops are checked too: a warning says they are replaced.
+    warnings = check_ignored_values({**user_config, **rendered}, gpus_per_pod=gpu_limit(job),
+                                    nproc_per_node=job.nproc_per_node)
+    if gpu_ids_of(rendered) is not None and is_cpu_job(rendered):
+        # A CPU job uses no GPU, and on one machine accelerate refuses fewer than two ids: the
+        # key goes, with the warning above saying so.
+        del rendered["gpu_ids"]
     rendered["num_machines"] = job.num_nodes
     rendered["num_processes"] = job.world_size
     rendered["main_process_port"] = job.master_port
@@ -126,7 +166,7 @@ def render_accelerate_config(
         deepspeed = dict(rendered.get("deepspeed_config") or {})
         deepspeed["deepspeed_multinode_launcher"] = "standard"
         rendered["deepspeed_config"] = deepspeed
-    return rendered
+    return rendered, tuple(warnings)
 
 
 def _place_files(job: JobSpec, user_config: Mapping[str, Any], rendered: dict[str, Any],
@@ -183,8 +223,10 @@ def build_configmap(job: JobSpec, rendered_config: Mapping[str, Any],
 
 def prepare_config(job: JobSpec, source: ConfigSource | None) -> tuple[JobSpec, dict[str, Any]]:
     """From the job and the ConfigMap it reads its YAML from (None for an inline config): the
-    job with its topology resolved, and the ConfigMap `<job>-accelerate-config` to create.
-    Raises SpecError or ConfigError, naming the file to fix, when the job cannot run."""
+    job with its topology resolved and `config_warnings` set (the values accelerate would drop
+    harmlessly, for a Warning event and the ConfigWarnings condition), and the ConfigMap
+    `<job>-accelerate-config` to create. Raises SpecError or ConfigError, naming the file to
+    fix, when the job cannot run."""
     if source:
         user_config = parse_accelerate_yaml(source.text, source=source.label)
         shipped_in = f"ConfigMap {source.name!r} (a key beside {source.key!r})"
@@ -196,10 +238,13 @@ def prepare_config(job: JobSpec, source: ConfigSource | None) -> tuple[JobSpec, 
         files = collect_files(job, source)
         binary = {k: v for k, v in (source.binary_files if source else {}).items()
                   if k not in (CONFIG_KEY, source.key)}
-        rendered = render_accelerate_config(job, user_config, files,
-                                            binary_names=frozenset(binary), shipped_in=shipped_in)
+        rendered, warnings = _render(job, user_config, files, binary_names=frozenset(binary),
+                                     shipped_in=shipped_in)
     except (ConfigError, SpecError) as error:
         if source:  # say which file the user has to fix
             raise type(error)(f"{source.label}: {error}") from None
         raise
+    if source:
+        warnings = tuple(f"{source.label}: {warning}" for warning in warnings)
+    job = dataclasses.replace(job, config_warnings=warnings)
     return job, build_configmap(job, rendered, files, binary)
