@@ -46,6 +46,7 @@ CONNECTIONS = 16
 WORKLOADS = "workloads"
 _PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
           "Service": "/api/v1/namespaces/{}/services",
+          "PodDisruptionBudget": "/apis/policy/v1/namespaces/{}/poddisruptionbudgets",
           "Pod": "/api/v1/namespaces/{}/pods",
           "Workload": f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{{}}/{WORKLOADS}"}
 APPLY = "application/apply-patch+yaml"

@@ -33,6 +33,8 @@ NAMESPACED_RULES = {
     ("", "services"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "list", "watch", "create"},
     ("", "events"): {"create", "patch"},
+    # spec.runPolicy.podDisruptionBudget: one budget per job, owned by it
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 CLUSTER_ONLY_RULES: dict = {}  # with kueue.enabled, Kueue's flavors and priority classes
