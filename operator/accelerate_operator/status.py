@@ -180,6 +180,10 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
             disruption = condition.get("reason") or "DisruptionTarget"
             message = condition.get("message") or message
+        elif (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+              and reason is None):
+            # Unschedulable, and why: what a Stalled group that never started names.
+            reason, message = condition.get("reason"), condition.get("message")
     if status.get("reason"):  # Evicted, DeadlineExceeded, NodeLost... set on the pod itself
         reason = status["reason"]
         message = status.get("message") or message

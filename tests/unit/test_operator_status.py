@@ -437,3 +437,13 @@ def test_a_worker_that_never_starts_is_stalled_naming_its_node_index():
         "node 1 (pod train-1: Pending, Unschedulable) not running 300s after the group was "
         "created")
     assert plan.status["restartsCounted"] == 1
+
+
+def test_an_unschedulable_pod_says_why():
+    state = read_pod_state({
+        "metadata": {"name": "train-1", "labels": {"accelerate-operator.io/node-index": "1"}},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/2 nodes are available"}]}})
+    assert (state.phase, state.reason, state.message, state.disruption) == (
+        "Pending", "Unschedulable", "0/2 nodes are available", None)
