@@ -592,7 +592,7 @@ class _Pass:
                        f"{timeout}s (spec.runPolicy.stallTimeoutSeconds); {seen}")
         else:
             missing = [p for p in sorted(current, key=lambda p: p.index)
-                       if not (p.phase == RUNNING and p.ready)]
+                       if not (p.phase == SUCCEEDED or (p.phase == RUNNING and p.ready))]
             present = {p.index for p in current}
             names = [f"node {p.index} (pod {p.name}: {p.phase}"
                      + (f", {p.reason}" if p.reason else "") + ")" for p in missing]

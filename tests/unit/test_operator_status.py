@@ -437,6 +437,9 @@ def test_a_worker_that_never_starts_is_stalled_naming_its_node_index():
         "node 1 (pod train-1: Pending, Unschedulable) not running 300s after the group was "
         "created")
     assert plan.status["restartsCounted"] == 1
+    # A node that already finished is not missing.
+    quick = step(j, created, [pod("train", 0), pod("train", 1, "Succeeded")])
+    assert quick.status["phase"] == "Running"
 
 
 def test_an_unschedulable_pod_says_why():
