@@ -8,12 +8,17 @@ dataset, so it runs anywhere, CPU included: `accelerate launch examples/train.py
 Checkpoints go to `$ACCELERATE_CHECKPOINT_DIR/checkpoints/checkpoint_<n>` every `--checkpoint-every`
 optimizer steps, marked COMPLETE once every rank has written them. The trainer sets
 `ACCELERATE_RESUME_FROM` to the newest complete one after a restart; the run then continues
-mid-epoch and still stops after exactly `--max-steps` optimizer steps.
+mid-epoch and still stops after exactly `--max-steps` optimizer steps. With a checkpoint dir, a
+SIGTERM (a drained or preempted node, the operator stopping the group) makes every rank finish
+its step and save one more complete checkpoint together, then exit 83: the group resumes from
+the step it was stopped at.
 
 The lines below are a contract: the tests (and people reading pod logs) parse them.
   RANK_INFO rank=<global> local_rank=<local> world_size=<w> node_rank=<n>    every rank, at start
   SETUP distributed_type=<t> mixed_precision=<p> [zero_stage= offload= | fsdp_sharding=]  rank 0
   RESUMED from=<path> step=<n>                                             rank 0, on resume
+  STOPPED checkpoint=<path>                              rank 0, saved on SIGTERM, then exit 83
+  HANGING rank=<r> step=<n>                              the rank --hang-at-step blocks
   STEP step=<n> loss=<float> epoch=<e>            rank 0, step 1, every --log-every, and the last
   FINAL rank=<r> param_checksum=<float, 8 decimals> steps=<n>              every rank, at the end
   TRAINING_DONE steps=<n> first_loss=<f> last_loss=<f>                     rank 0, at the end
@@ -39,7 +44,12 @@ from accelerate.utils import (
     broadcast_object_list,
     set_seed,
 )
-from accelerate_trainer.checkpoints import resume_from_checkpoint, save_checkpoint
+from accelerate_trainer.checkpoints import (
+    checkpoint_on_stop,
+    resume_from_checkpoint,
+    save_checkpoint,
+    stop_on_signal,
+)
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
@@ -99,6 +109,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     debug.add_argument("--fail-attempt", type=int, default=None,
                        help="fail only in this whole-group attempt ($ACCELERATE_JOB_ATTEMPT, "
                             "which the operator sets: 0 first, 1 after the first restart...)")
+    debug.add_argument("--hang-at-step", type=int, default=None,
+                       help="block for ever once optimizer step K is done, on --fail-rank, with "
+                            "the same once/attempt rules as --fail-at-step: the other ranks then "
+                            "wait in their next collective (a stall)")
     debug.add_argument("--sleep-per-step", type=float, default=0.0,
                        help="seconds to sleep after each optimizer step")
 
@@ -218,8 +232,9 @@ def print_main(accelerator: Accelerator, line: str) -> None:
 
 
 def maybe_fail(args: argparse.Namespace, accelerator: Accelerator, step: int) -> None:
-    """Crash on purpose (no cleanup, like a killed process) to test restarts."""
-    if args.fail_at_step != step or accelerator.process_index != args.fail_rank:
+    """Crash (no cleanup, like a killed process) or hang on purpose, to test restarts."""
+    if step not in (args.fail_at_step, args.hang_at_step) or (
+            accelerator.process_index != args.fail_rank):
         return
     attempt = os.environ.get("ACCELERATE_JOB_ATTEMPT", "0")
     if args.fail_attempt is not None and int(attempt) != args.fail_attempt:
@@ -230,6 +245,10 @@ def maybe_fail(args: argparse.Namespace, accelerator: Accelerator, step: int) ->
             return
         Path(marker).parent.mkdir(parents=True, exist_ok=True)
         Path(marker).write_text(f"rank {accelerator.process_index} failed at step {step}\n")
+    if step == args.hang_at_step:
+        emit(f"HANGING rank={accelerator.process_index} step={step}")
+        while True:  # a signal handler (stop_on_signal) returns here: keep hanging
+            time.sleep(3600)
     emit(f"FAILING on purpose rank={accelerator.process_index} step={step}")
     sys.stderr.flush()
     os._exit(1)
@@ -320,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     # included), so the next save cannot collide with it.
     if resume_from_checkpoint(accelerator, args.resume_from):
         print_main(accelerator, f"RESUMED from={args.resume_from} step={state.step}")
+    if args.checkpoint_dir:
+        # SIGTERM (a drain, a preemption, the group being stopped) becomes a request that
+        # checkpoint_on_stop answers at the next step boundary, on every rank together.
+        stop_on_signal()
 
     global_batch = (
         args.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes
@@ -379,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
             micro_batches = 0
             if args.checkpoint_every and state.step % args.checkpoint_every == 0:
                 save_checkpoint(accelerator)
+            if args.checkpoint_dir and state.step < args.max_steps:
+                # A collective: when any rank was told to stop, all save this step and exit 83.
+                checkpoint_on_stop(accelerator)
             if args.sleep_per_step:
                 time.sleep(args.sleep_per_step)
             if state.step >= args.max_steps:

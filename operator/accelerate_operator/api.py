@@ -47,6 +47,12 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None = None
     clean_pod_policy: str = "Running"
     suspend: bool = False
+    # How long a Running group may go without a log line or progress report from rank 0, or a
+    # new group without all its pods running, before it is Stalled and restarted; None: never.
+    stall_timeout_seconds: int | None = None
+    # A PodDisruptionBudget (minAvailable numNodes) over each running group: voluntary drains
+    # wait until the job finishes instead of stopping it.
+    pod_disruption_budget: bool = False
 
 
 @dataclass(frozen=True)
@@ -337,4 +343,6 @@ def _run_policy(policy: Mapping[str, Any]) -> RunPolicy:
         ttl_seconds_after_finished=policy.get("ttlSecondsAfterFinished"),
         clean_pod_policy=policy.get("cleanPodPolicy", "Running"),
         suspend=bool(policy.get("suspend", False)),
+        stall_timeout_seconds=policy.get("stallTimeoutSeconds"),
+        pod_disruption_budget=bool(policy.get("podDisruptionBudget", False)),
     )

@@ -22,6 +22,8 @@ PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
     "Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
 )
 CREATED = "Created"
+# A group that made no progress within spec.runPolicy.stallTimeoutSeconds (restarted).
+STALLED = "Stalled"
 FINISHED_PHASES = frozenset({SUCCEEDED, FAILED})
 # In the order status.conditions lists them.
-CONDITION_TYPES = (QUEUED, CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+CONDITION_TYPES = (QUEUED, CREATED, RUNNING, RESTARTING, STALLED, SUSPENDED, SUCCEEDED, FAILED)

@@ -53,6 +53,7 @@ POD_SELECTOR = JOB_NAME_LABEL
 SERVICE_SELECTOR = JOB_NAME_LABEL
 CONFIGMAP_SELECTOR = f"{JOB_NAME_LABEL},!{ATTEMPT_LABEL}"
 WORKLOAD_SELECTOR = JOB_NAME_LABEL
+PDB_SELECTOR = JOB_NAME_LABEL
 
 JobKey = tuple[str, str]  # (namespace, job name)
 
@@ -156,7 +157,8 @@ class Controller:
 
     def children_of(self, key: JobKey) -> set[tuple[str, str]]:
         return {(kind, name) for kind, index in (("ConfigMap", "job_configmaps"),
-                                                 ("Service", "job_services"))
+                                                 ("Service", "job_services"),
+                                                 ("PodDisruptionBudget", "job_pdbs"))
                 for name in self._values(index, key) if (kind, key[0], name) not in self._ghosts}
 
     def queue_of(self, key: JobKey, uid: str) -> QueueContext | None:
@@ -210,8 +212,8 @@ class Controller:
         self.queue.add(key)
 
     def on_child(self, event_type: str | None, kind: str, body: Mapping[str, Any]) -> None:
-        """A ConfigMap or Service deleted (by hand, say): the job's pass recreates it. A Workload
-        admitted or evicted: the pass acts on it."""
+        """A ConfigMap, Service or PodDisruptionBudget deleted (by hand, say): the job's pass
+        recreates it. A Workload admitted or evicted: the pass acts on it."""
         metadata = body["metadata"]
         key = owning_job(metadata)
         if key is None:
@@ -263,7 +265,9 @@ class Controller:
         the passes no longer see, and its job is reconciled. Returns the ghosts found."""
         kinds = [("Pod", "job_pods", "/api/v1/pods", POD_SELECTOR),
                  ("Service", "job_services", "/api/v1/services", SERVICE_SELECTOR),
-                 ("ConfigMap", "job_configmaps", "/api/v1/configmaps", CONFIGMAP_SELECTOR)]
+                 ("ConfigMap", "job_configmaps", "/api/v1/configmaps", CONFIGMAP_SELECTOR),
+                 ("PodDisruptionBudget", "job_pdbs", "/apis/policy/v1/poddisruptionbudgets",
+                  PDB_SELECTOR)]
         if self.kueue and "job_workloads" in self.indexes:
             kinds.append(("Workload", "job_workloads",
                           f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/workloads", WORKLOAD_SELECTOR))

@@ -3,8 +3,9 @@ own (each owned kind filtered on the server by our job-name label), keeps what a
 each object in its indexes, and hands every event to the controller (controller.py), whose work
 queue runs the job's pass.
 
-- Indexes (`@kopf.index`): the jobs, their pods (as PodState), Services, rendered ConfigMaps
-  and, with the Kueue integration, Workloads, each by (namespace, job name).
+- Indexes (`@kopf.index`): the jobs, their pods (as PodState), Services, rendered ConfigMaps,
+  PodDisruptionBudgets and, with the Kueue integration, Workloads, each by (namespace, job
+  name).
 - Event handlers (`@kopf.on.event`): put the job on the work queue.
 - Start-up: settings, and the controller started with the indexes; cleanup stops it; the probe
   answers kopf's liveness endpoint (`--liveness`).
@@ -29,6 +30,7 @@ from .constants import GROUP, PLURAL
 from .controller import (
     CONFIGMAP_SELECTOR,
     LEGACY_FINALIZER,
+    PDB_SELECTOR,
     POD_SELECTOR,
     SERVICE_SELECTOR,
     WORKLOAD_SELECTOR,
@@ -102,6 +104,7 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
     selectors["v1", "services"] = SERVICE_SELECTOR
     selectors["v1", "configmaps"] = CONFIGMAP_SELECTOR
     selectors[KUEUE_GROUP, "workloads"] = WORKLOAD_SELECTOR
+    selectors["policy", "poddisruptionbudgets"] = PDB_SELECTOR
 
     async def login_again() -> kopf.ConnectionInfo:
         # Before our first request, and after a 401 (the token may have rotated): kopf's login.
@@ -165,6 +168,12 @@ async def job_configmaps(meta: Mapping[str, Any], name: str, **_: Any) -> dict |
     return {key: name} if key else None
 
 
+@kopf.index("policy", "poddisruptionbudgets", id="job_pdbs")
+async def job_pdbs(meta: Mapping[str, Any], name: str, **_: Any) -> dict | None:
+    key = owning_job(meta)
+    return {key: name} if key else None
+
+
 if KUEUE_ENABLED:
     @kopf.index(KUEUE_GROUP, "workloads", id="job_workloads")
     async def job_workloads(body: kopf.Body, meta: Mapping[str, Any], **_: Any) -> dict | None:
@@ -200,6 +209,12 @@ async def pod_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # no
 async def service_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
     if RUNTIME.controller is not None:
         RUNTIME.controller.on_child(type, "Service", body)
+
+
+@kopf.on.event("policy", "poddisruptionbudgets", id="pdb_events")
+async def pdb_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
+    if RUNTIME.controller is not None:
+        RUNTIME.controller.on_child(type, "PodDisruptionBudget", body)
 
 
 @kopf.on.event("v1", "configmaps", id="configmap_events")

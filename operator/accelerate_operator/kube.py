@@ -45,6 +45,7 @@ CONNECTIONS = 16
 WORKLOADS = "workloads"
 _PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
           "Service": "/api/v1/namespaces/{}/services",
+          "PodDisruptionBudget": "/apis/policy/v1/namespaces/{}/poddisruptionbudgets",
           "Pod": "/api/v1/namespaces/{}/pods",
           "Workload": f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{{}}/{WORKLOADS}"}
 APPLY = "application/apply-patch+yaml"
@@ -284,15 +285,17 @@ class Kube:
 
     async def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
                            previous: bool = False, container: str | None = None,
-                           limit_bytes: int | None = None) -> str:
+                           limit_bytes: int | None = None, timestamps: bool = False) -> str:
         """The last `tail_lines` lines of a pod's log (or, with tail_lines None, its first
-        `limit_bytes` bytes); "" when the pod (or its log) is gone or has not started (400: the
+        `limit_bytes` bytes), each line led by the time the runtime logged it with
+        `timestamps`; "" when the pod (or its log) is gone or has not started (400: the
         container is still waiting)."""
         try:
             return await self._request(
                 "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log",
                 query={"container": container, "tailLines": tail_lines, "limitBytes": limit_bytes,
-                       "previous": "true" if previous else None},
+                       "previous": "true" if previous else None,
+                       "timestamps": "true" if timestamps else None},
                 timeout=LOG_REQUEST_TIMEOUT)
         except ApiError as error:
             if error.status in (400, 404):

@@ -39,3 +39,8 @@ def workload_name(job_name: str, uid: str) -> str:
     """The job's Kueue Workload. The uid tells apart a job deleted and created again under the
     same name, whose old Workload may not be collected yet."""
     return f"acceleratejob-{job_name}-{uid[:8]}" if uid else f"acceleratejob-{job_name}"
+
+
+def pdb_name(job_name: str) -> str:
+    """The job's PodDisruptionBudget (spec.runPolicy.podDisruptionBudget)."""
+    return job_name

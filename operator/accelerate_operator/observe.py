@@ -26,7 +26,7 @@ from .kube import ConfigMapMissing, Kube
 from .kueue import QueueContext, priority_class, queue_name, read_workload
 from .naming import configmap_name, pod_name, trainer_container_name
 from .plan import Observed
-from .progress import parse_progress, parse_trainer_info
+from .progress import parse_progress, parse_trainer_info, split_log_timestamps
 from .state import JobState
 from .status import PodState
 
@@ -58,6 +58,8 @@ async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: Job
         seen = await _read_kueue(kube, seen, queue)
     if status.get("phase") == RUNNING:
         seen = await _read_rank0_log(kube, state, seen, attempt, clock)
+    if state.activity_attempt == attempt:
+        seen = replace(seen, last_activity=state.last_activity, last_step=state.last_step)
     rendered = seen.has("ConfigMap", configmap_name(job.name))
     if seen.finished or not job.config_from or (rendered and job.topology_resolved):
         return seen
@@ -87,9 +89,18 @@ async def _read_rank0_log(kube: Kube, state: JobState, seen: Observed, attempt: 
                                            container=container, limit_bytes=TRAINER_INFO_BYTES)
             if head:  # nothing logged yet: the next read tries again
                 found.update(trainer_info_read=True, trainer_versions=parse_trainer_info(head))
-        tail = await kube.read_pod_log(namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
-                                       container=container)
-        found["progress_report"] = parse_progress(tail)
+        stamped = await kube.read_pod_log(namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
+                                          container=container, timestamps=True)
+        tail, newest = split_log_timestamps(stamped)
+        report = found["progress_report"] = parse_progress(tail)
+        # For stall detection (spec.runPolicy.stallTimeoutSeconds): rank 0's last sign of life
+        # in this attempt, and the last step it reported.
+        if state.activity_attempt != attempt:
+            state.activity_attempt, state.last_activity, state.last_step = attempt, None, None
+        if newest is not None:
+            state.last_activity = newest
+        if report is not None and report.get("step") is not None:
+            state.last_step = int(report["step"])
     except Exception as error:  # noqa: BLE001 - best effort, like any progress read
         log.warning("could not read rank 0's log of %s/%s: %s", namespace, name, error)
     return replace(seen, **found)

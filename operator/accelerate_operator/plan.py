@@ -1,14 +1,15 @@
 """Plan: from what a pass observed to what it must do. One pure function, `plan_pass`.
 
 It renders the accelerate config (resolving the topology the spec leaves to the YAML), builds
-every missing child (the rendered ConfigMap, the
-headless Service, the pods) with the builders in resources/, asks status.plan_reconcile for the
-new status and the pods to create and delete, and says which logs to archive, which events to
-post and whether the job's TTL has passed. For a job queued with Kueue it also builds the
-Workload, places the pods as admitted (the flavors' node labels and tolerations) and the writes
-to the Workload's status (kueue.py). No clock (`now` is an argument), no API calls:
-observe.py gathers the Observed, apply.py carries the Actions out. A pod the API server refused
-in an earlier pass is one more observation here, not a second planning call."""
+every missing child (the rendered ConfigMap, the headless Service, the PodDisruptionBudget when
+spec.runPolicy.podDisruptionBudget asks for one, the pods) with the builders in resources/,
+asks status.plan_reconcile for the new status and the pods to create and delete, and says which
+logs to archive, which events to post and whether the job's TTL has passed. For a job queued
+with Kueue it also builds the Workload, places the pods as admitted (the flavors' node labels
+and tolerations) and the writes to the Workload's status (kueue.py). No clock (`now` is an
+argument), no API calls: observe.py gathers the Observed, apply.py carries the Actions out. A
+pod the API server refused in an earlier pass is one more observation here, not a second
+planning call."""
 
 from __future__ import annotations
 
@@ -30,13 +31,20 @@ from .kueue import (
     queue_name,
     read_workload,
 )
-from .naming import configmap_name, service_name, trainer_container_name, workload_name
+from .naming import (
+    configmap_name,
+    pdb_name,
+    service_name,
+    trainer_container_name,
+    workload_name,
+)
 from .progress import build_progress_status, build_trainer_status, progress_changed
 from .resources.configmap import ConfigSource, prepare_config
+from .resources.pdb import build_pdb
 from .resources.pods import build_pod
 from .resources.service import build_service
 from .resources.workload import build_flavor_scheduling, build_workload, with_flavors
-from .status import Event, Plan, PodState, QueueState, format_time, plan_reconcile
+from .status import Activity, Event, Plan, PodState, QueueState, format_time, plan_reconcile
 
 # The operator's own field managers for the Workload conditions it sets (Kueue's UpdateStatus
 # names them <controller>-<condition>).
@@ -70,6 +78,13 @@ class Observed:
     progress_report: Mapping[str, Any] | None = None
     trainer_info_read: bool = False
     trainer_versions: Mapping[str, str] | None = None
+    # For spec.runPolicy.stallTimeoutSeconds, what the runtime last saw of rank 0 of the current
+    # attempt (the progress read, every 5 s while the job runs, reads pod <job>-0's log tail
+    # with timestamps=true): `last_activity` the timestamp of its newest line (a progress
+    # report is a line too), `last_step` the newest step reported. None until read; stall
+    # detection of a Running group then waits.
+    last_activity: datetime | None = None
+    last_step: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -125,7 +140,8 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
                   else "PodRejected")
     queue = _queue_state(seen)
     plan = plan_reconcile(job, seen.status, seen.pods, now, config_error=config_error,
-                          config_error_reason=reason, queue=queue)
+                          config_error_reason=reason, queue=queue,
+                          activity=Activity(seen.last_activity, seen.last_step))
     finishing = not seen.finished and plan.status.get("phase") in FINISHED_PHASES
     pods = tuple(build_pod(job, index, plan.attempt) for index in plan.create)
     requeue_after = plan.requeue_after
@@ -219,6 +235,9 @@ def _missing_children(seen: Observed) -> tuple[JobSpec, list[dict[str, Any]], st
             children.append(configmap)
     if not seen.has("Service", service_name(job.name)):
         children.append(build_service(job))
+    if job.run_policy.pod_disruption_budget and not seen.has("PodDisruptionBudget",
+                                                             pdb_name(job.name)):
+        children.append(build_pdb(job))
     return job, children, None
 
 

@@ -131,3 +131,31 @@ def build_trainer_status(versions: Mapping[str, str] | None, attempt: int,
         status["message"] = ("the trainer reported no versions (its image predates this "
                              "operator, or its log was cut)")
     return status
+
+
+def split_log_timestamps(text: str) -> tuple[str, datetime | None]:
+    """A log read with `timestamps=true`: the lines without their timestamps, and when the
+    newest line was logged (naive UTC; None when no line has one). The kubelet writes RFC 3339
+    with nanoseconds, which fromisoformat takes only to microseconds."""
+    lines, newest = [], None
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        when = _parse_log_time(stamp)
+        if when is None:
+            lines.append(line)
+            continue
+        lines.append(rest)
+        newest = when if newest is None or when > newest else newest
+    return "\n".join(lines) + ("\n" if lines else ""), newest
+
+
+def _parse_log_time(stamp: str) -> datetime | None:
+    if not stamp.endswith("Z") or "T" not in stamp:
+        return None
+    whole, _, fraction = stamp[:-1].partition(".")
+    try:
+        when = datetime.fromisoformat(whole)
+    except ValueError:
+        return None
+    digits = "".join(c for c in fraction if c.isdigit())[:6]
+    return when.replace(microsecond=int(digits.ljust(6, "0"))) if digits else when

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from accelerate_trainer.contract import ATTEMPT_LABEL, NODE_INDEX_LABEL
@@ -41,6 +42,7 @@ class JobState:
       them changes nothing a pass reads, and runs no pass (a Pending pod's scheduling condition,
       its IP, kubelet heartbeats).
     - `next_progress_read`: when a running job's progress is next due (observe.py).
+    - `last_activity`, `last_step`: what rank 0's log last showed of the current attempt.
     """
 
     uid: str
@@ -49,6 +51,11 @@ class JobState:
     planned_pods: frozenset[PodState] = frozenset()
     # When rank 0's log is next due to be read (the operator's monotonic clock).
     next_progress_read: float = 0.0
+    # Rank 0's last sign of life (its newest log line, UTC) and last step reported, in attempt
+    # `activity_attempt`: for stall detection.
+    activity_attempt: int = -1
+    last_activity: datetime | None = None
+    last_step: int | None = None
 
     def latest_status(self, status: Mapping[str, Any]) -> dict[str, Any]:
         """The job's status as of our last write, unless the server already shows a newer one."""

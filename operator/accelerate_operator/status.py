@@ -6,7 +6,22 @@ so a restarted operator, or two events arriving together, never double-count a r
 
 The group is the unit: one failed, evicted or deleted pod stops and recreates every pod under a
 new attempt number, so all ranks meet in a fresh rendezvous (a lone restarted rank never rejoins
-a torchrun static rendezvous).
+a torchrun static rendezvous). The other pods are deleted gracefully, so every rank gets SIGTERM
+and its grace period to save one checkpoint together (accelerate_trainer.checkpoints).
+
+Not every restart is the job's fault. A restart is counted against spec.runPolicy.backoffLimit
+(`status.restartsCounted`) when the training failed: a non-zero exit (OOMKilled included: the
+pod's memory limit is part of the job), or a stall. A disruption is not counted (only
+`status.restarts`, which counts every restart): a pod with the DisruptionTarget condition
+(eviction API and `kubectl drain`, preemption, the taint manager, the kubelet's node-pressure
+eviction or shutdown), a pod whose node is gone, and a pod of a running group deleted by anyone
+but the operator. The Restarting condition's reason names the cause: PodFailed, Disrupted or
+Stalled.
+
+Stall detection (spec.runPolicy.stallTimeoutSeconds) decides from `Activity`, what the runtime
+read of rank 0's log: a Running group with no log line and no progress report for longer than
+the timeout, or a group whose pods have not all run within the timeout of their creation, is
+Stalled and restarted (counted).
 
 A job queued with Kueue (`QueueState`) runs only while its Workload is admitted: before that, and
 after an eviction, it has no pod. Stopping a group for Kueue starts a new attempt without
@@ -32,6 +47,7 @@ from .constants import (
     QUEUED,
     RESTARTING,
     RUNNING,
+    STALLED,
     SUCCEEDED,
     SUSPENDED,
 )
@@ -57,10 +73,24 @@ class PodState:
     exit_code: int | None = None
     reason: str | None = None
     message: str | None = None
+    # Why Kubernetes ends the pod when it is not the pod's own doing: the DisruptionTarget
+    # condition's reason (EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager,
+    # TerminationByKubelet, DeletionByPodGC...), or the pod's own status.reason for a node that
+    # went away (NodeLost, Shutdown, Terminated) or a kubelet eviction (Evicted). None otherwise.
+    disruption: str | None = None
 
     @property
     def finished(self) -> bool:
         return self.phase in (SUCCEEDED, FAILED)
+
+
+# status.reason values the kubelet or the node controller set on a pod it ends for reasons of the
+# node's, not the training's: node pressure eviction, node shutdown, a node that is gone.
+NODE_DISRUPTION_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "NodeShutdown",
+                                     "Terminated", "UnexpectedAdmissionError"})
+
+# The Restarting condition's reasons: why the group restarts.
+RESTART_FAILED, RESTART_DISRUPTED, RESTART_STALLED = "PodFailed", "Disrupted", "Stalled"
 
 
 @dataclass(frozen=True)
@@ -69,6 +99,8 @@ class Failure:
     reason: str
     exit_code: int | None = None
     message: str | None = None
+    # A disruption (see PodState.disruption): restarts without using up backoffLimit.
+    disrupted: bool = False
 
     def describe(self) -> str:
         text = f"pod {self.pod} {self.reason}"
@@ -77,6 +109,17 @@ class Failure:
         if self.message:
             text += f": {self.message.strip()}"
         return text
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What the runtime last saw of rank 0, for stall detection: `last_activity` the timestamp of
+    the newest line of pod <job>-0's trainer log (read with timestamps=true), or of the newest
+    progress report, whichever is later; `last_step` the newest step rank 0 reported. Both None
+    until the runtime has read anything of the current attempt."""
+
+    last_activity: datetime | None = None
+    last_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,9 +181,20 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
             exit_code = terminated.get("exitCode")
             reason = terminated.get("reason")
             message = terminated.get("message")
+    disruption = None
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            disruption = condition.get("reason") or "DisruptionTarget"
+            message = condition.get("message") or message
+        elif (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+              and reason is None):
+            # Unschedulable, and why: what a Stalled group that never started names.
+            reason, message = condition.get("reason"), condition.get("message")
     if status.get("reason"):  # Evicted, DeadlineExceeded, NodeLost... set on the pod itself
         reason = status["reason"]
         message = status.get("message") or message
+        if disruption is None and reason in NODE_DISRUPTION_REASONS:
+            disruption = reason
     return PodState(
         name=metadata.get("name", ""),
         index=int(labels.get(NODE_INDEX_LABEL, -1)),
@@ -151,6 +205,7 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         exit_code=exit_code,
         reason=reason,
         message=message,
+        disruption=disruption,
     )
 
 
@@ -247,23 +302,34 @@ class _StatusBuilder:
             if t in self.conditions
         ]
         self.status.setdefault("restarts", 0)
+        self.status.setdefault("restartsCounted", self.status["restarts"])
         return self.status
 
 
 def _failures(job: JobSpec, current: Sequence[PodState], was_running: bool) -> list[Failure]:
-    failures = [
-        Failure(p.name, "failed" if not p.reason or p.reason == "Error" else f"failed ({p.reason})",
-                p.exit_code, p.message)
-        for p in sorted(current, key=lambda p: p.index)
-        if p.phase == FAILED
-    ]
+    """Why the current group cannot go on: its failed pods (counted), and its disrupted ones
+    (not counted): a DisruptionTarget or a node gone, and, once the group runs, a pod being
+    deleted or gone. The operator deletes a group's pods only after it has moved to a new
+    attempt, so a pod of the current attempt being deleted was deleted by someone else."""
+    failures = []
+    for p in sorted(current, key=lambda p: p.index):
+        if p.disruption:
+            failures.append(Failure(p.name, f"was disrupted ({p.disruption})", p.exit_code,
+                                    p.message, disrupted=True))
+        elif p.deleting and p.phase != SUCCEEDED and (was_running or p.phase == RUNNING):
+            # Its ranks are going away: every other rank would wait in its collectives forever.
+            failures.append(Failure(p.name, "is being deleted", disrupted=True))
+        elif p.phase == FAILED:
+            failures.append(Failure(
+                p.name, "failed" if not p.reason or p.reason == "Error" else f"failed ({p.reason})",
+                p.exit_code, p.message))
     if was_running:
-        # Once the group runs, a pod that disappears (deleted, evicted, its node gone) takes its
-        # ranks with it: the others would wait in their collectives forever.
-        present = {p.index for p in current if not p.deleting or p.finished}
+        # Once the group runs, a pod that disappears (deleted, its node gone) takes its ranks
+        # with it.
+        present = {p.index for p in current}
         for index in range(job.num_nodes):
             if index not in present:
-                failures.append(Failure(f"{job.name}-{index}", "was deleted"))
+                failures.append(Failure(f"{job.name}-{index}", "was deleted", disrupted=True))
     return failures
 
 
@@ -282,12 +348,17 @@ class _Pass:
     steps plan_reconcile goes through. Each step that decides the pass returns its Plan."""
 
     def __init__(self, job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodState],
-                 now: datetime, queue: QueueState | None = None):
+                 now: datetime, queue: QueueState | None = None,
+                 activity: Activity | None = None):
         self.job, self.pods, self.now, self.queue = job, list(pods), now, queue
+        self.activity = activity or Activity()
+        self.stall_due: datetime | None = None  # when the group would be Stalled
         self.out = _StatusBuilder(job, status, now)
         self.status = status
         self.attempt = int(status.get("attempt") or 0)
         self.restarts = int(status.get("restarts") or 0)
+        # Before restartsCounted existed every restart was counted.
+        self.counted = int(status.get("restartsCounted", self.restarts) or 0)
         self.release = False
 
     def done(self, create=(), delete=(), delete_job=False, requeue_after=None) -> Plan:
@@ -295,6 +366,9 @@ class _Pass:
         status = self.out.finish()
         if requeue_after is None and status.get("phase") not in FINISHED_PHASES:
             requeue_after = self._seconds_to_deadline()
+            if self.stall_due is not None:
+                stall = max((self.stall_due - self.now).total_seconds(), 0.0)
+                requeue_after = stall if requeue_after is None else min(requeue_after, stall)
         return Plan(status, self.attempt, tuple(create), tuple(delete), tuple(self.out.events),
                     delete_job, requeue_after, self._queue_writes(status))
 
@@ -445,39 +519,113 @@ class _Pass:
                          f"({self.job.run_policy.active_deadline_seconds}s)")
 
     def group(self) -> Plan:
-        """The pods of the current attempt: restart on a failure, else wait, create, or
-        report how far the group is."""
+        """The pods of the current attempt: restart on a failure, a disruption or a stall, else
+        wait, create, or report how far the group is."""
         current = [p for p in self.pods if p.attempt == self.attempt]
         stale = [p for p in self.pods if p.attempt != self.attempt]
         failures = _failures(self.job, current, self.out.previous_phase == RUNNING)
         if failures:
-            return self.restart_or_fail(failures[0])
+            return self.restart_or_fail(failures)
         if stale:
             # Wait until the previous attempt's pods are gone: the new ones reuse their names.
+            # They were deleted gracefully: each rank may be saving its share of a checkpoint.
             self.out.counts(current)
             return self.done(delete=[p.name for p in stale if not p.deleting])
-        return self.progress(current)
+        return self.stalled(current) or self.progress(current)
 
-    def restart_or_fail(self, first: Failure) -> Plan:
+    def restart_or_fail(self, failures: Sequence[Failure]) -> Plan:
+        """Restart the group for the first disruption (not counted) or else the first failure
+        (counted, unless the job can never run: a config error or a permanent exit code)."""
         policy = self.job.run_policy
+        disrupted = [f for f in failures if f.disrupted]
+        first = (disrupted or list(failures))[0]
         self.out.status["lastFailure"] = first.describe()
+        if disrupted:
+            return self.restart(first.describe(), RESTART_DISRUPTED, counted=False)
         if first.exit_code == CONFIG_ERROR_EXIT_CODE:
             return self.fail("InvalidConfig", first.describe())
         if first.exit_code is not None and first.exit_code in policy.permanent_exit_codes:
             return self.fail("PermanentFailure",
                              f"{first.describe()} (listed in spec.runPolicy.permanentExitCodes)")
-        if self.restarts >= policy.backoff_limit:
+        return self.restart(first.describe(), RESTART_FAILED, counted=True)
+
+    def restart(self, cause: str, reason: str, *, counted: bool) -> Plan:
+        """A new attempt: every pod of this one is deleted (gracefully: each rank gets SIGTERM
+        and its grace period to checkpoint). A counted restart past backoffLimit fails the job."""
+        policy = self.job.run_policy
+        if counted and self.counted >= policy.backoff_limit:
             return self.fail("BackoffLimitExceeded",
-                             f"{first.describe()}; no restarts left "
+                             f"{cause}; no restarts left "
                              f"(spec.runPolicy.backoffLimit={policy.backoff_limit})")
         self.restarts += 1
+        self.counted += counted
         self.attempt += 1
         self.out.status["restarts"] = self.restarts
+        self.out.status["restartsCounted"] = self.counted
         self.out.counts(self.pods)
-        self.out.phase(RESTARTING, "PodFailed",
-                       f"{first.describe()}; restarting all {self.job.num_nodes} node(s) "
-                       f"(restart {self.restarts} of {policy.backoff_limit})", warning=True)
+        if counted:
+            budget = f"restart {self.counted} of {policy.backoff_limit}"
+        else:
+            budget = (f"a disruption, not counted against spec.runPolicy.backoffLimit: "
+                      f"{self.counted} of {policy.backoff_limit} used")
+        self.out.phase(RESTARTING, reason,
+                       f"{cause}; restarting all {self.job.num_nodes} node(s) ({budget})",
+                       warning=True)
         return self.done(delete=[p.name for p in self.pods if not p.deleting])
+
+    def _stall_reference(self, current: Sequence[PodState]) -> tuple[datetime, str] | None:
+        """Since when the group has shown no sign of life, and what that sign was: rank 0's
+        newest log line or report once the group runs (never older than the group's start of
+        running), else the creation of this attempt's pods. None when there is nothing to time."""
+        if self.out.previous_phase == RUNNING:
+            condition = self.out.conditions.get(RUNNING) or {}
+            since = parse_time(condition.get("lastTransitionTime"))
+            seen = self.activity.last_activity
+            if since is None or seen is None:
+                return None  # the runtime has not read rank 0 yet: nothing to decide from
+            return max(since, _naive(seen)), "running"
+        started = parse_time(self.status.get("attemptStartTime"))
+        if started is None or not current:
+            return None
+        return started, "starting"
+
+    def stalled(self, current: list[PodState]) -> Plan | None:
+        """A Stalled group restarts (counted) from its checkpoint; before that, the time it will
+        be stalled at is the clock's requeue."""
+        timeout = self.job.run_policy.stall_timeout_seconds
+        if not timeout or self.out.previous_phase not in (RUNNING, PENDING, RESTARTING):
+            return None
+        reference = self._stall_reference(current)
+        if reference is None:
+            return None
+        since, state = reference
+        due = since + timedelta(seconds=timeout)
+        if self.now < due:
+            self.stall_due = due
+            return None
+        job, step = self.job, self.activity.last_step
+        if step is None:
+            step = (self.status.get("progress") or {}).get("step")
+        seen = f"the last step seen is {step}" if step is not None else "no step was reported"
+        if state == "running":
+            message = (f"no log line or progress report from rank 0 (pod {job.name}-0) for "
+                       f"{timeout}s (spec.runPolicy.stallTimeoutSeconds); {seen}")
+        else:
+            missing = [p for p in sorted(current, key=lambda p: p.index)
+                       if not (p.phase == SUCCEEDED or (p.phase == RUNNING and p.ready))]
+            present = {p.index for p in current}
+            names = [f"node {p.index} (pod {p.name}: {p.phase}"
+                     + (f", {p.reason}" if p.reason else "") + ")" for p in missing]
+            names += [f"node {i} (no pod)" for i in range(job.num_nodes) if i not in present]
+            if not names:
+                return None  # every pod runs: the group is about to be Running
+            message = (f"{', '.join(names)} not running {timeout}s after the group was created "
+                       f"(spec.runPolicy.stallTimeoutSeconds): the other nodes wait for it in the "
+                       f"rendezvous; {seen}")
+        self.out.condition(STALLED, True, RESTART_STALLED, message)
+        self.out.status["lastFailure"] = message
+        # restart() posts the Warning event (reason Stalled) with this message.
+        return self.restart(message, RESTART_STALLED, counted=True)
 
     def progress(self, current: list[PodState]) -> Plan:
         job, out = self.job, self.out
@@ -489,6 +637,7 @@ class _Pass:
                               for i in create])
         if create and not present:
             out.status.setdefault("startTime", format_time(self.now))
+            out.status["attemptStartTime"] = format_time(self.now)
         if create or current:
             message = f"ConfigMap, headless Service and {job.num_nodes} pod(s) created"
             if out.condition(CREATED, True, "PodsCreated", message):
@@ -501,12 +650,21 @@ class _Pass:
             out.status["completionTime"] = format_time(self.now)
             return self.done(delete=_cleanup(job, current))
         if running == job.num_nodes and not create:
-            out.phase(RUNNING, "AllNodesRunning",
-                      f"all {job.num_nodes} node(s) running, {job.world_size} process(es) in total")
+            message = f"all {job.num_nodes} node(s) running, {job.world_size} process(es) in total"
+            out.phase(RUNNING, "AllNodesRunning", message)
+            if STALLED in out.conditions:
+                out.condition(STALLED, False, "AllNodesRunning", message)
             return self.done()
         if out.previous_phase not in (RESTARTING,):
             out.status["phase"] = PENDING
         return self.done(create=create)
+
+
+def _naive(moment: datetime) -> datetime:
+    """UTC without tzinfo, as parse_time and the planner's clock give it."""
+    if moment.tzinfo is None:
+        return moment
+    return (moment - moment.utcoffset()).replace(tzinfo=None)
 
 
 def plan_reconcile(
@@ -518,12 +676,14 @@ def plan_reconcile(
     config_error: str | None = None,
     config_error_reason: str = "InvalidConfig",
     queue: QueueState | None = None,
+    activity: Activity | None = None,
 ) -> Plan:
     """The whole decision for one pass; `config_error` is set when the accelerate config (or
     anything else only the operator can check) means the job cannot run. `requeue_after` says
     when time alone will change the decision (a TTL or a deadline), for the operator's clock.
-    `queue` is set for a job queued with Kueue: its group runs only while admitted."""
-    run = _Pass(job, status, pods, now, queue)
+    `queue` is set for a job queued with Kueue: its group runs only while admitted. `activity`
+    is what the runtime last saw of rank 0, for spec.runPolicy.stallTimeoutSeconds."""
+    run = _Pass(job, status, pods, now, queue, activity)
     if run.out.previous_phase in FINISHED_PHASES:
         return run.finished()
     if config_error:

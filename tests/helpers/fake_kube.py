@@ -45,7 +45,7 @@ class FakeKube:
 
     async def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
                            previous: bool = False, container: str | None = None,
-                           limit_bytes: int | None = None) -> str:
+                           limit_bytes: int | None = None, timestamps: bool = False) -> str:
         self.calls.append(("log", name) if limit_bytes is None else ("log-head", name))
         return self.logs.get(name, "")
 

@@ -248,3 +248,75 @@ def test_real_accelerator_load_state_alone_would_pick_the_half_written_folder(
 
     with pytest.raises(SafetensorError, match="header too small"):  # checkpoint_1's stub weights
         accelerator.load_state()
+
+
+# ---- a stop request (SIGTERM) saves one complete checkpoint on every rank together ------------
+
+STOP_SCRIPT = '''
+import os, signal, sys
+import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
+from accelerate_trainer.checkpoints import checkpoint_on_stop, stop_on_signal
+
+accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
+    project_dir=sys.argv[1], automatic_checkpoint_naming=True))
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+stop_on_signal()
+for step in range(1, 100):
+    loss = model(torch.ones(2, 4)).sum()
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"rank={accelerator.process_index} step={step}", flush=True)
+    if step == 3 and accelerator.process_index == 1:
+        os.kill(os.getpid(), signal.SIGTERM)  # only this rank's pod is being drained
+    checkpoint_on_stop(accelerator)
+print(f"rank={accelerator.process_index} never stopped", flush=True)
+'''
+
+
+def test_sigterm_on_one_rank_makes_every_rank_save_the_same_complete_checkpoint(tmp_path):
+    import os
+    import re
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(STOP_SCRIPT)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    import accelerate_trainer
+
+    trainer_dir = str(Path(accelerate_trainer.__file__).parent.parent)  # this checkout's
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([trainer_dir, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={port}", str(script), str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=180)
+    out = done.stdout + done.stderr
+    assert "never stopped" not in out, out[-3000:]
+    # Both ranks ran exactly the steps up to the signal, no further, and left with code 83.
+    assert sorted(re.findall(r"rank=(\d) step=(\d+)", done.stdout)) == [
+        (r, str(s)) for r in "01" for s in (1, 2, 3)], out[-3000:]
+    assert "STOPPED checkpoint=" in done.stdout
+    assert re.search(r"exitcode\s*:\s*83", out), out[-3000:]
+    checkpoint = tmp_path / "checkpoints" / "checkpoint_0"
+    assert (checkpoint / COMPLETE_MARKER).is_file()
+    assert find_resume_checkpoint(tmp_path) == checkpoint
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_0"]
+
+
+def test_no_stop_request_means_no_checkpoint(tmp_path):
+    from accelerate_trainer.checkpoints import checkpoint_on_stop, stop_requested
+
+    accelerator = FakeAccelerator(tmp_path)
+    accelerator.num_processes = 1
+    assert stop_requested(accelerator) is False
+    assert checkpoint_on_stop(accelerator) is None
+    assert accelerator.calls == []

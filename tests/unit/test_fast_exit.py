@@ -156,3 +156,92 @@ def test_no_program_is_a_usage_error(tmp_path):
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith("usage: python -m accelerate_trainer.fast_exit")
+
+
+# ---- no output lost at exit (issue 24): what libraries write at the end survives fast_exit ----
+
+WRITERS = """
+import logging, os, sys
+import torch
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+tensors = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
+
+torch.save(tensors, os.path.join(out, "model.pt"))
+
+from safetensors.torch import save_file
+save_file(tensors, os.path.join(out, "model.safetensors"))
+
+import torch.distributed.checkpoint as dcp
+# The future is never waited for: only the end of the process waits for its writer thread.
+dcp.async_save({"w": tensors["w"].clone()}, checkpoint_id=os.path.join(out, "dcp"))
+
+handler = logging.FileHandler(os.path.join(out, "train.log"))  # never closed by the script
+log = logging.getLogger("train")
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+log.info("last line of the run")
+
+from torch.utils.tensorboard import SummaryWriter
+writer = SummaryWriter(os.path.join(out, "tb"))  # neither flushed nor closed
+writer.add_scalar("loss", 0.5, 1)
+
+from accelerate.tracking import TensorBoardTracker
+tracker = TensorBoardTracker("run", os.path.join(out, "tracker"))
+tracker.start()  # what accelerator.init_trackers() does
+tracker.log({"loss": 0.25}, step=1)
+tracker.finish()  # what accelerator.end_training() calls for each tracker
+
+unclosed = open(os.path.join(out, "notes.txt"), "w")  # a plain file left open
+unclosed.write("written, never flushed\\n")
+"""
+
+
+def _outputs(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` by path, with its bytes; event files by their records' count
+    and content (their names hold the host, pid and time, which differ between runs)."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file():
+            continue
+        relative = str(path.relative_to(folder))
+        if ".tfevents." in path.name:
+            from tensorboard.backend.event_processing.event_file_loader import (
+                EventFileLoader,
+            )
+            values = [(v.tag, round(float(v.simple_value or v.tensor.float_val[0]
+                                          if v.tensor.float_val else v.simple_value), 6), e.step)
+                      for e in EventFileLoader(str(path)).Load()
+                      for v in e.summary.value]
+            found[str(path.parent.relative_to(folder)) + "/events"] = repr(values).encode()
+        elif path.suffix in (".pt", ".distcp") or path.name == ".metadata":
+            found[relative] = b"present"  # pickles holding paths: loaded back by the test
+        else:
+            found[relative] = path.read_bytes()
+    return found
+
+
+def test_what_libraries_write_at_exit_survives_fast_exit_as_it_does_pythons_exit(tmp_path):
+    fast_run = run(tmp_path, WRITERS, str(tmp_path / "fast"))
+    assert fast_run.returncode == 0, fast_run.stderr
+    script = tmp_path / "script.py"
+    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain")],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(TRAINER)})
+    assert plain.returncode == 0, plain.stderr
+    fast, python = _outputs(tmp_path / "fast"), _outputs(tmp_path / "plain")
+    assert fast == python
+    assert fast["train.log"] == b"last line of the run\n"
+    assert fast["notes.txt"] == b"written, never flushed\n"
+    assert fast["tb/events"] == repr([("loss", 0.5, 1)]).encode()
+    assert fast["tracker/run/events"] == repr([("loss", 0.25, 1)]).encode()
+    assert {"model.pt", "model.safetensors", "dcp/.metadata"} <= set(fast)
+    import torch
+    from safetensors.torch import load_file
+    loaded = load_file(str(tmp_path / "fast" / "model.safetensors"))
+    assert torch.equal(loaded["w"], torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    assert torch.equal(torch.load(tmp_path / "fast" / "model.pt")["w"], loaded["w"])
+    import torch.distributed.checkpoint as dcp
+    state = {"w": torch.zeros(3, 4)}
+    dcp.load(state, checkpoint_id=str(tmp_path / "fast" / "dcp"), no_dist=True)
+    assert torch.equal(state["w"], loaded["w"])

@@ -33,6 +33,8 @@ NAMESPACED_RULES = {
     ("", "services"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "list", "watch", "create"},
     ("", "events"): {"create", "patch"},
+    # spec.runPolicy.podDisruptionBudget: one budget per job, owned by it
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("kopf.dev", "kopfpeerings"): READ | {"create", "patch"},  # kopf's peering per namespace
 }

@@ -46,6 +46,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
             "hostname": "train-1",
             "subdomain": "train",
             "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 120,
             "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": "trainer",
@@ -66,6 +67,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
                     {"name": "ACCELERATE_JOB_NAME", "value": "train"},
                     {"name": "ACCELERATE_JOB_ATTEMPT", "value": "2"},
                     {"name": "PYTHONUNBUFFERED", "value": "1"},
+                    {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "120"},
                 ],
                 "volumeMounts": [
                     {"name": "accelerate-config", "mountPath": "/etc/accelerate", "readOnly": True},
@@ -191,3 +193,42 @@ def test_topology_contradictions_name_the_key_and_the_winner(key, value, owner):
     with pytest.raises(ConfigError) as error:
         render_accelerate_config(job, {"distributed_type": "MULTI_GPU", key: value})
     assert key in str(error.value) and owner in str(error.value)
+
+
+def test_pod_disruption_budget_is_built_whole_and_planned_only_when_asked():
+    from datetime import datetime
+
+    from accelerate_operator.plan import Observed, plan_pass
+    from accelerate_operator.resources.pdb import build_pdb
+
+    body = JobBuilder().run_policy(podDisruptionBudget=True).build()
+    job = parse_job(body)
+    assert build_pdb(job) == {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "train", "namespace": "ml", "labels": LABELS,
+                     "ownerReferences": [OWNER]},
+        "spec": {"minAvailable": 2,
+                 "selector": {"matchLabels": {"accelerate-operator.io/job-name": "train"}},
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+    }
+    now = datetime(2026, 1, 1)
+    children = frozenset({("ConfigMap", "train-accelerate-config"), ("Service", "train")})
+    planned = plan_pass(Observed(body, job, {}, (), children), now)
+    assert [c["kind"] for c in planned.children] == ["PodDisruptionBudget"]
+    with_pdb = plan_pass(Observed(body, job, {}, (), children | {("PodDisruptionBudget",
+                                                                   "train")}), now)
+    assert with_pdb.children == ()
+    plain = JobBuilder().build()
+    assert plan_pass(Observed(plain, parse_job(plain), {}, (), children), now).children == ()
+
+
+def test_the_templates_grace_period_wins_and_the_launcher_waits_as_long():
+    job = parse_job(JobBuilder().build())
+    template = {**job.template, "spec": {**job.template["spec"],
+                                         "terminationGracePeriodSeconds": 600}}
+    import dataclasses
+    pod = build_pod(dataclasses.replace(job, template=template), 0, attempt=0)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 600
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "600"

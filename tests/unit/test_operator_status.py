@@ -289,3 +289,164 @@ def test_the_pass_that_creates_pods_counts_them_so_the_next_pass_writes_nothing(
     seen = step(job(), created.status, [pod("train", 0, "Pending"), pod("train", 1, "Pending")])
     assert seen.status == created.status
     assert seen.create == () and seen.events == ()
+
+
+# Disruptions, stalls and restarts counted against backoffLimit (issue 24).
+
+def disrupted(index, reason="EvictionByEvictionAPI", **kwargs):
+    from dataclasses import replace
+    return replace(pod("train", index, **kwargs), disruption=reason, deleting=True)
+
+
+def test_pod_state_carries_the_disruption_target_condition():
+    manifest = {
+        "metadata": {"name": "train-1", "deletionTimestamp": "2026-01-01T12:00:00Z",
+                     "labels": {"accelerate-operator.io/node-index": "1",
+                                "accelerate-operator.io/attempt": "0"}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "trainer"}]},
+        "status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+             "message": "Eviction API: evicting"}]},
+    }
+    state = read_pod_state(manifest)
+    assert (state.disruption, state.deleting, state.message) == (
+        "EvictionByEvictionAPI", True, "Eviction API: evicting")
+    node_lost = read_pod_state({**manifest, "status": {"phase": "Failed", "reason": "NodeLost"}})
+    assert node_lost.disruption == "NodeLost"
+    oom = read_pod_state({**manifest, "metadata": {**manifest["metadata"],
+                                                   "deletionTimestamp": None},
+                          "status": {"phase": "Failed", "containerStatuses": [
+                              {"name": "trainer", "state": {"terminated": {
+                                  "exitCode": 137, "reason": "OOMKilled"}}}]}})
+    assert (oom.disruption, oom.reason, oom.exit_code) == (None, "OOMKilled", 137)
+
+
+def test_a_drained_pod_restarts_the_group_without_using_the_budget():
+    plan = step(job(backoffLimit=0), running_status(),
+                [pod("train", 0), disrupted(1, message="Eviction API: evicting")])
+    assert plan.status["phase"] == "Restarting"
+    assert conditions(plan)["Restarting"] == ("True", "Disrupted")
+    assert (plan.status["restarts"], plan.status["restartsCounted"]) == (1, 0)
+    # The other pods are asked to stop at once (a graceful delete: SIGTERM, then the grace
+    # period), so every rank saves the same checkpoint; the disrupted one is already going.
+    assert plan.delete == ("train-0",)
+    assert plan.attempt == 1
+    assert plan.status["lastFailure"] == ("pod train-1 was disrupted (EvictionByEvictionAPI): "
+                                          "Eviction API: evicting")
+    event = plan.events[-1]
+    assert (event.type, event.reason) == ("Warning", "Disrupted")
+    assert "not counted against spec.runPolicy.backoffLimit: 0 of 0 used" in event.message
+
+
+def test_a_disruption_wins_over_the_failures_it_causes():
+    # The ranks on the surviving node crash when their peer goes: the cause is the drain.
+    plan = step(job(backoffLimit=3), running_status(),
+                [pod("train", 0, "Failed", exit_code=1), disrupted(1, "PreemptionByScheduler")])
+    assert conditions(plan)["Restarting"][1] == "Disrupted"
+    assert plan.status["restartsCounted"] == 0
+
+
+def test_a_pod_deleted_by_someone_else_or_gone_is_a_disruption():
+    deleting = step(job(), running_status(), [pod("train", 0), pod("train", 1, deleting=True)])
+    assert conditions(deleting)["Restarting"][1] == "Disrupted"
+    assert deleting.status["lastFailure"] == "pod train-1 is being deleted"
+    gone = step(job(), running_status(), [pod("train", 0)])
+    assert (gone.status["restarts"], gone.status["restartsCounted"]) == (1, 0)
+
+
+def test_failures_and_oom_kills_are_counted_and_restarts_show_both_numbers():
+    status = {**running_status(), "restarts": 3, "restartsCounted": 1}
+    plan = step(job(backoffLimit=3), status,
+                [pod("train", 0), pod("train", 1, "Failed", exit_code=137, reason="OOMKilled")])
+    assert conditions(plan)["Restarting"][1] == "PodFailed"
+    assert (plan.status["restarts"], plan.status["restartsCounted"]) == (4, 2)
+    assert "restart 2 of 3" in plan.events[-1].message
+    # The budget is the counted restarts only: 3 disruptions before did not use it.
+    spent = step(job(backoffLimit=2), {**status, "restartsCounted": 2},
+                 [pod("train", 0), pod("train", 1, "Failed", exit_code=1)])
+    assert conditions(spent)["Failed"][1] == "BackoffLimitExceeded"
+
+
+def test_an_older_status_without_counted_restarts_counts_them_all():
+    status = {**running_status(), "restarts": 1}
+    del status["restartsCounted"]
+    plan = step(job(backoffLimit=1), status,
+                [pod("train", 0), pod("train", 1, "Failed", exit_code=1)])
+    assert conditions(plan)["Failed"][1] == "BackoffLimitExceeded"
+
+
+def activity(seconds_ago=None, step_=None):
+    from accelerate_operator.status import Activity
+    seen = None if seconds_ago is None else NOW - timedelta(seconds=seconds_ago)
+    return Activity(last_activity=seen, last_step=step_)
+
+
+def running_since(seconds):
+    """A Running status whose group has been running for `seconds`."""
+    status = running_status()
+    stamp = (NOW - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status["conditions"] = [{**c, "lastTransitionTime": stamp} for c in status["conditions"]]
+    return status
+
+
+def test_a_running_group_silent_past_the_stall_timeout_is_stalled_and_restarted_counted():
+    j = job(stallTimeoutSeconds=300)
+    pods_ = [pod("train", 0), pod("train", 1)]
+    quiet = step(j, running_since(1000), pods_, activity=activity(200, 40))
+    assert quiet.status["phase"] == "Running"
+    assert quiet.requeue_after == 100.0  # the clock comes back when it would be stalled
+    stalled = step(j, running_since(1000), pods_, activity=activity(301, 40))
+    assert stalled.status["phase"] == "Restarting"
+    assert conditions(stalled)["Stalled"] == ("True", "Stalled")
+    assert conditions(stalled)["Restarting"] == ("True", "Stalled")
+    assert (stalled.status["restarts"], stalled.status["restartsCounted"]) == (1, 1)
+    assert stalled.delete == ("train-0", "train-1")
+    event = stalled.events[-1]
+    assert (event.type, event.reason) == ("Warning", "Stalled")
+    assert "no log line or progress report from rank 0 (pod train-0) for 300s" in event.message
+    assert "the last step seen is 40" in event.message
+    # The next group running clears it.
+    fresh = step(j, stalled.status, [])
+    back = step(j, fresh.status, [pod("train", 0, attempt=1), pod("train", 1, attempt=1)])
+    assert conditions(back)["Stalled"] == ("False", "AllNodesRunning")
+
+
+def test_stall_time_counts_from_the_group_running_and_needs_the_runtimes_reading():
+    j = job(stallTimeoutSeconds=300)
+    pods_ = [pod("train", 0), pod("train", 1)]
+    # Old activity (from before this group ran) does not stall a group that just started.
+    assert step(j, running_since(10), pods_, activity=activity(5000)).status["phase"] == "Running"
+    # Nothing read yet: no decision.
+    assert step(j, running_since(5000), pods_, activity=activity()).status["phase"] == "Running"
+    # No stallTimeoutSeconds: never.
+    assert step(job(), running_since(5000), pods_,
+                activity=activity(5000)).status["phase"] == "Running"
+
+
+def test_a_worker_that_never_starts_is_stalled_naming_its_node_index():
+    j = job(stallTimeoutSeconds=300)
+    created = step(j, {}, [], now=NOW - timedelta(seconds=301)).status
+    assert created["attemptStartTime"] == "2026-01-01T11:54:59Z"
+    pods_ = [pod("train", 0), pod("train", 1, "Pending", reason="Unschedulable")]
+    waiting = step(j, created, pods_, now=NOW - timedelta(seconds=100))
+    assert waiting.status["phase"] == "Pending"
+    plan = step(j, created, pods_)
+    assert conditions(plan)["Stalled"][0] == "True"
+    assert plan.status["lastFailure"].startswith(
+        "node 1 (pod train-1: Pending, Unschedulable) not running 300s after the group was "
+        "created")
+    assert plan.status["restartsCounted"] == 1
+    # A node that already finished is not missing.
+    quick = step(j, created, [pod("train", 0), pod("train", 1, "Succeeded")])
+    assert quick.status["phase"] == "Running"
+
+
+def test_an_unschedulable_pod_says_why():
+    state = read_pod_state({
+        "metadata": {"name": "train-1", "labels": {"accelerate-operator.io/node-index": "1"}},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/2 nodes are available"}]}})
+    assert (state.phase, state.reason, state.message, state.disruption) == (
+        "Pending", "Unschedulable", "0/2 nodes are available", None)

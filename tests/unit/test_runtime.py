@@ -51,8 +51,8 @@ class ListingKube(FakeKube):
 
     async def list_names(self, path: str, label_selector: str | None = None
                          ) -> AsyncIterator[tuple[str, str]]:
-        kind = {"pods": "Pod", "services": "Service", "configmaps": "ConfigMap"}[
-            path.rsplit("/", 1)[1]]
+        kind = {"pods": "Pod", "services": "Service", "configmaps": "ConfigMap",
+                "poddisruptionbudgets": "PodDisruptionBudget"}[path.rsplit("/", 1)[1]]
         for (k, name) in list(self.objects):
             if k == kind:
                 yield "ml", name
@@ -81,7 +81,8 @@ class Harness:
         self.kube = kube or ListingKube()
         self.controller = Controller(self.kube)
         self.indexes = {name: FakeIndex() for name in
-                        ("job_bodies", "job_pods", "job_services", "job_configmaps")}
+                        ("job_bodies", "job_pods", "job_services", "job_configmaps",
+                         "job_pdbs")}
         self.controller.indexes = self.indexes
 
     def add_job(self, body: dict[str, Any]) -> None:
@@ -98,6 +99,8 @@ class Harness:
                 self.indexes["job_pods"].put(job, pod_entry(manifest))
             elif kind in ("Service", "ConfigMap"):
                 self.indexes[f"job_{kind.lower()}s"].put(job, name)
+            elif kind == "PodDisruptionBudget":
+                self.indexes["job_pdbs"].put(job, name)
 
     async def settle(self) -> None:
         """Until no pass runs or waits, nor is due within a second (the resync's is not)."""
@@ -271,8 +274,7 @@ def test_a_pod_event_that_changes_nothing_a_pass_reads_runs_no_pass():
         await harness.settle()
         passes = harness.controller.queue.passes
         manifest = copy.deepcopy(harness.kube.objects[("Pod", "llm-0")])
-        manifest["status"] = {"phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+        manifest["status"] = {"phase": "Pending", "podIP": "10.244.1.7", "qosClass": "Burstable"}
         harness.controller.on_pod("MODIFIED", manifest)  # same PodState as planned from
         await harness.settle()
         unchanged = harness.controller.queue.passes - passes

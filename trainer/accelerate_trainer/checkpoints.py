@@ -4,13 +4,27 @@ accelerate's `load_state()` picks the highest-numbered folder even when it is ha
 does not restore the iteration counter, so the next `save_state()` crashes (accelerate issues
 1601, 3306). A checkpoint here counts only once every rank has written it and rank 0 has dropped
 a COMPLETE marker into it; resuming sets the iteration past it.
+
+A run told to stop (SIGTERM: a node drained, a pod preempted, the operator stopping the group for
+a restart) can save one complete checkpoint first, all ranks together: `stop_on_signal()` once,
+then `checkpoint_on_stop(accelerator)` after every optimizer step. Only the ranks of the pod
+being stopped receive the signal at first; the ranks agree at each step boundary (a max over
+every rank's flag), so they all save the same step, and the group resumes from it having lost
+at most the step that was in flight. The pod's terminationGracePeriodSeconds (120 s by default
+for an AccelerateJob) must cover a step and a save.
 """
 
 from __future__ import annotations
 
 import re
+import signal
+import sys
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from .contract import STOPPED_EXIT_CODE
 
 COMPLETE_MARKER = "COMPLETE"
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
@@ -72,3 +86,58 @@ def resume_from_checkpoint(accelerator: Any, path: str | Path | None) -> bool:
     accelerator.load_state(str(path))
     config.iteration = max(config.iteration, checkpoint_iteration(path) + 1)
     return True
+
+
+class _StopRequest:
+    """Set by the signal handler; read at step boundaries. A flag only: the handler runs between
+    two bytecodes of whatever the rank was doing, where saving is not safe."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def handler(self, signum: int, _frame: Any) -> None:
+        self.signal = signum
+
+
+_STOP = _StopRequest()
+
+
+def stop_on_signal(signals: Iterable[int] = (signal.SIGTERM,)) -> None:
+    """Turn SIGTERM (by default) into a stop request instead of the process's end. Call it once,
+    from the main thread, before training. The launcher (torchrun, under `accelerate launch`)
+    passes the pod's SIGTERM on to every rank of the pod."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("stop_on_signal() must be called from the main thread (Python only "
+                           "delivers signals there)")
+    for signum in signals:
+        signal.signal(signum, _STOP.handler)
+
+
+def stop_requested(accelerator: Any = None) -> bool:
+    """Whether this rank was asked to stop; with `accelerator`, whether ANY rank was: a
+    collective (a gather of one number), so every rank must call it at the same step."""
+    local = _STOP.signal is not None
+    if accelerator is None or getattr(accelerator, "num_processes", 1) <= 1:
+        return local
+    import torch
+
+    flag = torch.tensor([1 if local else 0], device=accelerator.device)
+    return bool(accelerator.gather(flag).max().item())
+
+
+def checkpoint_on_stop(accelerator: Any, *,
+                       exit_code: int | None = STOPPED_EXIT_CODE) -> Path | None:
+    """At a step boundary, on every rank: when any rank was asked to stop, save a complete
+    checkpoint together (`save_checkpoint`) and exit with STOPPED_EXIT_CODE (83), or, with
+    exit_code None, return the checkpoint's path. Returns None while no stop was requested.
+    Needs ProjectConfiguration(automatic_checkpoint_naming=True), as save_checkpoint does."""
+    if not stop_requested(accelerator):
+        return None
+    path = save_checkpoint(accelerator)
+    if accelerator.is_main_process:
+        sys.stdout.write(f"STOPPED checkpoint={path}\n")
+        sys.stdout.flush()
+    if exit_code is None:
+        return path
+    accelerator.end_training()
+    raise SystemExit(exit_code)

@@ -58,6 +58,10 @@ CONFIG_ERROR_EXIT_CODE = 78
 # EX_TEMPFAIL: installing spec.code.requirements failed. Not permanent (a package index outage
 # passes), so the group restarts; list 75 in spec.runPolicy.permanentExitCodes to fail at once.
 REQUIREMENTS_EXIT_CODE = 75
+# A rank asked to stop (SIGTERM: a drain, a preemption, the operator stopping the group) that
+# saved a complete checkpoint with the others first (accelerate_trainer.checkpoints
+# .checkpoint_on_stop). Not 0, so a stopped group is never taken for a finished one.
+STOPPED_EXIT_CODE = 83
 
 # ---- labels on every child; the job-name label is how the operator finds a job's pods ----
 JOB_NAME_LABEL = "accelerate-operator.io/job-name"

@@ -80,6 +80,10 @@ the operator never reads one.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# The PodDisruptionBudget of a job with spec.runPolicy.podDisruptionBudget (owned by the job).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

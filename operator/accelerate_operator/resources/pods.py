@@ -1,6 +1,6 @@
 """Pod `<job>-<index>`: the user's template plus hostname, the topology env, the config mount,
-the shipped code (spec.code) with a writable workspace, and restricted-profile security defaults
-the template does not override."""
+the shipped code (spec.code) with a writable workspace, restricted-profile security defaults
+the template does not override, and a termination grace period long enough for a checkpoint."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ from ..api import JobSpec
 from ..constants import CODE_VOLUME, CONFIG_VOLUME, SHM_VOLUME, WORKSPACE_VOLUME
 from ..labels import pod_labels
 from ..naming import configmap_name, master_address, pod_name, service_name
+
+# Long enough for every rank to finish its step and save one checkpoint together after SIGTERM
+# (accelerate_trainer.checkpoints.checkpoint_on_stop); Kubernetes' own 30 s rarely is. The
+# template's terminationGracePeriodSeconds wins.
+DEFAULT_TERMINATION_GRACE_SECONDS = 120
+# torchrun (under `accelerate launch`) sends SIGKILL to its ranks this long after passing SIGTERM
+# on: 30 s unless told. Set to the pod's grace period, so the kubelet's deadline is the one.
+ENV_LAUNCHER_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 RESTRICTED_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 RESTRICTED_CONTAINER_SECURITY = {
@@ -91,6 +99,7 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
     spec["hostname"] = pod_name(job.name, index)
     spec["subdomain"] = service_name(job.name)
     spec["restartPolicy"] = "Never"
+    spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
     spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
     for container in spec["containers"]:
         container["securityContext"] = _with_defaults(
@@ -100,7 +109,11 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
     # The trainer writes config errors to /dev/termination-log; anything else (a traceback from a
     # training process) reaches the job's status through the last lines of the log.
     trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    trainer["env"] = build_topology_env(job, index, attempt) + list(trainer.get("env") or [])
+    user_env = list(trainer.get("env") or [])
+    launcher_env = [] if any(e.get("name") == ENV_LAUNCHER_SHUTDOWN_TIMEOUT for e in user_env) \
+        else [{"name": ENV_LAUNCHER_SHUTDOWN_TIMEOUT,
+               "value": str(spec["terminationGracePeriodSeconds"])}]
+    trainer["env"] = build_topology_env(job, index, attempt) + launcher_env + user_env
     _add_volumes(job, spec, trainer)
 
     return {
