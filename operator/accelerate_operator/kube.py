@@ -163,7 +163,10 @@ class Kube:
         self.connections = connections
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
-        # The Workload version the server serves (discover_kueue_version), v1beta1 until then.
+        # Where Kueue's objects are served: its group (another only in tests, which install
+        # Workload CRDs of their own) and the version discover_kueue_version found (v1beta1
+        # until then).
+        self.kueue_group = KUEUE_GROUP
         self.kueue_version = KUEUE_VERSION
 
     @classmethod
@@ -319,7 +322,7 @@ class Kube:
     def _workloads_path(self, namespace: str, api_version: str | None = None) -> str:
         """Workloads in the version of `api_version` (a manifest's), else the discovered one."""
         version = (api_version or "").rpartition("/")[2] or self.kueue_version
-        return f"/apis/{KUEUE_GROUP}/{version}/namespaces/{namespace}/{WORKLOADS}"
+        return f"/apis/{self.kueue_group}/{version}/namespaces/{namespace}/{WORKLOADS}"
 
     def _workload_path(self, namespace: str, name: str) -> str:
         return f"{self._workloads_path(namespace)}/{name}"
@@ -330,7 +333,7 @@ class Kube:
         choose_kueue_version); None when Kueue is not installed (the default stays). Kept in
         `kueue_version` for every Workload path; called once at start."""
         try:
-            group = json.loads(await self._request("GET", f"/apis/{KUEUE_GROUP}"))
+            group = json.loads(await self._request("GET", f"/apis/{self.kueue_group}"))
         except ApiError as error:
             if error.status == 404:
                 return None
@@ -379,7 +382,7 @@ class Kube:
         """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass), or None."""
         try:
             return json.loads(await self._request(
-                "GET", f"/apis/{KUEUE_GROUP}/{self.kueue_version}/{plural}/{name}"))
+                "GET", f"/apis/{self.kueue_group}/{self.kueue_version}/{plural}/{name}"))
         except ApiError as error:
             if error.status == 404:
                 return None
