@@ -169,8 +169,9 @@ def _admitted_placement(seen: Observed, job: JobSpec) -> Placement | str | None:
     known yet, or a string saying why the admission cannot be applied (the job is refused,
     loudly, rather than placed where Kueue did not count it)."""
     workload = seen.queue.workload
-    if workload is None or seen.finished:
-        return None
+    live = [p for p in seen.pods if not p.deleting and not p.finished]
+    if workload is None or seen.finished or len(live) >= job.num_nodes:
+        return None  # a running group is not judged again
     view = read_workload(workload)
     if not view.admitted or view.evicted is not None:
         return None
