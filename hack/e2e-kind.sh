@@ -13,6 +13,8 @@
 #   TAG                image tag (default the version in pyproject.toml)
 #   ARTIFACTS          where logs go on failure (default a new temporary directory)
 #   KEEP_CLUSTER=1     keep the cluster afterwards (to debug); SKIP_BUILD=1 reuse built images
+#   KUEUE_VERSION      the Kueue release installed for tests/e2e/test_kueue.py (default v0.20.0,
+#                      the newest; its release manifests are applied by hack/install-kueue.sh)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -89,6 +91,10 @@ else
   kind load docker-image "$OPERATOR_IMAGE" "$TRAINER_IMAGE" --name "$CLUSTER"
 fi
 
+export KUEUE_VERSION="${KUEUE_VERSION:-v0.20.0}"
+log "installing Kueue $KUEUE_VERSION"
+ACCELERATE_OPERATOR_EXTERNAL_CLUSTER=1 bash hack/install-kueue.sh
+
 log "installing the chart"
 # pullPolicy Never: the images exist only inside the kind node, loaded above.
 helm upgrade --install "$RELEASE" charts/accelerate-operator \
@@ -97,6 +103,7 @@ helm upgrade --install "$RELEASE" charts/accelerate-operator \
   --set image.tag="$TAG" \
   --set image.pullPolicy=Never \
   --set logLevel=debug \
+  --set kueue.enabled=true \
   --wait --timeout 5m
 kubectl -n "$NAMESPACE" rollout status "deploy/$RELEASE" --timeout=120s
 

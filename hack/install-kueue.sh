@@ -5,8 +5,9 @@
 # webhooks at their endpoints' pod IPs (--enable-aggregator-routing, hack/local-cluster.sh): it
 # runs on the host, which routes pod IPs but not Service ClusterIPs.
 # On an external cluster (kind: ACCELERATE_OPERATOR_EXTERNAL_CLUSTER=1) Kueue's release manifests
-# are applied instead. Idempotent; exit code 3 passes on build-kueue.sh's "Kueue cannot be had
-# here".
+# are applied instead: the newest release by default (KUEUE_VERSION, v0.20.0: v1beta2 only).
+# Then Kueue's read access to AccelerateJobs (hack/kueue-acceleratejob-rbac.yaml, docs/kueue.md).
+# Idempotent; exit code 3 passes on build-kueue.sh's "Kueue cannot be had here".
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${KUBECONFIG:?set KUBECONFIG to the kubeconfig of the cluster}"
@@ -14,8 +15,9 @@ KUBECTL="${KUBECTL:-$(command -v kubectl || echo "${ACCELERATE_OPERATOR_CACHE:-$
 
 if [[ ${ACCELERATE_OPERATOR_EXTERNAL_CLUSTER:-0} == 1 ]]; then
   # kind and other clusters that pull images: Kueue's own release manifests and image.
-  image="registry.k8s.io/kueue/kueue:${KUEUE_VERSION:-v0.14.4}"
-  manifests="${KUEUE_MANIFESTS:-https://github.com/kubernetes-sigs/kueue/releases/download/${KUEUE_VERSION:-v0.14.4}/manifests.yaml}"
+  version="${KUEUE_VERSION:-v0.20.0}"
+  image="registry.k8s.io/kueue/kueue:$version"
+  manifests="${KUEUE_MANIFESTS:-https://github.com/kubernetes-sigs/kueue/releases/download/$version/manifests.yaml}"
 else
   set +e
   out=$("$ROOT/hack/build-kueue.sh")
@@ -30,8 +32,19 @@ echo ">> applying Kueue ($image)" >&2
 "$KUBECTL" apply --server-side --force-conflicts -f "$manifests" >&2
 "$KUBECTL" -n kueue-system rollout status deployment/kueue-controller-manager --timeout=300s >&2
 
+"$KUBECTL" apply --server-side -f "$ROOT/hack/kueue-acceleratejob-rbac.yaml" >&2
+
+# The version Kueue serves: v1beta2 from v0.15 (the only one from v0.20), else v1beta1 (as the
+# operator chooses, kueue.py choose_kueue_version).
+if "$KUBECTL" get --raw /apis/kueue.x-k8s.io | grep -q '"version":"v1beta2"'; then
+  api=kueue.x-k8s.io/v1beta2
+else
+  api=kueue.x-k8s.io/v1beta1
+fi
+echo ">> Kueue serves $api" >&2
+
 # Ready when its validating webhook answers a server-side dry run.
-flavor='{"apiVersion":"kueue.x-k8s.io/v1beta1","kind":"ResourceFlavor","metadata":{"name":"install-check"}}'
+flavor='{"apiVersion":"'"$api"'","kind":"ResourceFlavor","metadata":{"name":"install-check"}}'
 for _ in $(seq 1 90); do
   if "$KUBECTL" apply --dry-run=server -f - <<<"$flavor" >/dev/null 2>&1; then
     echo ">> Kueue's webhooks answer" >&2

@@ -66,6 +66,8 @@ class Applier:
     async def _write_workload(self, namespace: str, write: WorkloadWrite) -> None:
         if write.part == "spec":
             await self.kube.patch_workload(namespace, write.name, write.body)
+        elif write.part == "status-merge":
+            await self.kube.patch_workload_status(namespace, write.name, write.body)
         else:
             await self.kube.apply_workload_status(namespace, write.name, write.body,
                                                   write.manager)

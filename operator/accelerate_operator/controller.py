@@ -168,7 +168,8 @@ class Controller:
         owned = [workload for owner, workload in self._values("job_workloads", key)
                  if owner == uid and ("Workload", key[0], workload["metadata"]["name"])
                  not in self._ghosts]
-        return QueueContext(workload=owned[0] if owned else None)
+        return QueueContext(workload=owned[0] if owned else None,
+                            version=self.kube.kueue_version)
 
     async def reconcile(self, key: Hashable) -> float | None:
         """The job's pass, from what the indexes show now; none for a job that is gone."""
@@ -270,7 +271,8 @@ class Controller:
                   PDB_SELECTOR)]
         if self.kueue and "job_workloads" in self.indexes:
             kinds.append(("Workload", "job_workloads",
-                          f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/workloads", WORKLOAD_SELECTOR))
+                          f"/apis/{self.kube.kueue_group}/{self.kube.kueue_version}/workloads",
+                          WORKLOAD_SELECTOR))
         found = 0
         for kind, index, path, selector in kinds:
             before = self._indexed(kind, index)  # what was indexed before the list started

@@ -112,6 +112,11 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
         return RUNTIME.connection
 
     controller = Controller(Kube(login_again), kueue=KUEUE_ENABLED)
+    if KUEUE_ENABLED:
+        # v1beta2 where served (Kueue >= 0.15; v0.20 serves nothing else), else v1beta1; kopf
+        # watches the preferred version itself, and the pure code reads both shapes.
+        version = await controller.kube.discover_kueue_version()
+        log.info("Kueue integration on: Workloads %s", version or "not served (Kueue absent)")
     if settings.peering.mandatory and not settings.peering.standalone:
         # Created before kopf's peering starts (after the start-up handlers); this replica runs
         # no pass until kopf's peering resumes it.

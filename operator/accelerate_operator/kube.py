@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 from .apierrors import server_message
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
-from .kueue import KUEUE_GROUP, KUEUE_VERSION
+from .kueue import KUEUE_GROUP, KUEUE_VERSION, choose_kueue_version
 from .resources.configmap import ConfigSource
 from .status import Event, format_time
 
@@ -46,8 +46,7 @@ WORKLOADS = "workloads"
 _PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
           "Service": "/api/v1/namespaces/{}/services",
           "PodDisruptionBudget": "/apis/policy/v1/namespaces/{}/poddisruptionbudgets",
-          "Pod": "/api/v1/namespaces/{}/pods",
-          "Workload": f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{{}}/{WORKLOADS}"}
+          "Pod": "/api/v1/namespaces/{}/pods"}
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 # Lists come in pages: the audit's listing of 10,000 pods is never one 80 MiB response.
@@ -90,6 +89,11 @@ class Kube:
         self._headers_cache: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
         self._logging_in = asyncio.Lock()
+        # Where Kueue's objects are served: its group (another only in tests, which install
+        # Workload CRDs of their own) and the version discover_kueue_version found (v1beta1
+        # until then).
+        self.kueue_group = KUEUE_GROUP
+        self.kueue_version = KUEUE_VERSION
 
     @classmethod
     def from_connection(cls, info: ConnectionInfo, connections: int = CONNECTIONS) -> Kube:
@@ -195,7 +199,8 @@ class Kube:
         Returns whether it was created. The created object is not read back: the watch brings
         it."""
         namespace = manifest["metadata"]["namespace"]
-        path = _PATHS[manifest["kind"]].format(namespace)
+        path = (self._workloads_path(namespace, manifest.get("apiVersion"))
+                if manifest["kind"] == "Workload" else _PATHS[manifest["kind"]].format(namespace))
         try:
             await self._request("POST", path, manifest, query={"fieldManager": FIELD_MANAGER})
         except ApiError as error:
@@ -204,8 +209,8 @@ class Kube:
             if error.status == 404 and manifest["kind"] == "Workload":
                 raise Rejected(
                     f"the API server refused Workload {manifest['metadata']['name']}: it serves "
-                    f"no {KUEUE_GROUP}/{KUEUE_VERSION} Workloads; install Kueue, or remove the "
-                    "job's label kueue.x-k8s.io/queue-name"
+                    f"no {manifest.get('apiVersion')} Workloads; install Kueue (v0.14 to v0.20), "
+                    "or remove the job's label kueue.x-k8s.io/queue-name"
                 ) from None
             message = server_message(error)
             if error.status == 403 and "being terminated" in message:
@@ -237,8 +242,44 @@ class Kube:
     def _job_path(namespace: str, name: str) -> str:
         return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
 
+    def _workloads_path(self, namespace: str, api_version: str | None = None) -> str:
+        """Workloads in the version of `api_version` (a manifest's), else the discovered one."""
+        version = (api_version or "").rpartition("/")[2] or self.kueue_version
+        return f"/apis/{self.kueue_group}/{version}/namespaces/{namespace}/{WORKLOADS}"
+
     def _workload_path(self, namespace: str, name: str) -> str:
-        return f"{_PATHS['Workload'].format(namespace)}/{name}"
+        return f"{self._workloads_path(namespace)}/{name}"
+
+    async def discover_kueue_version(self) -> str | None:
+        """The Workload version to read and write, from the API group's discovery document
+        (`GET /apis/kueue.x-k8s.io`): v1beta2 when served, else v1beta1 (kueue.py
+        choose_kueue_version); None when Kueue is not installed (the default stays). Kept in
+        `kueue_version` for every Workload path; called once at start."""
+        try:
+            group = json.loads(await self._request("GET", f"/apis/{self.kueue_group}"))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        version = choose_kueue_version(group)
+        if version is not None:
+            self.kueue_version = version
+        return version
+
+    async def patch_workload_status(self, namespace: str, name: str,
+                                    patch: Mapping[str, Any]) -> None:
+        """A JSON merge patch of the Workload's status (the quota release): it carries the
+        resourceVersion read, so a Workload changed meanwhile answers 409 and its watch event
+        brings the next pass, which plans again. Fields it does not name stay as they are."""
+        try:
+            await self._ignore_gone("PATCH", self._workload_path(namespace, name) + "/status",
+                                    dict(patch), query={"fieldManager": FIELD_MANAGER},
+                                    content_type=MERGE)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            log.info("workload %s/%s changed meanwhile: %s", namespace, name,
+                     server_message(error))
 
     async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """A merge patch of the Workload's spec (spec.active)."""
@@ -247,9 +288,9 @@ class Kube:
 
     async def apply_workload_status(self, namespace: str, name: str, body: Mapping[str, Any],
                                     manager: str) -> None:
-        """A server-side apply of the Workload's status under `manager`, forced, as Kueue's
-        own controllers write it. A Workload changed since it was read (its resourceVersion
-        in `body`) answers 409: its watch event brings the next pass, which plans again."""
+        """A server-side apply of the operator's own Workload conditions (PodsReady,
+        Finished) under `manager`, one of the operator's own field managers, forced: those
+        conditions are the operator's to set. A 409 is logged; the next pass plans again."""
         try:
             await self._ignore_gone("PATCH", self._workload_path(namespace, name) + "/status",
                                     dict(body), query={"fieldManager": manager, "force": "true"},
@@ -264,7 +305,7 @@ class Kube:
         """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass), or None."""
         try:
             return json.loads(await self._request(
-                "GET", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{plural}/{name}"))
+                "GET", f"/apis/{self.kueue_group}/{self.kueue_version}/{plural}/{name}"))
         except ApiError as error:
             if error.status == 404:
                 return None

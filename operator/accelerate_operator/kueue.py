@@ -2,40 +2,99 @@
 
 A job labelled `kueue.x-k8s.io/queue-name` gets one Kueue Workload (resources/workload.py builds
 it); Kueue reserves quota for all of its pods at once and says so in the Workload's status. This
-module reads that status into a `WorkloadView` the planner decides on, and builds the two status
+module reads that status into a `WorkloadView` the planner decides on, and builds the status
 writes the operator owes Kueue, as Kueue's own job integrations make them
-(pkg/controller/jobframework/reconciler.go, pkg/workload):
+(pkg/controller/jobframework/reconciler.go, pkg/workload/workload.go):
 - after an eviction, once no pod of the job runs any more, the quota is released: QuotaReserved
-  False (reason Pending), the admission cleared, Admitted False, Requeued set, all applied
-  server-side under Kueue's admission field manager, as `UnsetQuotaReservationWithCondition` +
-  `ApplyAdmissionStatus` do;
-- when the job finishes, Finished True frees the quota for good; PodsReady follows the group.
+  False (reason Pending), the admission cleared, Admitted False, Requeued set
+  (`UnsetQuotaReservationWithCondition` + `SetRequeuedCondition`). It is written as a JSON merge
+  patch on /status carrying the Workload's resourceVersion, never as Kueue's own field manager:
+  a Workload changed since it was read answers 409 and the next pass plans again, and every
+  field the patch does not name (admission checks, requeue state, gates) stays as Kueue left it;
+- PodsReady follows the group with Kueue's reasons (Started, WaitForStart, WaitForRecovery,
+  Recovered), Finished True frees the quota for good; both under the operator's own managers.
+
+Two API versions are served by the Kueue releases we support (v0.14 to v0.20): v1beta1 (up to
+v0.19) and v1beta2 (from v0.15; the only one from v0.20). `choose_kueue_version` picks one from
+the API server's discovery document; everything here reads both shapes.
 What to do and when is the planner's (status.py); apply.py writes what is built here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSION = "v1beta1"
+V1BETA1, V1BETA2 = "v1beta1", "v1beta2"
+SUPPORTED_VERSIONS = (V1BETA2, V1BETA1)  # in order of preference
+# The default until discovery says otherwise (and the version of a Workload with no apiVersion).
+KUEUE_VERSION = V1BETA1
 KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
 PRIORITY_LABEL = f"{KUEUE_GROUP}/priority-class"
 WORKLOAD_PRIORITY_SOURCE = f"{KUEUE_GROUP}/workloadpriorityclass"
 POD_SET = "main"
+# What the operator last asked spec.active to be, kept on the Workload itself (written with
+# spec.active in the same patch): a Workload inactive while this says "true" was deactivated by
+# Kueue, and the operator leaves it so.
+REQUESTED_ACTIVE_ANNOTATION = "accelerate-operator.io/requested-active"
+# Kueue's TAS scheduling gate (pkg/controller/tas): the operator never adds it (see
+# docs/kueue.md); it places the pods itself from topologyAssignment before creating them.
+TOPOLOGY_GATE = f"{KUEUE_GROUP}/topology"
 
-# Kueue's field manager for the admission and the conditions that go with it: releasing the quota
-# under it (forced) removes the admission, as Kueue's ApplyAdmissionStatus does.
+# Kept for the fake API of the tests (tests/helpers/fake_kube.py); the operator writes under it
+# no more.
 ADMISSION_MANAGER = "kueue-admission"
-# The conditions Kueue keeps under ADMISSION_MANAGER (pkg/workload admissionManagedConditions):
-# an apply under that manager must repeat those it does not change, or they would be removed.
 ADMISSION_CONDITIONS = ("QuotaReserved", "BlockedOnPreemptionGates", "Evicted", "Admitted",
                         "Preempted", "Requeued", "DeactivationTarget", "Finished", "PodsReady")
 # Kueue sets Requeued True only for evictions after which the workload is queued again at once.
 REQUEUED_REASONS = frozenset({"Preempted", "EvictedByPreemption", "NodeFailures",
                               "EvictedDueToNodeFailures"})
+# Evicted reasons that mean "Kueue deactivated the Workload" (pkg/workload: WorkloadDeactivated
+# "Deactivated", from v0.9 "DeactivatedDueTo<DeactivationTarget reason>"; before v0.9
+# "InactiveWorkload").
+DEACTIVATED_PREFIXES = ("Deactivated", "InactiveWorkload")
+
+# PodsReady reasons, Kueue v0.14+ (apis/kueue/v1beta1/workload_types.go: WorkloadStarted,
+# WorkloadWaitForStart, WorkloadWaitForRecovery, WorkloadRecovered) and the messages
+# jobframework's reconciler writes with them.
+PODS_READY_STARTED = ("Started", "All pods reached readiness and the workload is running")
+PODS_READY_RECOVERED = ("Recovered", "All pods reached readiness and the workload is running")
+PODS_READY_WAIT_FOR_START = ("WaitForStart", "Not all pods are ready or succeeded")
+PODS_READY_WAIT_FOR_RECOVERY = ("WaitForRecovery",
+                                "At least one pod has failed, waiting for recovery")
+
+
+class KueueVersionError(ValueError):
+    """The API server serves kueue.x-k8s.io in no version this operator writes."""
+
+
+def choose_kueue_version(group: Mapping[str, Any] | None) -> str | None:
+    """The Workload version to use, from `GET /apis/kueue.x-k8s.io` (an APIGroup): v1beta2 when
+    served (its fields are the ones Kueue keeps), else v1beta1; None when the group is not
+    served at all (Kueue not installed). A group served only in versions we do not know is an
+    error naming them."""
+    if not group:
+        return None
+    served = [v.get("version") for v in group.get("versions") or []]
+    if not served:
+        return None
+    for version in SUPPORTED_VERSIONS:
+        if version in served:
+            return version
+    raise KueueVersionError(
+        f"the API server serves {KUEUE_GROUP} in {', '.join(map(str, served))}; this operator "
+        f"writes Workloads in {' or '.join(SUPPORTED_VERSIONS)} (Kueue v0.14 to v0.20): "
+        "install a supported Kueue, or upgrade the operator")
+
+
+def api_version(version: str) -> str:
+    return f"{KUEUE_GROUP}/{version}"
+
+
+def workload_version(workload: Mapping[str, Any]) -> str:
+    return (workload.get("apiVersion") or KUEUE_API_VERSION).rpartition("/")[2]
 
 
 def queue_name(body: Mapping[str, Any]) -> str | None:
@@ -53,11 +112,14 @@ def priority_class(body: Mapping[str, Any]) -> str | None:
 class QueueContext:
     """Kueue's objects for one job: its Workload as the operator's store shows it (None until
     it exists), and what observe.py read when needed: the specs of the ResourceFlavors it was
-    admitted with, the value of its WorkloadPriorityClass (before the Workload is created)."""
+    admitted with, the value of its WorkloadPriorityClass (before the Workload is created).
+    `version` is the Workload API version the server serves (Kube.discover_kueue_version at
+    start): a Workload is created in it."""
 
     workload: Mapping[str, Any] | None = None
     flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     priorities: Mapping[str, int] = field(default_factory=dict)
+    version: str = KUEUE_VERSION
 
 
 @dataclass(frozen=True)
@@ -66,6 +128,17 @@ class Condition:
     reason: str
     message: str
     last_transition: str
+
+
+@dataclass(frozen=True)
+class PodSetUpdate:
+    """What one admission check asks of the pods (status.admissionChecks[].podSetUpdates[])."""
+
+    check: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,10 +151,18 @@ class WorkloadView:
     admitted: bool = False  # Admitted True with an admission: the group may start
     finished: bool = False
     pods_ready: bool | None = None
+    pods_ready_reason: str = ""
+    # PodsReady has been True since the current quota reservation: a group stopped now is
+    # "waiting for recovery", not "waiting for start" (Kueue times the two differently).
+    was_ready: bool = False
     evicted: Condition | None = None  # Evicted True: stop the group, then release the quota
     pending: Condition | None = None  # QuotaReserved False: why Kueue does not admit it (yet)
     cluster_queue: str | None = None
     flavors: tuple[str, ...] = ()  # the ResourceFlavors assigned to the pod set, sorted
+    # What the operator last wrote to spec.active (REQUESTED_ACTIVE_ANNOTATION), None if unknown.
+    requested_active: bool | None = None
+    # Kueue's reason and message when Kueue (not the operator) deactivated the Workload.
+    deactivated: Condition | None = None
 
 
 def _conditions(workload: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -93,7 +174,41 @@ def _condition(raw: Mapping[str, Any]) -> Condition:
                      raw.get("lastTransitionTime") or "")
 
 
+def _requested_active(workload: Mapping[str, Any]) -> bool | None:
+    value = ((workload.get("metadata") or {}).get("annotations") or {}).get(
+        REQUESTED_ACTIVE_ANNOTATION)
+    return None if value is None else value == "true"
+
+
+def _deactivation(workload: Mapping[str, Any], active: bool, requested: bool | None
+                  ) -> Condition | None:
+    """Kueue's reason for an inactive Workload the operator did not deactivate: the
+    DeactivationTarget condition (set first, pkg/workload, v0.9+) or an Evicted condition whose
+    reason says deactivated. An inactive Workload with the operator's own "false" on record is
+    the user's suspend, not Kueue's."""
+    if active or requested is False:
+        return None
+    conditions = _conditions(workload)
+    evicted = conditions.get("Evicted") or {}
+    target = conditions.get("DeactivationTarget") or {}
+    if target.get("status") == "True":
+        found = _condition(target)
+    elif evicted.get("status") == "True" and str(evicted.get("reason") or "").startswith(
+            DEACTIVATED_PREFIXES):
+        found = _condition(evicted)
+    elif requested is True:  # we asked for active, someone else turned it off
+        found = Condition("Deactivated", "Deactivated",
+                          "the Workload's spec.active was set to false", "")
+    else:
+        return None
+    if not found.reason.startswith("Deactivated"):
+        found = Condition(found.type, f"DeactivatedDueTo{found.reason}" if found.reason
+                          else "Deactivated", found.message, found.last_transition)
+    return found
+
+
 def read_workload(workload: Mapping[str, Any]) -> WorkloadView:
+    """Both API versions: the status fields read here are the same in v1beta1 and v1beta2."""
     status = workload.get("status") or {}
     conditions = _conditions(workload)
     is_true = lambda name: (conditions.get(name) or {}).get("status") == "True"  # noqa: E731
@@ -103,18 +218,100 @@ def read_workload(workload: Mapping[str, Any]) -> WorkloadView:
         flavors.update((assignment.get("flavors") or {}).values())
     quota = conditions.get("QuotaReserved")
     ready = conditions.get("PodsReady")
+    active = (workload.get("spec") or {}).get("active", True) is not False
+    requested = _requested_active(workload)
+    was_ready = bool(ready) and (
+        ready.get("status") == "True"
+        or ready.get("reason") in ("Started", "Recovered", "WaitForRecovery", "PodsReady")
+    ) and (not quota or quota.get("status") != "True"
+           or str(ready.get("lastTransitionTime") or "")
+           >= str(quota.get("lastTransitionTime") or ""))
     return WorkloadView(
         name=workload["metadata"]["name"],
-        active=(workload.get("spec") or {}).get("active", True) is not False,
+        active=active,
         reserved=is_true("QuotaReserved") or admission is not None,
         admitted=is_true("Admitted") and admission is not None,
         finished=is_true("Finished"),
         pods_ready=None if ready is None else ready.get("status") == "True",
+        pods_ready_reason=(ready or {}).get("reason") or "",
+        was_ready=was_ready,
         evicted=_condition(conditions["Evicted"]) if is_true("Evicted") else None,
         pending=_condition(quota) if quota and quota.get("status") == "False" else None,
         cluster_queue=(admission or {}).get("clusterQueue"),
         flavors=tuple(sorted(flavors)),
+        requested_active=requested,
+        deactivated=_deactivation(workload, active, requested),
     )
+
+
+def read_priority_class(workload: Mapping[str, Any]) -> str | None:
+    """The WorkloadPriorityClass of a Workload of either version: v1beta1
+    spec.priorityClassName (+ priorityClassSource), v1beta2 spec.priorityClassRef.name."""
+    spec = workload.get("spec") or {}
+    ref = spec.get("priorityClassRef") or {}
+    return ref.get("name") or spec.get("priorityClassName") or None
+
+
+def read_pod_set_updates(workload: Mapping[str, Any], pod_set: str = POD_SET
+                         ) -> tuple[PodSetUpdate, ...]:
+    """The admission checks' updates for our pod set, in the checks' order (v1beta1 and
+    v1beta2 both: status.admissionChecks[].podSetUpdates[] {name, labels, annotations,
+    nodeSelector, tolerations})."""
+    out = []
+    for check in (workload.get("status") or {}).get("admissionChecks") or []:
+        for update in check.get("podSetUpdates") or []:
+            if update.get("name") != pod_set:
+                continue
+            out.append(PodSetUpdate(
+                check=check.get("name") or "",
+                labels=dict(update.get("labels") or {}),
+                annotations=dict(update.get("annotations") or {}),
+                node_selector=dict(update.get("nodeSelector") or {}),
+                tolerations=tuple(dict(t) for t in update.get("tolerations") or [])))
+    return tuple(out)
+
+
+class TopologyError(ValueError):
+    """A topology assignment the operator cannot apply: the job is refused, saying why."""
+
+
+def read_topology_assignment(workload: Mapping[str, Any], count: int, pod_set: str = POD_SET
+                             ) -> tuple[dict[str, str], ...] | None:
+    """The node selector of each pod (by index) from Kueue's topology-aware scheduling, or None
+    when the admission has no topologyAssignment for our pod set.
+
+    Read: the form of apis/kueue/v1beta1/workload_types.go (TopologyAssignment{levels,
+    domains[{values, count}]}, v0.9 to v0.19): domain i's values name the node labels of
+    `levels`, and its `count` pods are placed there, in index order, as Kueue's TAS ungater
+    does with the pods it ungates (pkg/controller/tas/topology_ungater.go). Any other form
+    (v1beta2's compressed `slices`, or counts not adding up to the pod set) raises TopologyError:
+    the job is refused loudly rather than placed where Kueue did not count it."""
+    admission = (workload.get("status") or {}).get("admission") or {}
+    for assignment in admission.get("podSetAssignments") or []:
+        if assignment.get("name") != pod_set or not assignment.get("topologyAssignment"):
+            continue
+        topology = assignment["topologyAssignment"]
+        levels, domains = topology.get("levels"), topology.get("domains")
+        if not isinstance(levels, list) or not isinstance(domains, list) or not levels:
+            raise TopologyError(
+                "Kueue assigned a topology (status.admission.podSetAssignments[].topology"
+                f"Assignment with keys {sorted(topology)}) in a form this operator does not "
+                "read (it reads {levels, domains}); run the job without topology-aware "
+                "scheduling (no kueue.x-k8s.io/podset-*-topology annotation, a flavor without "
+                "topologyName) or upgrade the operator")
+        selectors: list[dict[str, str]] = []
+        for domain in domains:
+            values = domain.get("values") or []
+            if len(values) != len(levels):
+                raise TopologyError(
+                    f"Kueue's topology domain {values} does not match its levels {levels}")
+            selectors += [dict(zip(levels, values, strict=True))] * int(domain.get("count", 0))
+        if len(selectors) != count:
+            raise TopologyError(
+                f"Kueue's topology assignment places {len(selectors)} pod(s), the job has "
+                f"{count} node(s)")
+        return tuple(selectors)
+    return None
 
 
 def _set_condition(conditions: list[dict[str, Any]], type_: str, status: bool, reason: str,
@@ -133,54 +330,96 @@ def _set_condition(conditions: list[dict[str, Any]], type_: str, status: bool, r
                        "observedGeneration": generation})
 
 
-def _base(workload: Mapping[str, Any]) -> dict[str, Any]:
-    """What identifies the Workload in an apply (Kueue's BaseSSAWorkload, strict): the
-    resourceVersion makes the write fail on a Workload changed since it was read."""
-    metadata = workload["metadata"]
-    return {
-        "apiVersion": workload.get("apiVersion", KUEUE_API_VERSION),
-        "kind": "Workload",
-        "metadata": {key: metadata[key] for key in ("name", "namespace", "uid",
-                                                    "resourceVersion") if key in metadata},
-    }
-
-
 def build_quota_release(workload: Mapping[str, Any], now: str) -> dict[str, Any]:
-    """The apply (under ADMISSION_MANAGER, forced) that gives an evicted Workload's quota back:
-    QuotaReserved False (Pending, with the eviction's message), no admission, Admitted False,
-    Requeued True after a preemption (False otherwise), every other admission condition kept."""
+    """The JSON merge patch on /status that gives an evicted Workload's quota back:
+    QuotaReserved False (Pending, with the eviction's message), `admission: null`, Admitted
+    False, Requeued True after a preemption (False otherwise). `conditions` is a list, which a
+    merge patch replaces whole: every condition the Workload has is repeated, changed or not.
+    `metadata.resourceVersion` makes the server refuse (409) a write over a Workload changed
+    since it was read. Nothing else is named, so admission checks, requeue state and the rest
+    stay as they are (pkg/workload/workload.go UnsetQuotaReservationWithCondition)."""
     status = workload.get("status") or {}
     generation = int(workload["metadata"].get("generation") or 1)
     evicted = _conditions(workload).get("Evicted") or {}
     reason, message = evicted.get("reason") or "Evicted", evicted.get("message") or ""
-    conditions = [dict(c) for c in status.get("conditions") or []
-                  if c.get("type") in ADMISSION_CONDITIONS]
+    conditions = [dict(c) for c in status.get("conditions") or []]
     _set_condition(conditions, "Requeued", reason in REQUEUED_REASONS, reason, message, now,
                    generation)
     _set_condition(conditions, "QuotaReserved", False, "Pending", message, now, generation)
     if any(c["type"] == "Admitted" for c in conditions):
         _set_condition(conditions, "Admitted", False, "NoReservation",
                        "The workload has no reservation", now, generation)
-    patch = _base(workload)
-    patch["status"] = {"conditions": conditions}
-    for key in ("requeueState", "resourceRequests", "accumulatedPastExexcutionTimeSeconds",
-                "accumulatedPastExecutionTimeSeconds", "schedulingStats"):
-        if status.get(key) is not None:
-            patch["status"][key] = status[key]
-    return patch
+    return {"metadata": {"resourceVersion": workload["metadata"].get("resourceVersion")},
+            "status": {"conditions": conditions, "admission": None}}
+
+
+def build_active_patch(active: bool) -> dict[str, Any]:
+    """The merge patch of the user's suspend: spec.active and, with it, the record of what the
+    operator asked (REQUESTED_ACTIVE_ANNOTATION)."""
+    return {"metadata": {"annotations": {REQUESTED_ACTIVE_ANNOTATION: str(active).lower()}},
+            "spec": {"active": active}}
 
 
 def build_condition_apply(workload: Mapping[str, Any], type_: str, status: bool, reason: str,
                           message: str, now: str) -> dict[str, Any]:
-    """One condition, applied under a field manager of its own (Kueue's UpdateStatus): Finished
-    when the job ends, PodsReady as the group starts and stops."""
+    """One condition, applied under a field manager of the operator's own (never Kueue's):
+    Finished when the job ends, PodsReady as the group starts and stops. The apiVersion is
+    the Workload's own, v1beta1 or v1beta2."""
     generation = int(workload["metadata"].get("generation") or 1)
     conditions: list[dict[str, Any]] = []
     _set_condition(conditions, type_, status, reason, message, now, generation)
     current = _conditions(workload).get(type_)
     if current and current.get("status") == conditions[0]["status"]:
         conditions[0]["lastTransitionTime"] = current.get("lastTransitionTime", now)
-    patch = _base(workload)
-    patch["metadata"].pop("resourceVersion", None)
-    patch["status"] = {"conditions": conditions}
-    return patch
+    metadata = workload["metadata"]
+    return {
+        "apiVersion": workload.get("apiVersion", KUEUE_API_VERSION),
+        "kind": "Workload",
+        "metadata": {key: metadata[key] for key in ("name", "namespace", "uid")
+                     if key in metadata},
+        "status": {"conditions": conditions},
+    }
+
+
+def pods_ready_reason(view: WorkloadView, ready: bool) -> tuple[str, str]:
+    """Kueue's PodsReady reason and message (pkg/controller/jobframework/reconciler.go, v0.14+):
+    True is Started the first time, Recovered after a WaitForRecovery; False is WaitForStart
+    until the group was ever ready under this reservation, WaitForRecovery after."""
+    if ready:
+        if view.pods_ready:  # already True: its reason stays
+            return (PODS_READY_RECOVERED if view.pods_ready_reason == PODS_READY_RECOVERED[0]
+                    else PODS_READY_STARTED)
+        return PODS_READY_RECOVERED if view.was_ready else PODS_READY_STARTED
+    return PODS_READY_WAIT_FOR_RECOVERY if view.was_ready else PODS_READY_WAIT_FOR_START
+
+
+def merge_pod_set_updates(updates: Sequence[PodSetUpdate], node_labels: Mapping[str, str]
+                          ) -> tuple[dict[str, str], dict[str, str], dict[str, str],
+                                     list[dict[str, Any]]]:
+    """The admission checks' updates merged over the flavors' node labels: (labels,
+    annotations, nodeSelector, tolerations). A key two of them set to different values is a
+    conflict Kueue's podset.Merge refuses (pkg/podset/podset.go, ErrInvalidPodSetUpdate), and
+    so does this: ValueError naming the key, the check and both values."""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    selector: dict[str, str] = dict(node_labels)
+    owner = {key: "the admitted ResourceFlavor" for key in selector}
+    tolerations: list[dict[str, Any]] = []
+    for update in updates:
+        for kind, target, values in (("label", labels, update.labels),
+                                     ("annotation", annotations, update.annotations),
+                                     ("nodeSelector", selector, update.node_selector)):
+            for key, value in values.items():
+                if key in target and target[key] != value:
+                    raise ValueError(
+                        f"admission check {update.check!r} sets {kind} {key}={value!r}, but "
+                        f"{owner.get((kind, key), owner.get(key, 'another check'))} set "
+                        f"{target[key]!r}: Kueue's pod-set updates conflict; fix the "
+                        "AdmissionCheck or the ResourceFlavor")
+                target[key] = value
+                owner[(kind, key) if kind != "nodeSelector" else key] = (
+                    f"admission check {update.check!r}")
+        for toleration in update.tolerations:
+            if toleration not in tolerations:
+                tolerations.append(dict(toleration))
+    return labels, annotations, selector, tolerations

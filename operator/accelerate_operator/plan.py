@@ -23,12 +23,16 @@ from accelerate_trainer.config import ConfigError
 from .api import JobSpec, SpecError
 from .constants import FINISHED_PHASES
 from .kueue import (
-    ADMISSION_MANAGER,
     QueueContext,
+    TopologyError,
+    build_active_patch,
     build_condition_apply,
     build_quota_release,
+    pods_ready_reason,
     priority_class,
     queue_name,
+    read_pod_set_updates,
+    read_topology_assignment,
     read_workload,
 )
 from .naming import (
@@ -43,7 +47,7 @@ from .resources.configmap import ConfigSource, prepare_config
 from .resources.pdb import build_pdb
 from .resources.pods import build_pod
 from .resources.service import build_service
-from .resources.workload import build_flavor_scheduling, build_workload, with_flavors
+from .resources.workload import Placement, build_placement, build_workload, with_placement
 from .status import Activity, Event, Plan, PodState, QueueState, format_time, plan_reconcile
 
 # The operator's own field managers for the Workload conditions it sets (Kueue's UpdateStatus
@@ -122,11 +126,13 @@ class Actions:
 
 @dataclass(frozen=True)
 class WorkloadWrite:
-    """One write to the job's Workload: `spec` a merge patch of spec.active, `status` a
-    server-side apply of its status under `manager` (forced)."""
+    """One write to the job's Workload: `spec` a merge patch of spec.active (and the
+    annotation recording it), `status-merge` a JSON merge patch of /status carrying the
+    Workload's resourceVersion (409: the next pass plans again), `status` a server-side apply of
+    the operator's own conditions under `manager` (the operator's, never Kueue's)."""
 
     name: str
-    part: str  # "spec" or "status"
+    part: str  # "spec", "status-merge" or "status"
     body: dict[str, Any]
     manager: str = ""
 
@@ -139,6 +145,9 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
         reason = ("WorkloadRejected" if seen.refused.startswith("the API server refused Workload")
                   else "PodRejected")
     queue = _queue_state(seen)
+    placement = _admitted_placement(seen, job) if queue is not None else None
+    if isinstance(placement, str) and not config_error:
+        config_error, reason = placement, "AdmissionNotApplicable"
     plan = plan_reconcile(job, seen.status, seen.pods, now, config_error=config_error,
                           config_error_reason=reason, queue=queue,
                           activity=Activity(seen.last_activity, seen.last_step))
@@ -146,11 +155,11 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
     pods = tuple(build_pod(job, index, plan.attempt) for index in plan.create)
     requeue_after = plan.requeue_after
     if pods and queue is not None:
-        placement = _admitted_placement(seen)
-        if placement is None:  # a flavor the index does not show yet
+        if not isinstance(placement, Placement):  # a flavor the index does not show yet
             pods, requeue_after = (), FLAVOR_WAIT_SECONDS
         else:
-            pods = tuple(with_flavors(pod, *placement) for pod in pods)
+            pods = tuple(with_placement(pod, placement, index)
+                         for pod, index in zip(pods, plan.create, strict=True))
     return Actions(
         archive=_archive(seen, plan),
         delete=plan.delete,
@@ -174,14 +183,27 @@ def _queue_state(seen: Observed) -> QueueState | None:
     return QueueState(name, read_workload(workload) if workload else None)
 
 
-def _admitted_placement(seen: Observed) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
-    """The node labels and tolerations of the flavors Kueue admitted the job with, or None while
-    one of those ResourceFlavors is not known yet."""
-    view = read_workload(seen.queue.workload)
+def _admitted_placement(seen: Observed, job: JobSpec) -> Placement | str | None:
+    """Where Kueue's admission puts the pods (flavors, admission checks' pod-set updates,
+    topology), None while the Workload is not admitted or one of its ResourceFlavors is not
+    known yet, or a string saying why the admission cannot be applied (the job is refused,
+    loudly, rather than placed where Kueue did not count it)."""
+    workload = seen.queue.workload
+    live = [p for p in seen.pods if not p.deleting and not p.finished]
+    if workload is None or seen.finished or len(live) >= job.num_nodes:
+        return None  # a running group is not judged again
+    view = read_workload(workload)
+    if not view.admitted or view.evicted is not None:
+        return None
     specs = [seen.queue.flavors.get(name) for name in view.flavors]
     if any(spec is None for spec in specs):
         return None
-    return build_flavor_scheduling(specs)
+    try:
+        topology = read_topology_assignment(workload, job.num_nodes)
+        return build_placement(specs, read_pod_set_updates(workload), topology,
+                               build_pod(job, 0, 0))
+    except (TopologyError, ValueError) as error:
+        return f"Kueue admitted workload {view.name}, but its admission cannot be applied: {error}"
 
 
 def _workload_to_create(seen: Observed, job: JobSpec, plan: Plan) -> dict[str, Any] | None:
@@ -189,7 +211,7 @@ def _workload_to_create(seen: Observed, job: JobSpec, plan: Plan) -> dict[str, A
         return None
     priority = priority_class(seen.body)
     value = seen.queue.priorities.get(priority) if priority else None
-    return build_workload(job, queue_name(seen.body), priority, value)
+    return build_workload(job, queue_name(seen.body), priority, value, seen.queue.version)
 
 
 def _workload_writes(seen: Observed, plan: Plan, now: datetime) -> tuple[WorkloadWrite, ...]:
@@ -198,13 +220,11 @@ def _workload_writes(seen: Observed, plan: Plan, now: datetime) -> tuple[Workloa
         return ()
     name, stamp, out = workload["metadata"]["name"], format_time(now), []
     if writes.active is not None:
-        out.append(WorkloadWrite(name, "spec", {"spec": {"active": writes.active}}))
+        out.append(WorkloadWrite(name, "spec", build_active_patch(writes.active)))
     if writes.release:
-        out.append(WorkloadWrite(name, "status", build_quota_release(workload, stamp),
-                                 ADMISSION_MANAGER))
+        out.append(WorkloadWrite(name, "status-merge", build_quota_release(workload, stamp)))
     if writes.pods_ready is not None:
-        reason, message = (("PodsReady", "All pods reached readiness") if writes.pods_ready
-                           else ("WaitForStart", "Not all pods are ready or succeeded"))
+        reason, message = pods_ready_reason(read_workload(workload), writes.pods_ready)
         out.append(WorkloadWrite(name, "status", build_condition_apply(
             workload, "PodsReady", writes.pods_ready, reason, message, stamp),
             PODS_READY_MANAGER))

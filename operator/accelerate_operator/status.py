@@ -51,7 +51,7 @@ from .constants import (
     SUCCEEDED,
     SUSPENDED,
 )
-from .kueue import WorkloadView
+from .kueue import WorkloadView, pods_ready_reason
 
 # True while the job's accelerate config holds values accelerate would drop harmlessly (the
 # render's JobSpec.config_warnings); listed after the phase conditions. Set on the pass that
@@ -160,6 +160,21 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None
     queue: QueueWrites = field(default_factory=QueueWrites)
+
+
+def _active_write(workload: WorkloadView, wants_active: bool) -> bool | None:
+    """The spec.active to write, or None. Written only when the user's suspend differs from
+    what the operator last asked (the Workload's requested-active annotation): a Workload Kueue
+    deactivated stays deactivated until the user suspends and resumes the job, or reactivates
+    the Workload. A Workload with no record (made by an older operator) is written when it
+    differs, unless Kueue's conditions say Kueue deactivated it."""
+    if workload.finished:
+        return None
+    if workload.requested_active is not None:
+        return wants_active if workload.requested_active != wants_active else None
+    if workload.active == wants_active or workload.deactivated is not None:
+        return None
+    return wants_active
 
 
 def read_pod_state(pod: Mapping[str, Any]) -> PodState:
@@ -388,12 +403,12 @@ class _Pass:
         pods_ready = None
         running = phase == RUNNING
         if workload.admitted and not workload.finished and phase not in FINISHED_PHASES and (
-                workload.pods_ready is not None or running) and workload.pods_ready != running:
+                workload.pods_ready is not None or running) and (
+                workload.pods_ready != running
+                or workload.pods_ready_reason != pods_ready_reason(workload, running)[0]):
             pods_ready = running
-        return QueueWrites(
-            active=wants_active if workload.active != wants_active and not workload.finished
-            else None,
-            release=self.release, pods_ready=pods_ready, finished=finished)
+        return QueueWrites(active=_active_write(workload, wants_active),
+                           release=self.release, pods_ready=pods_ready, finished=finished)
 
     def config_warnings(self) -> None:
         """Name the values accelerate would drop: one Warning event when the list first shows
@@ -491,7 +506,9 @@ class _Pass:
         if self.job.run_policy.suspend:
             return self.suspend()
         out.counts([p for p in self.pods if p.attempt == self.attempt])
-        if workload is not None and workload.evicted is not None:
+        if workload is not None and workload.deactivated is not None:
+            self._held_by_kueue(workload)
+        elif workload is not None and workload.evicted is not None:
             evicted, entering = workload.evicted, out.previous_phase != QUEUED
             reason = evicted.reason or "Evicted"
             message = (f"Kueue evicted workload {workload.name} ({reason}): {evicted.message}; "
@@ -509,6 +526,24 @@ class _Pass:
                       f"waiting for Kueue to admit workload {workload.name} in LocalQueue "
                       f"{queue.name}" + (f": {pending.message}" if pending else ""))
         return self.done(delete=[p.name for p in self.pods if not p.deleting])
+
+    def _held_by_kueue(self, workload: WorkloadView) -> None:
+        """Kueue deactivated the Workload (requeuing limit, maximum execution time, a rejected
+        admission check...): the job is held, with Kueue's reason, until the Workload is made
+        active again; the operator never undoes Kueue's decision (`_active_write`)."""
+        out, deactivated = self.out, workload.deactivated
+        previous = out.conditions.get(QUEUED) or {}
+        entering = out.previous_phase != QUEUED
+        message = (f"Kueue deactivated workload {workload.name} ({deactivated.reason})"
+                   + (f": {deactivated.message}" if deactivated.message else "")
+                   + "; the job is held with no pod. To run it again, reactivate the Workload "
+                   f"(kubectl patch workload {workload.name} --type merge "
+                   "-p '{\"spec\":{\"active\":true}}'), or delete the job")
+        out.phase(QUEUED, deactivated.reason, message)
+        if entering:  # one Warning per deactivation, not one per pass
+            out.events[-1] = Event("Warning", deactivated.reason, message)
+        elif previous.get("reason") != deactivated.reason:
+            out.events.append(Event("Warning", deactivated.reason, message))
 
     def deadline_exceeded(self) -> Plan | None:
         deadline = self._deadline()

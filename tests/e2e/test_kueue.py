@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from accelerate_operator.kueue import choose_kueue_version
 
 from devtools.cluster import ROOT, kubectl, wait_for
 from tests.helpers.jobs import apply_job, condition, get_job, phase_is, wait_for_job
@@ -47,6 +48,14 @@ def kueue(kubeconfig: str) -> str:
     return kubeconfig
 
 
+def kueue_api(kubeconfig: str) -> str:
+    """The apiVersion Kueue serves here, chosen as the operator chooses it (v1beta2 from
+    Kueue v0.15, the only one in v0.20; v1beta1 before)."""
+    group = json.loads(kubectl("get", "--raw", "/apis/kueue.x-k8s.io",
+                               kubeconfig=kubeconfig).stdout)
+    return f"kueue.x-k8s.io/{choose_kueue_version(group)}"
+
+
 def apply(kubeconfig: str, *objects: dict) -> None:
     kubectl("apply", "--server-side", "-f", "-", kubeconfig=kubeconfig,
             input="\n---\n".join(json.dumps(o) for o in objects))
@@ -57,10 +66,11 @@ def queue(kueue: str, namespace: str) -> Iterator[str]:
     """A ResourceFlavor, a ClusterQueue (QUOTA, preemption of lower priorities) for this test's
     namespace only, a LocalQueue in it, and two WorkloadPriorityClasses. Yields the LocalQueue."""
     name = f"kueue-h-{namespace}"[:63]
+    api = kueue_api(kueue)
     cluster_objects = [
-        {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+        {"apiVersion": api, "kind": "ResourceFlavor",
          "metadata": {"name": name}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+        {"apiVersion": api, "kind": "ClusterQueue",
          "metadata": {"name": name},
          "spec": {
              "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
@@ -69,12 +79,12 @@ def queue(kueue: str, namespace: str) -> Iterator[str]:
                  "name": name, "resources": [{"name": resource, "nominalQuota": quantity}
                                              for resource, quantity in sorted(QUOTA.items())]}]}],
          }},
-        *({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "WorkloadPriorityClass",
+        *({"apiVersion": api, "kind": "WorkloadPriorityClass",
            "metadata": {"name": f"{name}-{level}"}, "value": value}
           for level, value in (("low", 100), ("high", 1000))),
     ]
     apply(kueue, *cluster_objects)
-    apply(kueue, {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+    apply(kueue, {"apiVersion": api, "kind": "LocalQueue",
                   "metadata": {"name": "team", "namespace": namespace},
                   "spec": {"clusterQueue": name}})
     yield "team"

@@ -37,6 +37,8 @@ class FakeKube:
         if key in self.objects:
             return False
         self.objects[key] = copy.deepcopy(dict(manifest))
+        if manifest["kind"] == "Workload":  # as the server does; the release's precondition
+            self._bump(self.objects[key])
         return True
 
     async def delete_pod(self, namespace: str, name: str) -> None:
@@ -60,6 +62,27 @@ class FakeKube:
         self.calls.append(("patch", "Workload", name))
         workload = self.workload()
         workload["spec"].update(patch["spec"])
+        annotations = (patch.get("metadata") or {}).get("annotations") or {}
+        if annotations:
+            workload["metadata"].setdefault("annotations", {}).update(annotations)
+        self._bump(workload)
+
+    async def patch_workload_status(self, namespace: str, name: str,
+                                    patch: Mapping[str, Any]) -> None:
+        """A JSON merge patch of /status (RFC 7386: a list replaced whole, null deletes), with
+        the resourceVersion precondition the API server checks: a stale one changes nothing."""
+        self.calls.append(("merge-status", "Workload", name))
+        workload = self.workload()
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != workload["metadata"].get("resourceVersion"):
+            self.calls.append(("conflict", "Workload", name))
+            return
+        status = workload.setdefault("status", {})
+        for key, value in patch["status"].items():
+            if value is None:
+                status.pop(key, None)
+            else:
+                status[key] = copy.deepcopy(value)
         self._bump(workload)
 
     async def apply_workload_status(self, namespace: str, name: str,

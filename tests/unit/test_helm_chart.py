@@ -28,6 +28,8 @@ READ = {"get", "list", "watch"}
 NAMESPACED_RULES = {
     ("accelerate-operator.io", "acceleratejobs"): READ | {"patch", "update", "delete"},
     ("accelerate-operator.io", "acceleratejobs/status"): {"get", "patch", "update"},
+    # blockOwnerDeletion on the children (OwnerReferencesPermissionEnforcement)
+    ("accelerate-operator.io", "acceleratejobs/finalizers"): {"update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
     ("", "pods/log"): {"get"},  # progress lines and the logs archived before a restart
     ("", "services"): {"get", "list", "watch", "create"},

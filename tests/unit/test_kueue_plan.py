@@ -6,10 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from dataclasses import dataclass
 from datetime import datetime
 
+import pytest
 from accelerate_operator.api import parse_job
-from accelerate_operator.kueue import QueueContext, build_quota_release, read_workload
+from accelerate_operator.kueue import (
+    KueueVersionError,
+    QueueContext,
+    TopologyError,
+    build_quota_release,
+    choose_kueue_version,
+    read_priority_class,
+    read_topology_assignment,
+    read_workload,
+)
 from accelerate_operator.reconciler import Reconciler
 from accelerate_operator.resources.pods import build_pod
 from accelerate_operator.resources.workload import build_workload, with_flavors
@@ -40,6 +51,58 @@ def condition(type_: str, status: bool, reason: str, message: str = "") -> dict:
             "message": message, "lastTransitionTime": STAMP, "observedGeneration": 1}
 
 
+# ---- Kueue's releases, as modelled from its source -------------------------------------------
+#
+# Written from kubernetes-sigs/kueue (no Kueue can run here: the Go module proxy refuses it):
+# - served versions: config/components/crd/bases/kueue.x-k8s.io_workloads.yaml and CHANGELOG
+#   (v1beta2 added in v0.15 with v1beta1 still served; CHANGELOG-0.20: v1beta1 no longer
+#   served). The API server's discovery document prefers the highest version priority, v1beta2.
+# - the priority class: apis/kueue/v1beta1/workload_types.go `priorityClassName` +
+#   `priorityClassSource`; apis/kueue/v1beta2/workload_types.go `priorityClassRef`
+#   {group, kind, name} (v0.15+).
+# - deactivation: pkg/workload/workload.go (v0.9+): Kueue sets DeactivationTarget True with the
+#   cause (RequeuingLimitExceeded, MaximumExecutionTimeExceeded, AdmissionCheck), turns
+#   spec.active false, then evicts with reason "Deactivated" + "DueTo" + the cause
+#   (pkg/controller/core/workload_controller.go); a Workload the user deactivated is evicted
+#   with reason "Deactivated" alone.
+# - PodsReady: pkg/controller/jobframework/reconciler.go (v0.14+) reasons Started, WaitForStart,
+#   WaitForRecovery, Recovered (apis/kueue/v1beta1/workload_types.go constants).
+# - TAS: apis/kueue/v1beta1/workload_types.go TopologyAssignment {levels, domains[{values,
+#   count}]}; v1beta2 (v0.15+) keeps the assignment in a compressed form of its own.
+@dataclass(frozen=True)
+class KueueRelease:
+    tag: str
+    served: tuple[str, ...]  # API versions of kueue.x-k8s.io, in the server's priority order
+
+    def api_group(self) -> dict:
+        """`GET /apis/kueue.x-k8s.io` on a cluster running this release."""
+        versions = [{"groupVersion": f"kueue.x-k8s.io/{v}", "version": v} for v in self.served]
+        return {"kind": "APIGroup", "apiVersion": "v1", "name": "kueue.x-k8s.io",
+                "versions": versions, "preferredVersion": versions[0]}
+
+    @property
+    def workload_version(self) -> str:
+        return self.served[0]
+
+
+RELEASES = [KueueRelease("v0.14", ("v1beta1",)), KueueRelease("v0.15", ("v1beta2", "v1beta1")),
+            KueueRelease("v0.19", ("v1beta2", "v1beta1")), KueueRelease("v0.20", ("v1beta2",))]
+
+
+# ---- version discovery ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.tag)
+def test_the_workload_version_is_v1beta2_wherever_served_else_v1beta1(release):
+    assert choose_kueue_version(release.api_group()) == release.workload_version
+
+
+def test_no_kueue_means_no_version_and_an_unknown_one_is_an_error_naming_it():
+    assert choose_kueue_version(None) is None
+    assert choose_kueue_version({"kind": "APIGroup", "versions": []}) is None
+    with pytest.raises(KueueVersionError, match="in v1; .*v1beta2 or v1beta1"):
+        choose_kueue_version({"versions": [{"version": "v1"}]})
+
+
 # ---- builders, whole objects --------------------------------------------------------------
 
 def test_the_workload_has_one_pod_set_of_all_nodes_with_the_pods_resources_and_priority():
@@ -53,6 +116,7 @@ def test_the_workload_has_one_pod_set_of_all_nodes_with_the_pods_resources_and_p
         "apiVersion": "kueue.x-k8s.io/v1beta1",
         "kind": "Workload",
         "metadata": {"name": "acceleratejob-llm-uid-llm", "namespace": "ml", "labels": labels,
+                     "annotations": {"accelerate-operator.io/requested-active": "true"},
                      "ownerReferences": [job.owner_reference]},
         "spec": {
             "queueName": "team-a",
@@ -65,6 +129,20 @@ def test_the_workload_has_one_pod_set_of_all_nodes_with_the_pods_resources_and_p
         },
     }
     assert pod_spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert read_priority_class(workload) == "high"
+
+
+def test_a_v1beta2_workload_names_its_priority_class_by_reference():
+    job = parse_job(queued_job(priority="high"))
+    v1beta1 = build_workload(job, "team-a", "high", 1000)
+    workload = build_workload(job, "team-a", "high", 1000, "v1beta2")
+    assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    spec = {k: v for k, v in v1beta1["spec"].items()
+            if k not in ("priorityClassName", "priorityClassSource")}
+    assert workload["spec"] == {**spec, "priorityClassRef": {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "high"}}
+    assert workload["metadata"] == v1beta1["metadata"]
+    assert read_priority_class(workload) == "high"
 
 
 def test_a_suspended_job_gets_an_inactive_workload_without_priority_fields():
@@ -102,14 +180,20 @@ def evicted_workload() -> dict:
     }
 
 
-def test_releasing_an_evicted_workloads_quota_clears_the_admission_like_kueue_does():
+def test_releasing_an_evicted_workloads_quota_is_a_merge_patch_with_the_resource_version():
+    """pkg/workload/workload.go UnsetQuotaReservationWithCondition + SetRequeuedCondition
+    (v0.14 to v0.20), written as a JSON merge patch: `admission: null` removes the admission,
+    the whole condition list is repeated (a merge patch replaces lists), and nothing else is
+    named, so admissionChecks and requeueState stay as Kueue left them."""
     later = "2026-01-01T12:05:00Z"
-    release = build_quota_release(evicted_workload(), later)
+    workload = evicted_workload()
+    workload["status"]["admissionChecks"] = [{"name": "prov", "state": "Ready"}]
+    release = build_quota_release(workload, later)
     message = "Preempted to accommodate a workload"
     assert release == {
-        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
-        "metadata": {"name": "wl", "namespace": "ml", "uid": "u1", "resourceVersion": "7"},
+        "metadata": {"resourceVersion": "7"},
         "status": {
+            "admission": None,
             "conditions": [
                 {**condition("QuotaReserved", False, "Pending", message),
                  "lastTransitionTime": later},
@@ -121,10 +205,8 @@ def test_releasing_an_evicted_workloads_quota_clears_the_admission_like_kueue_do
                 {**condition("Requeued", True, "Preempted", message),
                  "lastTransitionTime": later},
             ],
-            "requeueState": {"count": 1},
         },
     }
-    assert "admission" not in release["status"]
 
 
 def test_a_workload_view_reads_admission_eviction_and_flavors():
@@ -139,16 +221,18 @@ def test_a_workload_view_reads_admission_eviction_and_flavors():
 class Queue:
     """The fake API plus the job and its Workload, and Kueue's writes to the Workload."""
 
-    def __init__(self, body: dict):
+    def __init__(self, body: dict, release: KueueRelease = RELEASES[0]):
         self.kube = FakeKube()
         self.kube.kueue_objects[("resourceflavors", "gpu")] = {"spec": GPU_FLAVOR}
         self.body = body
+        self.release = release
         self.reconciler = Reconciler(self.kube)
         self.state = JobState(body["metadata"]["uid"])
 
     def reconcile(self) -> None:
         workloads = [o for (kind, _), o in self.kube.objects.items() if kind == "Workload"]
-        context = QueueContext(workload=copy.deepcopy(workloads[0]) if workloads else None)
+        context = QueueContext(workload=copy.deepcopy(workloads[0]) if workloads else None,
+                               version=choose_kueue_version(self.release.api_group()))
         asyncio.run(self.reconciler.reconcile(self.state, self.body, self.kube.pods(),
                                               self.kube.children(), context))
         for status in self.kube.statuses:
@@ -176,10 +260,34 @@ class Queue:
                                          condition("Admitted", True, "Admitted"),
                                          condition("Evicted", False, "QuotaReserved")]
 
-    def evict(self, reason: str = "Preempted") -> None:
+    def evict(self, reason: str = "Preempted",
+              message: str = "Preempted to accommodate a higher priority") -> None:
         status = self.kube.workload()["status"]
         status["conditions"] = [c for c in status["conditions"] if c["type"] != "Evicted"] + [
-            condition("Evicted", True, reason, "Preempted to accommodate a higher priority")]
+            condition("Evicted", True, reason, message)]
+
+    def deactivate(self, cause: str, message: str) -> None:
+        """Kueue's workload controller deactivating (pkg/workload, v0.9+): DeactivationTarget
+        first, then spec.active false, then the eviction "DeactivatedDueTo<cause>"."""
+        workload = self.kube.workload()
+        status = workload.setdefault("status", {})
+        status["conditions"] = [c for c in status.get("conditions") or []
+                                if c["type"] != "DeactivationTarget"] + [
+            condition("DeactivationTarget", True, cause, message)]
+        workload["spec"]["active"] = False
+        self.evict(f"DeactivatedDueTo{cause}", message)
+
+    def reactivate(self) -> None:
+        """What a user does to a Workload Kueue deactivated (Kueue's docs): spec.active true;
+        Kueue drops DeactivationTarget and queues it again."""
+        workload = self.kube.workload()
+        workload["spec"]["active"] = True
+        status = workload["status"]
+        status["conditions"] = [c for c in status["conditions"]
+                                if c["type"] != "DeactivationTarget"]
+
+    def pods_ready(self) -> tuple[str, str]:
+        return self.conditions("PodsReady")["PodsReady"]
 
 
 def test_a_queued_job_makes_its_workload_and_no_pod_until_kueue_admits_it():
@@ -211,8 +319,9 @@ def test_an_admitted_job_starts_every_node_on_the_admitted_flavor():
     assert "Admitted" in [e.reason for e in queue.kube.events]
 
 
-def test_an_evicted_job_stops_its_group_releases_the_quota_and_restarts_when_readmitted():
-    queue = Queue(queued_job(backoffLimit=0))
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.tag)
+def test_an_evicted_job_stops_its_group_releases_the_quota_and_restarts_when_readmitted(release):
+    queue = Queue(queued_job(backoffLimit=0), release)
     queue.reconcile()
     queue.admit()
     queue.reconcile()
@@ -220,7 +329,8 @@ def test_an_evicted_job_stops_its_group_releases_the_quota_and_restarts_when_rea
         queue.kube.set_pod_phase(name, "Running")
     queue.reconcile()
     assert queue.status("phase") == "Running"
-    assert queue.conditions("PodsReady") == {"PodsReady": ("True", "PodsReady")}
+    assert queue.kube.workload()["apiVersion"] == f"kueue.x-k8s.io/{release.workload_version}"
+    assert queue.pods_ready() == ("True", "Started")
 
     queue.evict()
     queue.reconcile()  # deletes the group (the fake deletes at once) ...
@@ -235,6 +345,7 @@ def test_an_evicted_job_stops_its_group_releases_the_quota_and_restarts_when_rea
     assert queue.conditions("QuotaReserved", "Admitted", "Requeued") == {
         "QuotaReserved": ("False", "Pending"), "Admitted": ("False", "NoReservation"),
         "Requeued": ("True", "Preempted")}
+    assert ("apply", "Workload", "kueue-admission") not in queue.kube.calls  # never Kueue's
     queue.reconcile()
     assert queue.kube.names("Pod") == []
 
@@ -260,7 +371,7 @@ def test_a_users_suspend_wins_and_deactivates_the_workload():
     assert queue.status("phase") == "Suspended"
     assert queue.kube.names("Pod") == []
     assert queue.kube.workload()["spec"]["active"] is False
-    queue.evict("InactiveWorkload")  # Kueue evicts the inactive Workload ...
+    queue.evict("Deactivated", "The workload is deactivated")  # Kueue evicts it ...
     queue.reconcile()  # ... and the operator gives its quota back, still Suspended
     assert queue.status("phase") == "Suspended"
     assert "admission" not in queue.kube.workload()["status"]
@@ -294,3 +405,227 @@ def test_jobs_without_the_queue_label_or_without_the_integration_ignore_kueue():
     job = queued_job()
     asyncio.run(Reconciler(kube).reconcile(JobState(job["metadata"]["uid"]), job, [], set(), None))
     assert kube.names("Pod") == ["llm-0", "llm-1"]
+
+
+# ---- Kueue's deactivations -------------------------------------------------------------------
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.tag)
+@pytest.mark.parametrize("cause,message", [
+    ("RequeuingLimitExceeded",
+     "The workload is deactivated due to exceeding the maximum number of re-queuing retries"),
+    ("MaximumExecutionTimeExceeded",
+     "The workload is deactivated due to exceeding the maximum execution time"),
+    ("AdmissionCheck", "Admission check(s): [prov], were rejected"),
+])
+def test_a_workload_kueue_deactivated_stays_inactive_and_the_job_is_held_saying_why(
+        release, cause, message):
+    queue = Queue(queued_job(), release)
+    queue.reconcile()
+    queue.admit()
+    queue.reconcile()
+    for name in ("llm-0", "llm-1"):
+        queue.kube.set_pod_phase(name, "Running")
+    queue.reconcile()
+    queue.deactivate(cause, message)
+    queue.reconcile()  # the group stops ...
+    queue.reconcile()  # ... the quota goes back ...
+    queue.reconcile()  # ... and the job stays held
+    assert queue.kube.workload()["spec"]["active"] is False  # Kueue's decision kept
+    assert not [c for c in queue.kube.calls if c[:2] == ("patch", "Workload")]
+    assert "admission" not in queue.kube.workload()["status"]
+    assert queue.kube.names("Pod") == []
+    assert queue.status("phase") == "Queued"
+    held = next(c for c in queue.status("conditions") if c["type"] == "Queued")
+    assert held["reason"] == f"DeactivatedDueTo{cause}"
+    assert message in held["message"] and "kubectl patch workload" in held["message"]
+    warnings = [e for e in queue.kube.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == [f"DeactivatedDueTo{cause}"]  # once, not per pass
+
+    queue.reactivate()  # the user turns it back on; Kueue admits it again
+    queue.admit()
+    queue.reconcile()
+    assert queue.kube.names("Pod") == ["llm-0", "llm-1"]
+    assert queue.status("restarts") == 0
+
+
+def test_a_users_suspend_and_resume_after_a_kueue_deactivation_reactivate_the_workload():
+    queue = Queue(queued_job())
+    queue.reconcile()
+    queue.deactivate("RequeuingLimitExceeded", "too many retries")
+    queue.reconcile()
+    assert queue.kube.workload()["spec"]["active"] is False
+    queue.body["spec"]["runPolicy"]["suspend"] = True
+    queue.reconcile()
+    assert queue.status("phase") == "Suspended"
+    assert queue.kube.workload()["metadata"]["annotations"] == {
+        "accelerate-operator.io/requested-active": "false"}
+    queue.body["spec"]["runPolicy"]["suspend"] = False
+    queue.reconcile()
+    assert queue.kube.workload()["spec"]["active"] is True
+
+
+def test_a_workload_made_inactive_by_someone_else_is_read_as_deactivated():
+    workload = evicted_workload()
+    workload["spec"] = {"active": False}
+    workload["metadata"]["annotations"] = {"accelerate-operator.io/requested-active": "true"}
+    assert read_workload(workload).deactivated.reason == "Deactivated"
+    workload["metadata"]["annotations"]["accelerate-operator.io/requested-active"] = "false"
+    assert read_workload(workload).deactivated is None  # the user's own suspend
+
+
+# ---- PodsReady with Kueue's reasons ----------------------------------------------------------
+
+def test_pods_ready_is_started_then_wait_for_recovery_after_a_failure_then_recovered():
+    queue = Queue(queued_job(backoffLimit=3))
+    queue.reconcile()
+    queue.admit()
+    queue.reconcile()
+    queue.reconcile()
+    assert "PodsReady" not in queue.conditions("PodsReady")  # Kueue's own: unset until ready
+    for name in ("llm-0", "llm-1"):
+        queue.kube.set_pod_phase(name, "Running")
+    queue.reconcile()
+    assert queue.pods_ready() == ("True", "Started")
+    queue.kube.set_pod_phase("llm-1", "Failed", exit_code=1)
+    queue.reconcile()  # the group restarts: Kueue must not time this from the admission
+    assert queue.status("restarts") == 1
+    assert queue.pods_ready() == ("False", "WaitForRecovery")
+    queue.reconcile()
+    for name in ("llm-0", "llm-1"):
+        queue.kube.set_pod_phase(name, "Running")
+    queue.reconcile()
+    assert queue.pods_ready() == ("True", "Recovered")
+    writes = len(queue.kube.calls)
+    queue.reconcile()
+    assert queue.pods_ready() == ("True", "Recovered")
+    assert ("apply", "Workload", "accelerate-operator-PodsReady") not in queue.kube.calls[writes:]
+
+
+def test_pods_ready_waits_for_start_again_under_a_new_admission():
+    queue = Queue(queued_job())
+    queue.reconcile()
+    queue.admit()
+    queue.reconcile()
+    for name in ("llm-0", "llm-1"):
+        queue.kube.set_pod_phase(name, "Running")
+    queue.reconcile()
+    queue.evict()
+    queue.reconcile()
+    queue.reconcile()
+    ready = queue.kube.workload()["status"]["conditions"]
+    for c in ready:  # Kueue re-admits later than the group was ready
+        if c["type"] == "PodsReady":
+            c["lastTransitionTime"] = "2026-01-01T11:00:00Z"
+    queue.admit()
+    queue.reconcile()
+    assert queue.pods_ready() == ("False", "WaitForStart")
+
+
+# ---- the quota release: never Kueue's manager, never a stale write -------------------------
+
+def test_the_quota_release_keeps_admission_checks_and_a_stale_one_changes_nothing():
+    queue = Queue(queued_job())
+    queue.reconcile()
+    queue.admit()
+    queue.kube.workload()["status"]["admissionChecks"] = [
+        {"name": "prov", "state": "Ready", "message": "", "lastTransitionTime": STAMP}]
+    queue.reconcile()
+    queue.evict()
+    queue.reconcile()
+    real_patch = queue.kube.patch_workload_status
+
+    async def changed_meanwhile(namespace, name, patch):
+        queue.kube._bump(queue.kube.workload())  # Kueue wrote after our read
+        await real_patch(namespace, name, patch)
+
+    queue.kube.patch_workload_status = changed_meanwhile
+    queue.reconcile()
+    assert ("conflict", "Workload", "acceleratejob-llm-uid-llm") in queue.kube.calls
+    assert "admission" in queue.kube.workload()["status"]  # nothing written
+    queue.kube.patch_workload_status = real_patch
+    queue.reconcile()  # the next pass, from the newer Workload
+    status = queue.kube.workload()["status"]
+    assert "admission" not in status
+    assert status["admissionChecks"][0]["name"] == "prov"
+
+
+# ---- admission checks' pod-set updates and topology ------------------------------------------
+
+def admitted_with(queue: Queue, **assignment) -> None:
+    queue.reconcile()
+    queue.admit()
+    queue.kube.workload()["status"]["admission"]["podSetAssignments"][0].update(assignment)
+
+
+def test_admission_check_pod_set_updates_reach_every_pod():
+    queue = Queue(queued_job())
+    admitted_with(queue)
+    queue.kube.workload()["status"]["admissionChecks"] = [{
+        "name": "prov", "state": "Ready", "podSetUpdates": [{
+            "name": "main",
+            "labels": {"provisioned": "yes"},
+            "annotations": {"cluster-autoscaler.kubernetes.io/consume-provisioning-request":
+                            "prov-req-1"},
+            "nodeSelector": {"pool": "reserved"},
+            "tolerations": [{"key": "reserved", "operator": "Exists"}]}]}]
+    queue.reconcile()
+    assert queue.kube.names("Pod") == ["llm-0", "llm-1"]
+    for name in ("llm-0", "llm-1"):
+        pod = queue.kube.objects[("Pod", name)]
+        assert pod["metadata"]["labels"]["provisioned"] == "yes"
+        assert pod["metadata"]["annotations"][
+            "cluster-autoscaler.kubernetes.io/consume-provisioning-request"] == "prov-req-1"
+        assert pod["spec"]["nodeSelector"] == {"cloud.example.com/gpu": "a100",
+                                               "pool": "reserved"}
+        assert pod["spec"]["tolerations"] == GPU_FLAVOR["tolerations"] + [
+            {"key": "reserved", "operator": "Exists"}]
+
+
+def test_an_admission_check_conflicting_with_the_flavor_fails_the_job_loudly():
+    queue = Queue(queued_job())
+    admitted_with(queue)
+    queue.kube.workload()["status"]["admissionChecks"] = [{
+        "name": "prov", "state": "Ready",
+        "podSetUpdates": [{"name": "main", "nodeSelector": {"cloud.example.com/gpu": "h100"}}]}]
+    queue.reconcile()
+    assert queue.kube.names("Pod") == []
+    assert queue.status("phase") == "Failed"
+    failed = next(c for c in queue.status("conditions") if c["type"] == "Failed")
+    assert failed["reason"] == "AdmissionNotApplicable"
+    assert "'prov'" in failed["message"] and "'h100'" in failed["message"]
+    assert "'a100'" in failed["message"]
+    assert queue.kube.events[-1].type == "Warning"
+    queue.reconcile()
+    assert queue.conditions("Finished") == {"Finished": ("True", "Failed")}  # quota freed
+
+
+def test_a_topology_assignment_pins_each_pod_to_its_domain():
+    queue = Queue(queued_job())
+    admitted_with(queue, topologyAssignment={
+        "levels": ["cloud.example.com/block", "kubernetes.io/hostname"],
+        "domains": [{"values": ["b1", "node-a"], "count": 1},
+                    {"values": ["b1", "node-b"], "count": 1}]})
+    queue.reconcile()
+    selectors = [queue.kube.objects[("Pod", f"llm-{i}")]["spec"]["nodeSelector"]
+                 for i in (0, 1)]
+    assert selectors == [
+        {"cloud.example.com/gpu": "a100", "cloud.example.com/block": "b1",
+         "kubernetes.io/hostname": "node-a"},
+        {"cloud.example.com/gpu": "a100", "cloud.example.com/block": "b1",
+         "kubernetes.io/hostname": "node-b"}]
+    pod = queue.kube.objects[("Pod", "llm-0")]
+    assert "schedulingGates" not in pod["spec"]  # placed at creation, nothing to ungate
+
+
+def test_a_topology_assignment_in_a_form_not_read_refuses_the_job():
+    workload = evicted_workload()
+    workload["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = {
+        "levels": ["kubernetes.io/hostname"], "slices": [{"domainCount": 2}]}
+    with pytest.raises(TopologyError, match=r"keys \['levels', 'slices'\]"):
+        read_topology_assignment(workload, 2)
+    queue = Queue(queued_job())
+    admitted_with(queue, topologyAssignment={"levels": ["kubernetes.io/hostname"],
+                                             "domains": [{"values": ["a"], "count": 1}]})
+    queue.reconcile()
+    failed = next(c for c in queue.status("conditions") if c["type"] == "Failed")
+    assert "places 1 pod(s), the job has 2 node(s)" in failed["message"]

@@ -65,6 +65,12 @@ the operator never reads one.
 - apiGroups: ["accelerate-operator.io"]
   resources: ["acceleratejobs/status"]
   verbs: ["get", "patch", "update"]
+# Children (pods, the Workload) name their job as owner with blockOwnerDeletion: where the
+# OwnerReferencesPermissionEnforcement admission plugin is on, that needs update on the owner's
+# finalizers.
+- apiGroups: ["accelerate-operator.io"]
+  resources: ["acceleratejobs/finalizers"]
+  verbs: ["update"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
@@ -94,7 +100,9 @@ the operator never reads one.
   verbs: ["get", "list", "watch", "create", "patch"]
 {{- if .Values.kueue.enabled }}
 # Kueue: the Workload of each queued job (created, watched, spec.active patched for a suspend)
-# and its status (quota released after an eviction, PodsReady, Finished).
+# and its status (quota released after an eviction, PodsReady, Finished). RBAC names no
+# version: these rules cover v1beta1 and v1beta2 alike (the version is discovered at start from
+# /apis/kueue.x-k8s.io, which every authenticated user may read).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   verbs: ["list", "watch", "create", "patch"]
