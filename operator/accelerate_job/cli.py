@@ -29,13 +29,7 @@ from .code import CodeArchive, pack_code
 from .errors import AccelerateJobError, InvalidConfig
 from .render import dump, render_status, render_table, summarize
 from .request import context_namespace
-from .submission import (
-    build_code_configmap,
-    build_job,
-    files_named_by,
-    prepare_submission,
-    use_code,
-)
+from .submission import build_job, build_submission, files_named_by
 
 PROG = "accelerate-job"
 
@@ -292,14 +286,10 @@ def cmd_submit(args: argparse.Namespace, term: Terminal) -> int:
     job = options.build_job(name, namespace, code)
     if client is None:
         try:
-            job, configmap = prepare_submission(job, config_yaml, namespace, files)
+            submission = build_submission(job, config_yaml, namespace, files, code)
         except ConfigError as error:
             raise CommandError(f"{options.config}: {error}") from None
-        shipped = []
-        if code is not None:
-            job = use_code(job, code)
-            shipped = [build_code_configmap(job, code)]  # owned by the job once it exists
-        dump([configmap, job, *shipped], args.output or "yaml", term.out)
+        dump(submission.objects(), args.output or "yaml", term.out)
         return 0
     try:
         created = client.submit(job, config_yaml=config_yaml, config_files=files, code=code)

@@ -266,14 +266,43 @@ def test_wait_for_a_failed_job_exits_1_with_the_reason(fake):
 # ---- the client against fake API objects --------------------------------------------------
 
 
+class WatchResponse:
+    """What the API server streams for a watch: one JSON event per line."""
+
+    status = 200
+
+    def __init__(self, events):
+        self.events = events
+
+    def stream(self, amt=None, decode_content=False):
+        for kind, body in self.events:
+            yield (json.dumps({"type": kind, "object": body}) + "\n").encode()
+
+    def close(self):
+        pass
+
+    def release_conn(self):
+        pass
+
+
 class FakeCustom:
+    """The job's first version answers the get; the others come as watch events."""
+
     def __init__(self, bodies):
         self.bodies = list(bodies)
+        self.watches = []
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         if not self.bodies:
             raise ApiException(status=404, reason="Not Found")
-        return self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]
+        return self.bodies[0]
+
+    def list_namespaced_custom_object(self, group, version, namespace, plural, **kwargs):
+        assert kwargs["watch"] and kwargs["_preload_content"] is False
+        self.watches.append(kwargs)
+        events = [("MODIFIED", body) for body in self.bodies[1:]]
+        self.bodies[1:] = []
+        return WatchResponse(events)
 
 
 class FakeCore:
@@ -306,9 +335,29 @@ def failed_condition(message):
              "message": message}]
 
 
-def test_wait_returns_the_job_once_the_condition_holds():
+def test_wait_follows_the_job_with_a_watch_until_the_condition_holds():
     done = job(phase="Succeeded", conditions=[{"type": "Succeeded", "status": "True"}])
-    assert client([job(), job(), done]).wait("llm", poll_interval=0.01) == done
+    c = client([job(), job(), done])
+    assert c.wait("llm") == done
+    watch, = c.requests.custom.watches
+    assert watch["field_selector"] == "metadata.name=llm" and watch["timeout_seconds"] >= 1
+
+
+def test_watch_ends_when_the_job_is_deleted():
+    c = client([job()])
+    c.requests.custom.list_namespaced_custom_object = (
+        lambda *a, **k: WatchResponse([("DELETED", job())]))
+    with pytest.raises(JobNotFound, match="llm was deleted"):
+        list(c.watch("llm"))
+
+
+def test_watch_reads_the_job_again_when_its_version_expired():
+    answers = [WatchResponse([("ERROR", {"code": 410, "reason": "Expired", "message": "old"})]),
+               WatchResponse([("MODIFIED", job(phase="Succeeded"))])]
+    c = client([job()])
+    c.requests.custom.list_namespaced_custom_object = lambda *a, **k: answers.pop(0)
+    phases = [j["status"]["phase"] for _, j in zip(range(3), c.watch("llm"), strict=False)]
+    assert phases == ["Running", "Running", "Succeeded"]
 
 
 def test_wait_raises_job_failed_with_the_condition_message():
@@ -320,7 +369,7 @@ def test_wait_raises_job_failed_with_the_condition_message():
 
 def test_wait_times_out_saying_where_the_job_is():
     with pytest.raises(WaitTimeout, match=r"still Running at 12/40 \(30%\) after 0.05s"):
-        client([job(progress=PROGRESS)]).wait("llm", timeout=0.05, poll_interval=0.01)
+        client([job(progress=PROGRESS)]).wait("llm", timeout=0.05)
 
 
 def test_logs_of_all_nodes_are_prefixed():
