@@ -199,9 +199,20 @@ def test_status_before_any_report():
 class FakeClient:
     namespace = "team"
 
-    def __init__(self, jobs=(), error=None):
+    def __init__(self, jobs=(), error=None, versions=()):
         self.jobs = {j["metadata"]["name"]: j for j in jobs}
         self.error = error
+        self.versions = list(versions)  # what the watches send after the current state
+
+    def watch(self, name):
+        yield self.get(name)
+        yield from self.versions
+
+    def watch_all(self):
+        yield self.list()
+        for version in self.versions:
+            self.jobs[version["metadata"]["name"]] = version
+            yield self.list()
 
     def get(self, name):
         if name not in self.jobs:
@@ -210,7 +221,7 @@ class FakeClient:
         return self.jobs[name]
 
     def list(self):
-        return list(self.jobs.values())
+        return [self.jobs[name] for name in sorted(self.jobs)]
 
     def wait(self, name, condition, timeout):
         raise self.error
@@ -247,6 +258,42 @@ def test_status_watch_ends_with_the_job(fake):
     fake(FakeClient([job(phase="Succeeded", progress=PROGRESS)]))
     code, out, _ = run("status", "llm", "--watch")
     assert code == 0 and "Phase:        Succeeded" in out
+
+
+def test_status_watch_prints_each_new_version_plainly_when_not_a_terminal(fake):
+    later = job(progress={**PROGRESS, "step": 30, "summary": "30/40 (75%)"})
+    failed = job(phase="Failed", progress=later["status"]["progress"])
+    fake(FakeClient([job(progress=PROGRESS)], versions=[job(progress=PROGRESS), later, failed]))
+    code, out, _ = run("status", "llm", "--watch")
+    assert code == 1  # it failed
+    blocks = out.split("\n\n")
+    assert [b.splitlines()[1] for b in blocks] == ["Phase:        Running"] * 2 + [
+        "Phase:        Failed"]  # an unchanged version is not printed again
+    assert "30/40 (75%)" in blocks[1] and "\x1b[" not in out
+
+
+def test_top_prints_the_table_with_bars_after_each_change_when_not_a_terminal(fake):
+    other = {**job(phase="Queued"), "metadata": {**job()["metadata"], "name": "bert"}}
+    fake(FakeClient([job(progress=PROGRESS)], versions=[other, job(phase="Succeeded", progress={
+        **PROGRESS, "step": 40, "summary": "40/40 (100%)", "eta": "0s"})]))
+    for command in (["top"], ["list", "-w"]):
+        code, out, _ = run(*command)
+        first, second, third = out.split("\n\n")
+        assert first.splitlines()[0].split() == list(render.COLUMNS)
+        assert "━" in first and "12/40 (30%)" in first and "1m20s" in first
+        assert [line.split()[:2] for line in third.splitlines()[1:]] == [
+            ["bert", "Queued"], ["llm", "Succeeded"]]
+        assert "40/40 (100%)" in third and "\x1b[" not in out
+        fake(FakeClient([job(progress=PROGRESS)], versions=[other, job(
+            phase="Succeeded", progress={**PROGRESS, "step": 40, "summary": "40/40 (100%)",
+                                         "eta": "0s"})]))
+
+
+def test_status_view_draws_a_bar_and_colours_the_phase():
+    text = render.to_text(render.status_view(job(progress=PROGRESS)))
+    assert "Phase:        Running" in text
+    progress_line = next(line for line in text.splitlines() if line.startswith("Progress:"))
+    assert "━" in progress_line and "12/40 (30%)  epoch 0" in progress_line
 
 
 def test_list_is_a_table_like_kubectl_get(fake):
