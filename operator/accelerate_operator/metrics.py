@@ -6,6 +6,18 @@ pass: the same status the operator writes anyway, so a restarted operator never 
 twice (it starts from the stored status). Everything else is a one-line call at the place where
 the runtime already knows the number.
 
+Where the runtime calls what (the operator's runtime wires these; nothing here starts itself):
+    start_metrics_server(int(os.environ["ACCELERATE_OPERATOR_METRICS_PORT"]))   at start-up,
+        when the env is set (the chart sets it from metrics.port);
+    count_jobs_from(lambda: statuses of the jobs held)                           once, at start-up;
+    observe_pass(seconds)                                                        after each pass;
+    record_status_change(old, merged(old, patch), created_at, now)               after each
+        accepted status patch;
+    record_api_error(verb, code)                                                 where an API call
+        fails;
+    record_watch_restart(kind)                                                   where a watch is
+        started again.
+
 Exported, all prefixed `accelerate_operator_`:
 
     jobs{phase}                    gauge      AccelerateJobs by status.phase
@@ -23,12 +35,13 @@ no label can grow without end. No API calls here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 PHASES = ("Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
@@ -46,8 +59,11 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         prefix = "accelerate_operator_"
-        self.jobs = Gauge(f"{prefix}jobs", "AccelerateJobs by phase", ["phase"],
-                          registry=self.registry)
+        # jobs{phase} is counted when scraped, from the source the runtime registers (its job
+        # store or index), else from the counts it last set: no timer keeps it fresh.
+        self.phase_counts: dict[str, int] = dict.fromkeys(PHASES, 0)
+        self.jobs_source: Callable[[], Iterable[Mapping[str, Any] | None]] | None = None
+        self.registry.register(_JobsByPhase(self))
         self.restarts = Counter(f"{prefix}restarts", "Whole-group restarts, by the failure "
                                 "that caused them", ["reason"], registry=self.registry)
         self.to_running = Histogram(f"{prefix}job_seconds_to_running", "Seconds from a job's "
@@ -64,8 +80,26 @@ class Metrics:
                                   registry=self.registry)
         self.watch_restarts = Counter(f"{prefix}watch_restarts", "Watches started again, by "
                                       "the kind watched", ["kind"], registry=self.registry)
+
+
+class _JobsByPhase:
+    """The jobs{phase} gauge, computed at scrape time."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily("accelerate_operator_jobs", "AccelerateJobs by phase",
+                                  labels=["phase"])]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("accelerate_operator_jobs", "AccelerateJobs by phase",
+                                   labels=["phase"])
+        source = self.metrics.jobs_source
+        counts = count_phases(source()) if source is not None else self.metrics.phase_counts
         for phase in PHASES:
-            self.jobs.labels(phase).set(0)
+            family.add_metric([phase], counts.get(phase, 0))
+        yield family
 
 
 METRICS = Metrics()
@@ -117,6 +151,20 @@ def compute_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] 
                         seconds if first_step else None)
 
 
+def merged(status: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` with a JSON merge patch (RFC 7386, as the operator writes status) applied: the
+    `new` that record_status_change wants. Pure."""
+    result = dict(status or {})
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
 def record_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
                          created_at: datetime, now: datetime,
                          metrics: Metrics = METRICS) -> StatusChange:
@@ -143,8 +191,16 @@ def count_phases(statuses: Iterable[Mapping[str, Any] | None]) -> dict[str, int]
 
 
 def set_jobs_by_phase(counts: Mapping[str, int], metrics: Metrics = METRICS) -> None:
-    for phase in PHASES:
-        metrics.jobs.labels(phase).set(counts.get(phase, 0))
+    """Set jobs{phase} from counts (count_phases); for a runtime without a store to read."""
+    metrics.phase_counts = {phase: counts.get(phase, 0) for phase in PHASES}
+
+
+def count_jobs_from(source: Callable[[], Iterable[Mapping[str, Any] | None]],
+                    metrics: Metrics = METRICS) -> None:
+    """Count jobs{phase} at each scrape from `source()`: the statuses of the jobs the runtime
+    holds (for example `lambda: (job.get("status") for job in store.values())`). The source
+    runs in the metrics server's thread: it must only read."""
+    metrics.jobs_source = source
 
 
 def observe_pass(seconds: float, metrics: Metrics = METRICS) -> None:

@@ -13,7 +13,9 @@ from accelerate_operator.metrics import (
     Metrics,
     StatusChange,
     compute_status_change,
+    count_jobs_from,
     count_phases,
+    merged,
     observe_pass,
     record_api_error,
     record_status_change,
@@ -102,6 +104,17 @@ def test_jobs_by_phase_counts_every_phase_and_resets_those_gone():
             for phase in PHASES} == {**dict.fromkeys(PHASES, 0.0), "Succeeded": 1.0}
 
 
+def test_jobs_by_phase_can_be_counted_at_scrape_time_from_the_runtimes_store():
+    metrics = Metrics()
+    store = {"a": {"status": {"phase": "Running"}}}
+    count_jobs_from(lambda: (job.get("status") for job in store.values()), metrics)
+    assert sample(metrics, "accelerate_operator_jobs", phase="Running") == 1
+    store["b"] = {"status": {"phase": "Running"}}
+    store["a"] = {"status": {"phase": "Succeeded"}}
+    assert (sample(metrics, "accelerate_operator_jobs", phase="Running"),
+            sample(metrics, "accelerate_operator_jobs", phase="Succeeded")) == (1, 1)
+
+
 def test_pass_api_error_and_watch_restart_calls():
     metrics = Metrics()
     observe_pass(0.003, metrics)
@@ -141,3 +154,11 @@ def test_the_endpoint_serves_the_metrics_over_http():
     errors = [s for s in families["accelerate_operator_api_errors"].samples
               if s.name.endswith("_total")]
     assert [(s.labels, s.value) for s in errors] == [({"verb": "get", "code": "500"}, 1.0)]
+
+
+def test_merged_applies_a_status_merge_patch_as_the_api_server_does():
+    old = {"phase": "Running", "progress": {"step": 3, "eta": "1m"}, "lastFailure": "x"}
+    assert merged(old, {"phase": "Restarting", "progress": {"eta": None, "step": 4},
+                        "lastFailure": None, "restarts": 1}) == {
+        "phase": "Restarting", "progress": {"step": 4}, "restarts": 1}
+    assert old["progress"] == {"step": 3, "eta": "1m"}  # the input is left alone
