@@ -16,7 +16,6 @@ import random
 import re
 import string
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,18 +23,15 @@ from typing import Any, TextIO
 
 from accelerate_operator.constants import CONDITION_TYPES, FINISHED_PHASES, SUCCEEDED
 from accelerate_trainer.config import ConfigError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
 
 from .code import CodeArchive, pack_code
 from .errors import AccelerateJobError, InvalidConfig
-from .render import dump, render_status, render_table, summarize
+from .render import dump, jobs_table, render_status, render_table, status_view, summarize
 from .request import context_namespace
-from .submission import (
-    build_code_configmap,
-    build_job,
-    files_named_by,
-    prepare_submission,
-    use_code,
-)
+from .submission import build_job, build_submission, files_named_by
 
 PROG = "accelerate-job"
 
@@ -129,8 +125,8 @@ def _add_status_and_logs(commands: Any, connection: argparse.ArgumentParser) -> 
                                  help="phase, nodes, restarts and progress of a job")
     status.add_argument("name", metavar="NAME")
     status.add_argument("-w", "--watch", action="store_true",
-                        help="keep a live progress bar until the job finishes")
-    status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+                        help="keep a live progress bar until the job finishes (a watch on the "
+                             "job: it changes as the status does)")
     status.add_argument("-o", "--output", choices=("text", "json"), default="text")
 
     logs = commands.add_parser("logs", parents=[connection],
@@ -163,6 +159,15 @@ def _add_wait_delete_list(commands: Any, connection: argparse.ArgumentParser) ->
 
     listing = commands.add_parser("list", parents=[connection], help="the jobs of a namespace")
     listing.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    listing.add_argument("-w", "--watch", action="store_true",
+                         help="keep the table live, as `top` does")
+
+    commands.add_parser("top", parents=[connection],
+                        help="every job's phase, progress and ETA, live (Ctrl-C to stop)",
+                        description="Like `kubectl get ajob -w`, but one table kept up to date "
+                        "in place, with progress bars: a watch on the namespace's jobs redraws "
+                        "it as their status changes. Without a terminal, the table is printed "
+                        "again after each change.")
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -292,14 +297,10 @@ def cmd_submit(args: argparse.Namespace, term: Terminal) -> int:
     job = options.build_job(name, namespace, code)
     if client is None:
         try:
-            job, configmap = prepare_submission(job, config_yaml, namespace, files)
+            submission = build_submission(job, config_yaml, namespace, files, code)
         except ConfigError as error:
             raise CommandError(f"{options.config}: {error}") from None
-        shipped = []
-        if code is not None:
-            job = use_code(job, code)
-            shipped = [build_code_configmap(job, code)]  # owned by the job once it exists
-        dump([configmap, job, *shipped], args.output or "yaml", term.out)
+        dump(submission.objects(), args.output or "yaml", term.out)
         return 0
     try:
         created = client.submit(job, config_yaml=config_yaml, config_files=files, code=code)
@@ -316,30 +317,69 @@ def cmd_submit(args: argparse.Namespace, term: Terminal) -> int:
     return 0
 
 
+def _console(term: Terminal) -> Console:
+    """rich draws on the terminal only when there is one: no colours, no redraws in a pipe."""
+    return Console(file=term.out, highlight=False)
+
+
+def _finished(job: dict[str, Any]) -> int | None:
+    phase = (job.get("status") or {}).get("phase")
+    if phase in FINISHED_PHASES:
+        return 0 if phase == SUCCEEDED else 1
+    return None
+
+
 def cmd_status(args: argparse.Namespace, term: Terminal) -> int:
     client = _client(args)
-    job = client.get(args.name)
     if not args.watch:
+        job = client.get(args.name)
         term.out.write((json.dumps(summarize(job), indent=2) if args.output == "json"
                         else render_status(job)) + "\n")
         return 0
-    live = term.out.isatty() and args.output == "text"
-    shown, previous_lines = None, 0
-    while True:
+    console = _console(term)
+    if args.output == "text" and console.is_terminal:
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            for job in client.watch(args.name):
+                live.update(status_view(job), refresh=True)
+                if (code := _finished(job)) is not None:
+                    return code
+        return 0
+    shown = None
+    for job in client.watch(args.name):
         text = json.dumps(summarize(job)) if args.output == "json" else render_status(job)
         if text != shown:
-            if live and previous_lines:
-                term.out.write(f"\x1b[{previous_lines}F\x1b[J")  # redraw in place
-            elif shown is not None and not live and args.output == "text":
+            if shown is not None and args.output == "text":
                 term.out.write("\n")
             term.out.write(text + "\n")
             term.out.flush()
-            shown, previous_lines = text, text.count("\n") + 1
-        phase = (job.get("status") or {}).get("phase")
-        if phase in FINISHED_PHASES:
-            return 0 if phase == SUCCEEDED else 1
-        time.sleep(args.interval)
-        job = client.get(args.name)
+            shown = text
+        if (code := _finished(job)) is not None:
+            return code
+    return 0
+
+
+def cmd_top(args: argparse.Namespace, term: Terminal) -> int:
+    client = _client(args)
+    console = _console(term)
+    title = f"AccelerateJobs in namespace {client.namespace}"
+    if console.is_terminal:
+        latest: list[list[dict[str, Any]]] = [[]]
+
+        def view() -> Group:  # redrawn every second, so AGE moves between events
+            return Group(Text(title, style="bold"),
+                         jobs_table(latest[0], datetime.now(timezone.utc), bars=True))
+        with Live(get_renderable=view, console=console, refresh_per_second=1):
+            for jobs in client.watch_all():
+                latest[0] = jobs
+        return 0
+    shown = None
+    for jobs in client.watch_all():
+        text = render_table(jobs, datetime.now(timezone.utc), bars=True)
+        if text != shown:
+            term.out.write(("\n" if shown is not None else "") + text + "\n")
+            term.out.flush()
+            shown = text
+    return 0
 
 
 def cmd_logs(args: argparse.Namespace, term: Terminal) -> int:
@@ -375,6 +415,8 @@ def cmd_delete(args: argparse.Namespace, term: Terminal) -> int:
 
 
 def cmd_list(args: argparse.Namespace, term: Terminal) -> int:
+    if args.watch:
+        return cmd_top(args, term)
     client = _client(args)
     jobs = client.list()
     if args.output == "json":
@@ -387,7 +429,7 @@ def cmd_list(args: argparse.Namespace, term: Terminal) -> int:
 
 
 COMMANDS = {"submit": cmd_submit, "status": cmd_status, "logs": cmd_logs, "wait": cmd_wait,
-            "delete": cmd_delete, "list": cmd_list}
+            "delete": cmd_delete, "list": cmd_list, "top": cmd_top}
 
 
 def program_name(argv0: str) -> str:

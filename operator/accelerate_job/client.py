@@ -8,6 +8,7 @@ logs.py's; building what submit creates is submission.py's."""
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,13 +27,21 @@ from accelerate_trainer.config import ConfigError
 from .code import CodeArchive
 from .errors import AccelerateJobError, InvalidConfig, JobFailed, JobNotFound, WaitTimeout
 from .logs import LogReader
-from .request import Requests, connect
-from .submission import build_code_configmap, prepare_submission, use_code
+from .request import Requests, WatchExpired, connect
+from .submission import build_submission, owned_by
 
 if TYPE_CHECKING:
     import kubernetes
 
 LIST_HINT = "list them with `accelerate-job list`"
+# How long the API server holds one watch open before the client starts the next one from the
+# last resourceVersion (the server's own default is 30-60 minutes; a shorter one survives
+# idle-connection reaping by proxies).
+WATCH_SECONDS = 300
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
 
 
 def true_condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -108,15 +117,11 @@ class AccelerateJobClient:
         created the job is deleted again. The server validates strictly: an unknown field is an
         error. `dry_run` has the server check everything and persist nothing. Returns the job."""
         body, name = self._own(job)
-        if code is not None:
-            body = use_code(body, code)
-        configmap = None
-        if config_yaml is not None:
-            try:
-                body, configmap = prepare_submission(body, config_yaml, self.namespace,
-                                                     config_files)
-            except ConfigError as error:
-                raise InvalidConfig(str(error)) from None
+        try:
+            submission = build_submission(body, config_yaml, self.namespace, config_files, code)
+        except ConfigError as error:
+            raise InvalidConfig(str(error)) from None
+        body, configmap = submission.job, submission.config
         self._refuse_existing(name)
         dry = "All" if dry_run else None
         created_configmap = configmap is not None and self._put_configmap(configmap, dry)
@@ -132,19 +137,19 @@ class AccelerateJobClient:
             raise
         if configmap is not None and not dry_run:
             self._adopt_configmap(configmap["metadata"]["name"], created)
-        if code is not None:
-            self._ship_code({**created, "spec": body["spec"]}, code, dry)
+        if submission.code is not None:
+            manifest = (owned_by(submission.code, created) if created["metadata"].get("uid")
+                        else submission.code)
+            self._ship_code(name, manifest, dry)
         return created
 
-    def _ship_code(self, job: Mapping[str, Any], code: CodeArchive, dry: str | None) -> None:
+    def _ship_code(self, name: str, manifest: dict[str, Any], dry: str | None) -> None:
         """Create the code's ConfigMap, born owned by the created job: at no moment does it
         exist without an owner, so it is always garbage-collected with the job (also when the job
         is deleted before it is created: the collector removes dependents of a missing owner).
         Pods cannot start before it exists, and it is one object, written whole or not at all.
         A leftover of an earlier job of the same name (immutable) is replaced."""
-        manifest = build_code_configmap(job, code)
         cm, core = manifest["metadata"]["name"], self.requests.core
-        name = job["metadata"]["name"]
         try:
             created = self.requests.call(
                 f"create ConfigMap {cm}", core.create_namespaced_config_map, self.namespace,
@@ -223,29 +228,90 @@ class AccelerateJobClient:
         except AccelerateJobError:
             pass
 
-    def wait(self, name: str, condition: str = SUCCEEDED, timeout: float = 3600,
-             poll_interval: float = 2.0) -> dict[str, Any]:
+    def watch(self, name: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """The job now, then every new version of it as the API server sends it (a watch on
+        this one object: nothing is polled). Ends after `timeout` seconds (None: never, the
+        caller stops iterating); raises JobNotFound when the job is deleted."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        job = self.get(name)
+        yield job
+        version = job["metadata"].get("resourceVersion")
+        selector = f"metadata.name={name}"
+        while True:
+            left = _left(deadline)
+            if left is not None and left <= 0:
+                return
+            seconds = WATCH_SECONDS if left is None else max(1, min(WATCH_SECONDS,
+                                                                    math.ceil(left)))
+            try:
+                for kind, body in self.requests.watch(
+                        f"watch AccelerateJob {name}",
+                        self.requests.custom.list_namespaced_custom_object, GROUP, VERSION,
+                        self.namespace, PLURAL, field_selector=selector,
+                        resource_version=version, timeout_seconds=seconds,
+                        allow_watch_bookmarks=True):
+                    version = (body.get("metadata") or {}).get("resourceVersion") or version
+                    if kind == "DELETED":
+                        raise JobNotFound(f"AccelerateJob {name} was deleted from namespace "
+                                          f"{self.namespace}")
+                    if kind in ("ADDED", "MODIFIED"):
+                        yield body
+                    left = _left(deadline)
+                    if left is not None and left <= 0:
+                        return
+            except WatchExpired:  # the version is too old: read the job again, then watch
+                job = self.get(name)
+                version = job["metadata"].get("resourceVersion")
+                yield job
+
+    def watch_all(self) -> Iterator[list[dict[str, Any]]]:
+        """Every job of the namespace, sorted by name: the list now, then again after each
+        change the API server sends (one watch on the namespace's jobs)."""
+        while True:
+            result = self.requests.call("list AccelerateJobs",
+                                        self.requests.custom.list_namespaced_custom_object,
+                                        GROUP, VERSION, self.namespace, PLURAL)
+            jobs = {j["metadata"]["name"]: j for j in result.get("items") or []}
+            version = (result.get("metadata") or {}).get("resourceVersion")
+            yield [jobs[n] for n in sorted(jobs)]
+            try:
+                while True:
+                    for kind, body in self.requests.watch(
+                            "watch AccelerateJobs",
+                            self.requests.custom.list_namespaced_custom_object, GROUP, VERSION,
+                            self.namespace, PLURAL, resource_version=version,
+                            timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True):
+                        version = (body.get("metadata") or {}).get("resourceVersion") or version
+                        if kind == "DELETED":
+                            jobs.pop(body["metadata"]["name"], None)
+                        elif kind in ("ADDED", "MODIFIED"):
+                            jobs[body["metadata"]["name"]] = body
+                        else:
+                            continue
+                        yield [jobs[n] for n in sorted(jobs)]
+            except WatchExpired:
+                continue  # list again
+
+    def wait(self, name: str, condition: str = SUCCEEDED,
+             timeout: float = 3600) -> dict[str, Any]:
         """Block until the job's `condition` is True; returns the job. Raises JobFailed when the
-        job fails first, WaitTimeout after `timeout` seconds."""
+        job fails first, WaitTimeout after `timeout` seconds. Follows the job with a watch."""
         if condition not in CONDITION_TYPES:
             raise AccelerateJobError(
                 f"unknown condition {condition!r}; an AccelerateJob has the conditions "
                 f"{', '.join(CONDITION_TYPES)}")
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.get(name)
+        job: dict[str, Any] = {}
+        for job in self.watch(name, timeout=timeout):
             if true_condition(job, condition):
                 return job
             _never(job, name, condition)
-            if time.monotonic() >= deadline:
-                status = job.get("status") or {}
-                summary = (status.get("progress") or {}).get("summary")
-                at = f" at {summary}" if summary else ""
-                raise WaitTimeout(
-                    f"AccelerateJob {name} is still {status.get('phase') or 'Pending'}{at} after "
-                    f"{timeout:g}s of waiting for {condition}; wait longer with --timeout, or "
-                    f"look at `accelerate-job status {name}`")
-            time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0.05)))
+        status = job.get("status") or {}
+        summary = (status.get("progress") or {}).get("summary")
+        at = f" at {summary}" if summary else ""
+        raise WaitTimeout(
+            f"AccelerateJob {name} is still {status.get('phase') or 'Pending'}{at} after "
+            f"{timeout:g}s of waiting for {condition}; wait longer with --timeout, or "
+            f"look at `accelerate-job status {name}`")
 
     # ---- logs -----------------------------------------------------------------------------
 

@@ -1,22 +1,22 @@
 """Reading a job's logs for AccelerateJobClient: the live log of a node or of all of them, the
 last lines the operator archived when it restarted the group, and following the pods through
-restarts. Every call goes through the request layer (request.py)."""
+restarts with watches and follow streams (no polling). Every call goes through the request
+layer (request.py)."""
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from accelerate_operator.constants import FINISHED_PHASES
+from accelerate_operator.constants import FINISHED_PHASES, GROUP, PLURAL, VERSION
 from accelerate_operator.naming import logs_configmap_name, pod_name, trainer_container_name
 from accelerate_operator.resources.logs import logs_key
 from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 
 from .errors import AccelerateJobError
-from .request import Requests
+from .request import Requests, WatchExpired
 
 Job = Mapping[str, Any]
 
@@ -122,76 +122,120 @@ class LogReader:
                        for index, text in zip(nodes, texts, strict=True))
 
     def _follow(self, job: Job, nodes: list[int], prefix: bool) -> Iterator[str]:
-        if len(nodes) == 1:
-            lines = self._follow_pod(job, nodes[0])
-            yield from (f"[node {nodes[0]}] {line}" for line in lines) if prefix else lines
-            return
-        # One thread per pod; lines reach the caller as they come, whichever pod they are from.
-        out: queue.Queue[tuple[int, str | None]] = queue.Queue(maxsize=10000)
-        stop = threading.Event()
-
-        def pump(index: int) -> None:
-            try:
-                for line in self._follow_pod(job, index, stop):
-                    out.put((index, line))
-            except AccelerateJobError as error:
-                out.put((index, f"error: {error}"))
-            finally:
-                out.put((index, None))
-
-        for index in nodes:
-            threading.Thread(target=pump, args=(index,), daemon=True).start()
-        running = len(nodes)
-        try:
-            while running:
-                index, line = out.get()
-                if line is None:
-                    running -= 1
-                else:
-                    yield f"[node {index}] {line}"
-        finally:
-            stop.set()
-
-    def _follow_pod(self, job: Job, index: int,
-                    stop: threading.Event | None = None) -> Iterator[str]:
-        """Stream pod `<job>-<index>`'s log; when the pod ends, follow its replacement (the next
-        attempt) until the job finishes."""
+        """Follow the logs of `nodes` through restarts, driven by watches, never by polling:
+        one watch on the job's pods (by label) starts a follow stream for each pod of a wanted
+        node once it has started, the replacement of a later attempt included; one watch on the
+        job says when it has finished. A stream blocks, so each runs in a thread of its own and
+        its lines reach the caller through one queue, whichever pod they are from. Ends once the
+        job has finished and every stream has ended."""
         name = job["metadata"]["name"]
-        pod = pod_name(name, index)
-        streamed: set[str] = set()
-        while not (stop and stop.is_set()):
-            current = self.requests.call(f"read pod {pod}", self.requests.core.read_namespaced_pod,
-                                         pod, self.namespace, answers={404: None})
-            started = current is not None and current.status.phase != "Pending"
-            if started and current.metadata.uid not in streamed:
-                if streamed:
-                    attempt = (current.metadata.labels or {}).get(ATTEMPT_LABEL, "?")
-                    yield f"--- {pod} restarted (attempt {attempt}) ---"
-                streamed.add(current.metadata.uid)
-                yield from self._stream(pod, _container(job), stop)
-                continue
-            if (self._get_job(name).get("status") or {}).get("phase") in FINISHED_PHASES:
-                return
-            time.sleep(1.0)
+        wanted = set(nodes)
+        out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=10000)
+        followed: set[str] = set()  # pod uids already streamed
+        seen_node: set[int] = set()
+        pods_listed = threading.Event()
 
-    def _stream(self, pod: str, container: str | None,
-                stop: threading.Event | None) -> Iterator[str]:
-        response = self.requests.call(
+        def follow(pod: str, index: int, attempt: str) -> None:
+            try:
+                if index in seen_node:
+                    out.put(("line", (index, f"--- {pod} restarted (attempt {attempt}) ---")))
+                seen_node.add(index)
+                for line in self._stream(pod, _container(job)):
+                    out.put(("line", (index, line)))
+            except AccelerateJobError as error:
+                out.put(("line", (index, f"error: {error}")))
+            finally:
+                out.put(("ended", pod))
+
+        def watch_pods() -> None:
+            try:
+                for pod in self._watch(self.requests.core.list_namespaced_pod, "pods",
+                                       label_selector=f"{JOB_NAME_LABEL}={name}"):
+                    if pod is None:
+                        pods_listed.set()
+                        continue
+                    metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+                    index = _pod_index(name, metadata.get("name", ""))
+                    if (index in wanted and metadata.get("uid") not in followed
+                            and status.get("phase") not in (None, "Pending")):
+                        followed.add(metadata["uid"])
+                        attempt = (metadata.get("labels") or {}).get(ATTEMPT_LABEL, "?")
+                        out.put(("started", metadata["name"]))
+                        threading.Thread(target=follow, args=(metadata["name"], index, attempt),
+                                         daemon=True).start()
+            except AccelerateJobError as error:
+                out.put(("error", error))
+
+        def watch_job() -> None:
+            try:
+                for body in self._watch(self.requests.custom.list_namespaced_custom_object,
+                                        "AccelerateJobs", GROUP, VERSION, PLURAL,
+                                        field_selector=f"metadata.name={name}"):
+                    if body is not None and (
+                            (body.get("status") or {}).get("phase") in FINISHED_PHASES):
+                        # the pods that exist now have had their streams started first
+                        pods_listed.wait()
+                        out.put(("finished", None))
+                        return
+            except AccelerateJobError as error:
+                out.put(("error", error))
+
+        for target in (watch_pods, watch_job):
+            threading.Thread(target=target, daemon=True).start()
+        streaming, finished = 0, False
+        while not (finished and streaming == 0):
+            kind, value = out.get()
+            if kind == "line":
+                index, line = value
+                yield f"[node {index}] {line}" if prefix else line
+            elif kind == "started":
+                streaming += 1
+            elif kind == "ended":
+                streaming -= 1
+            elif kind == "finished":
+                finished = True
+            elif kind == "error":
+                raise value
+
+    def _watch(self, list_fn: Callable[..., Any], what: str, *args: Any,
+               **selectors: Any) -> Iterator[dict[str, Any] | None]:
+        """Every object a namespaced list call returns (its current state), then None, then
+        every one that is added or changes, for as long as the caller iterates; lists again on
+        410."""
+        namespaced = (*args[:2], self.namespace, *args[2:]) if args else (self.namespace,)
+        while True:
+            result = self.requests.call(f"list {what}", list_fn, *namespaced, **selectors)
+            items = result.get("items") if isinstance(result, dict) else [
+                self.requests.api_client.sanitize_for_serialization(item)
+                for item in result.items]
+            metadata = result.get("metadata") if isinstance(result, dict) else {
+                "resourceVersion": result.metadata.resource_version}
+            yield from items or []
+            yield None  # the listed state is complete
+            version = (metadata or {}).get("resourceVersion")
+            try:
+                while True:
+                    for kind, body in self.requests.watch(
+                            f"watch {what}", list_fn, *namespaced, resource_version=version,
+                            timeout_seconds=300, allow_watch_bookmarks=True, **selectors):
+                        version = (body.get("metadata") or {}).get("resourceVersion") or version
+                        if kind in ("ADDED", "MODIFIED"):
+                            yield body
+            except WatchExpired:
+                continue
+
+    def _stream(self, pod: str, container: str | None) -> Iterator[str]:
+        """The pod's log, following it until its container ends (a follow stream)."""
+        lines = self.requests.watch(
             f"follow the log of pod {pod}", self.requests.core.read_namespaced_pod_log, pod,
-            self.namespace, container=container, follow=True, _preload_content=False,
-            answers={400: None, 404: None})  # gone or not started: the caller looks again
-        if response is None:
-            return
-        buffer = b""
-        try:
-            for chunk in response.stream(4096):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    yield line.decode(errors="replace")
-                if stop and stop.is_set():
-                    return
-            if buffer:
-                yield buffer.decode(errors="replace")
-        finally:
-            response.release_conn()
+            self.namespace, container=container, follow=True,
+            errors={400: AccelerateJobError(f"pod {pod} has not started"),
+                    404: AccelerateJobError(f"pod {pod} is gone")})
+        for _, line in lines:
+            yield line
+
+
+def _pod_index(job_name: str, pod: str) -> int:
+    """The node index of pod `<job>-<i>`, or -1 for a pod of another name."""
+    suffix = pod[len(job_name) + 1:] if pod.startswith(f"{job_name}-") else ""
+    return int(suffix) if suffix.isdigit() else -1

@@ -1,8 +1,11 @@
-"""What the CLI prints: job summaries, the status block with its progress bar, the table of
-`list`, and objects as YAML or JSON. Pure: jobs in, text out."""
+"""What the CLI prints: job summaries, the status block with its progress bar, the tables of
+`list` and `top`, and objects as YAML or JSON. Pure: jobs in, text or `rich` renderables out
+(rich draws the tables and the live bar, and leaves colours out when the output is no terminal);
+nothing here writes to a terminal."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -10,6 +13,10 @@ from typing import Any, TextIO
 
 import yaml
 from accelerate_operator.progress import format_duration
+from rich.console import Console, Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
 
 BAR_WIDTH = 30
 
@@ -83,17 +90,72 @@ def _age(timestamp: str | None, now: datetime) -> str:
     return format_duration(int((now - created).total_seconds()))
 
 
-def render_table(jobs: Sequence[Mapping[str, Any]], now: datetime) -> str:
-    rows = [("NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE")]
+PHASE_STYLES = {"Pending": "dim", "Queued": "cyan", "Running": "green", "Restarting": "yellow",
+                "Suspended": "magenta", "Succeeded": "bold green", "Failed": "bold red"}
+COLUMNS = ("NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE")
+
+
+def _bar(progress: Mapping[str, Any], width: int) -> RenderableType:
+    total = progress.get("totalSteps")
+    if not total:
+        return Text("")
+    return ProgressBar(total=float(total), completed=float(min(progress.get("step", 0), total)),
+                       width=width)
+
+
+def jobs_table(jobs: Sequence[Mapping[str, Any]], now: datetime, *,
+               bars: bool = False) -> Table:
+    """The jobs as `kubectl get ajob` shows them; with `bars`, a progress bar beside PROGRESS
+    (`top`)."""
+    table = Table(box=None, pad_edge=False, padding=(0, 3, 0, 0), header_style="bold")
+    for column in COLUMNS:
+        table.add_column(column, no_wrap=True)
+        if bars and column == "PROGRESS":
+            table.add_column("", no_wrap=True)
     for job in jobs:
         s = summarize(job)
         progress = s["progress"] or {}
-        rows.append((s["name"], s["phase"], s["readyNodes"] or "-", str(s["restarts"]),
-                     progress.get("summary") or "-", progress.get("eta") or "-",
-                     _age(job["metadata"].get("creationTimestamp"), now)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+        cells: list[RenderableType] = [
+            s["name"], Text(s["phase"], style=PHASE_STYLES.get(s["phase"], "")),
+            s["readyNodes"] or "-", str(s["restarts"])]
+        if bars:
+            cells.append(_bar(progress, 20))
+        cells += [progress.get("summary") or "-", progress.get("eta") or "-",
+                  _age(job["metadata"].get("creationTimestamp"), now)]
+        table.add_row(*cells)
+    return table
+
+
+def status_view(job: Mapping[str, Any]) -> RenderableType:
+    """The status block of `status --watch` on a terminal: the lines of render_status, with a
+    drawn progress bar and the phase in colour."""
+    progress = summarize(job)["progress"] or {}
+    lines = render_status(job).splitlines()
+    out: list[RenderableType] = []
+    for line in lines:
+        if line.startswith("Progress:") and progress.get("totalSteps"):
+            row = Table.grid(padding=(0, 2))
+            row.add_row(Text(line[:14]), _bar(progress, BAR_WIDTH),
+                        Text(progress_bar(progress).split("]  ", 1)[-1]))
+            out.append(row)
+        elif line.startswith("Phase:"):
+            phase = line[14:]
+            out.append(Text.assemble(line[:14], (phase, PHASE_STYLES.get(phase, ""))))
+        else:
+            out.append(Text(line))
+    return Group(*out)
+
+
+def to_text(renderable: RenderableType, width: int = 200) -> str:
+    """What rich draws, as plain text without colours (for pipes, files and tests)."""
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None, force_terminal=False,
+            legacy_windows=False).print(renderable)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+def render_table(jobs: Sequence[Mapping[str, Any]], now: datetime, *, bars: bool = False) -> str:
+    return to_text(jobs_table(jobs, now, bars=bars))
 
 
 def dump(objects: Sequence[Mapping[str, Any]], output: str, out: TextIO) -> None:

@@ -8,17 +8,22 @@ about ApiException, HTTP statuses and transport errors."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kubernetes
+import kubernetes.watch
 import urllib3
 from accelerate_operator.apierrors import server_message
 from kubernetes.client.rest import ApiException
 
 from .errors import AccelerateJobError
+
+
+class WatchExpired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): read the object again, then watch."""
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -84,7 +89,35 @@ class Requests:
         or `failure` instead of "cannot <what>")."""
         try:
             return fn(*args, **kwargs)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            return self._failed(error, what, answers, errors, failure)
+
+    def watch(self, what: str, fn: Callable[..., Any], *args: Any,
+              errors: Mapping[int, Exception | Callable[[str], Exception]] | None = None,
+              **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """The events of one watch (`fn` a list call; with `follow=True`, a log read: then each
+        event is ("LINE", text)) as (type, object as a dict), until the server ends it (pass
+        `timeout_seconds`). Raises WatchExpired on 410 Gone, else as `call` does."""
+        watch = kubernetes.watch.Watch()
+        try:
+            for event in watch.stream(fn, *args, **kwargs):
+                if isinstance(event, str):
+                    yield "LINE", event
+                else:
+                    yield event["type"], event["raw_object"]
         except ApiException as error:
+            if error.status == 410:
+                raise WatchExpired(str(error.reason)) from None
+            self._failed(error, what, None, errors, None)
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            self._failed(error, what, None, errors, None)
+        finally:
+            watch.stop()
+
+    def _failed(self, error: Exception, what: str, answers: Mapping[int, Any] | None,
+                errors: Mapping[int, Exception | Callable[[str], Exception]] | None,
+                failure: str | None) -> Any:
+        if isinstance(error, ApiException):
             if answers and error.status in answers:
                 return answers[error.status]
             if errors and error.status in errors:
@@ -99,8 +132,7 @@ class Requests:
                     f"{self.namespace}") from None
             raise AccelerateJobError(
                 f"{failure or f'cannot {what}'}: {server_message(error)}") from None
-        except (urllib3.exceptions.HTTPError, OSError) as error:  # refused, timed out, DNS
-            host = self.api_client.configuration.host
-            raise AccelerateJobError(
-                f"cannot reach the Kubernetes API server at {host} to {what} ({error}); is the "
-                "cluster up and is your kubeconfig's current context the right one?") from None
+        host = self.api_client.configuration.host  # refused, timed out, DNS
+        raise AccelerateJobError(
+            f"cannot reach the Kubernetes API server at {host} to {what} ({error}); is the "
+            "cluster up and is your kubeconfig's current context the right one?") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from accelerate_operator.api import SpecError, parse_job
@@ -197,3 +198,39 @@ def build_code_configmap(job: Mapping[str, Any], code: CodeArchive) -> dict[str,
             "apiVersion": job.get("apiVersion", API_VERSION), "kind": job.get("kind", KIND),
             "name": metadata["name"], "uid": metadata["uid"]}]
     return manifest
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Everything `submit` sends, in the order it sends it: the accelerate YAML's ConfigMap
+    (when a YAML is given), the job, then the code's ConfigMap (when code is shipped; the
+    owner reference to the created job is added once the server has given it a uid)."""
+
+    config: dict[str, Any] | None
+    job: dict[str, Any]
+    code: dict[str, Any] | None
+
+    def objects(self) -> list[dict[str, Any]]:
+        return [o for o in (self.config, self.job, self.code) if o is not None]
+
+
+def build_submission(job: Mapping[str, Any], config_yaml: str | None, namespace: str,
+                     files: Mapping[str, str] | None = None,
+                     code: CodeArchive | None = None) -> Submission:
+    """What submit sends, built once, for the real submit and `--dry-run` alike. Pure; raises
+    ConfigError when the YAML cannot work for the job."""
+    body = use_code(job, code) if code is not None else copy.deepcopy(dict(job))
+    configmap = None
+    if config_yaml is not None:
+        body, configmap = prepare_submission(body, config_yaml, namespace, files)
+    return Submission(configmap, body,
+                      build_code_configmap(body, code) if code is not None else None)
+
+
+def owned_by(manifest: Mapping[str, Any], job: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `manifest` owned by the created `job` (garbage-collected with it)."""
+    owned = copy.deepcopy(dict(manifest))
+    owned["metadata"]["ownerReferences"] = [{
+        "apiVersion": job.get("apiVersion", API_VERSION), "kind": job.get("kind", KIND),
+        "name": job["metadata"]["name"], "uid": job["metadata"]["uid"]}]
+    return owned

@@ -16,6 +16,7 @@ from typing import Any
 
 from .api import JobSpec
 from .kube import Kube, Rejected
+from .metrics import merged, record_status_change
 from .observe import Observed
 from .plan import Actions, Archive, WorkloadWrite
 from .resources.logs import ARCHIVED_LINES, build_logs_configmap
@@ -29,6 +30,14 @@ CREATE_PARALLELISM = 16
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
+
+
+def _created_at(body: Mapping[str, Any]) -> datetime | None:
+    stamp = body["metadata"].get("creationTimestamp")
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "")) if stamp else None
+    except ValueError:
+        return None
 
 
 class Applier:
@@ -56,6 +65,8 @@ class Applier:
         if actions.status is not None:
             await self.kube.patch_job_status(job.namespace, job.name, actions.status)
             state.remember_status(actions.status)
+            record_status_change(seen.status, merged(seen.status, actions.status),
+                                 created_at=_created_at(seen.body) or now, now=now)
         for event in actions.events:
             await self.kube.post_event(seen.body, event, now)
         if actions.delete_job:

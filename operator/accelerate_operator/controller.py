@@ -33,6 +33,7 @@ from .constants import GROUP, KIND
 from .heap import release_freed_memory
 from .kube import Kube
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
+from .metrics import observe_pass, record_watch_restart
 from .reconciler import Reconciler
 from .state import JobStates
 from .status import PodState, read_pod_state
@@ -122,6 +123,34 @@ class PauseTracker(logging.Handler):
             self.queue.paused = False
 
 
+class WatchRestartCounter(logging.Handler):
+    """Counts kopf's watch restarts for the watch_restarts_total metric: kopf says when a
+    watch's resourceVersion expired (410) and it lists again only in a debug record of its
+    watching module (tests/unit/test_runtime.py pins the message). The logger is set to DEBUG
+    for this handler alone: its records do not propagate, and its warnings and errors are
+    passed on to the root logger as before."""
+
+    LOGGER = "kopf._cogs.clients.watching"
+    PREFIX = "Restarting the watch-stream for "
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(self.PREFIX):
+            resource = message[len(self.PREFIX):].split(" ", 1)[0]
+            record_watch_restart(resource.split(".", 1)[0].split("/", 1)[0] or "other")
+        if record.levelno >= logging.WARNING:
+            logging.getLogger().handle(record)
+
+    @classmethod
+    def install(cls) -> WatchRestartCounter:
+        handler = cls(level=logging.DEBUG)
+        logger = logging.getLogger(cls.LOGGER)
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        return handler
+
+
 class Controller:
     def __init__(self, kube: Kube, kueue: bool = False,
                  clock: Callable[[], float] = time.monotonic):
@@ -183,8 +212,20 @@ class Controller:
             if not await self.kube.job_exists(key[0], key[1], uid):
                 return None
         state = self.states.get(key, uid)
-        return await self.reconciler.reconcile(state, body, self.pods_of(key, uid),
-                                               self.children_of(key), self.queue_of(key, uid))
+        started = time.perf_counter()
+        try:
+            return await self.reconciler.reconcile(state, body, self.pods_of(key, uid),
+                                                   self.children_of(key), self.queue_of(key, uid))
+        finally:
+            observe_pass(time.perf_counter() - started)
+
+    def job_statuses(self) -> list[Any]:
+        """Every job's status as kopf's index shows it, for the jobs{phase} gauge. Read from the
+        metrics server's thread: list() snapshots each view in one step under the GIL."""
+        index = self.indexes.get("job_bodies")
+        if index is None:
+            return []
+        return [body.get("status") for bodies in list(index.values()) for body in list(bodies)]
 
     # ---- events (from handlers.py) ------------------------------------------------------------
     def on_job(self, event_type: str | None, body: Mapping[str, Any]) -> None:

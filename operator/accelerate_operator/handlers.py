@@ -26,6 +26,7 @@ from typing import Any
 
 import kopf
 
+from . import metrics
 from .constants import GROUP, PLURAL
 from .controller import (
     CONFIGMAP_SELECTOR,
@@ -36,6 +37,7 @@ from .controller import (
     WORKLOAD_SELECTOR,
     Controller,
     PauseTracker,
+    WatchRestartCounter,
     lean_job,
     lean_workload,
     owner_uid,
@@ -60,6 +62,7 @@ class _Runtime:
     controller: Controller | None = None
     connection: kopf.ConnectionInfo | None = None
     namespaces: list[str] = []  # those watched (set by __main__); none: every namespace
+    metrics_served = False
 
 
 RUNTIME = _Runtime()
@@ -129,6 +132,12 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
     RUNTIME.controller = controller
+    WatchRestartCounter.install()
+    port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
+    if port and not RUNTIME.metrics_served:
+        metrics.count_jobs_from(controller.job_statuses)
+        metrics.start_metrics_server(int(port))
+        RUNTIME.metrics_served = True  # one server per process, across kopf runs in tests
 
 
 @kopf.on.cleanup(id="stop")

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 from .apierrors import server_message
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, choose_kueue_version
+from .metrics import record_api_error
 from .resources.configmap import ConfigSource
 from .status import Event, format_time
 
@@ -156,6 +157,8 @@ class Kube:
             if error.status in (429, 503) and attempt < RETRIES:
                 await asyncio.sleep(_retry_delay(retry_after, attempt))
                 continue
+            if not _expected(method, error.status):
+                record_api_error(_VERBS.get(method, "other"), error.status)
             raise error
         raise AssertionError("unreachable")
 
@@ -431,6 +434,17 @@ class Kube:
             detail = server_message(error) if isinstance(error, ApiError) else repr(error)
             log.warning("could not post event %s on %s: %s", event.reason, metadata["name"],
                         detail)
+
+
+_VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update",
+          "DELETE": "delete"}
+
+
+def _expected(method: str, status: int) -> bool:
+    """Answers the callers treat as a result, not an error: a create that found the object
+    (409), a read or delete of something gone (404)."""
+    return (method == "POST" and status == 409) or (method in ("GET", "DELETE", "PATCH")
+                                                    and status == 404)
 
 
 def _retry_delay(retry_after: str | None, attempt: int) -> float:

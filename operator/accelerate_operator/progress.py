@@ -44,6 +44,27 @@ def parse_progress(log_text: str) -> dict[str, Any] | None:
     return None
 
 
+# status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),
+# from transformers through the relay. The log is the user's output: keep a few short ones.
+MAX_METRICS = 16
+MAX_METRIC_NAME = 64
+
+
+def build_metrics(value: Any) -> dict[str, float] | None:
+    """The finite numbers of a report's `metrics` object, at most MAX_METRICS with short names,
+    or None when there are none."""
+    if not isinstance(value, dict):
+        return None
+    metrics = {}
+    for name, number in value.items():
+        finite = _finite(number)
+        if finite is not None and isinstance(name, str) and 0 < len(name) <= MAX_METRIC_NAME:
+            metrics[name] = finite
+        if len(metrics) == MAX_METRICS:
+            break
+    return metrics or None
+
+
 def format_duration(seconds: int) -> str:
     """`45s`, `1m20s`, `2h05m`, `3d4h`: as short as kubectl's AGE column."""
     seconds = max(int(seconds), 0)
@@ -85,6 +106,9 @@ def build_progress_status(report: Mapping[str, Any], now: datetime) -> dict[str,
     if eta_seconds is not None:
         progress["etaSeconds"] = eta_seconds
         progress["eta"] = format_duration(eta_seconds)
+    metrics = build_metrics(report.get("metrics"))
+    if metrics:
+        progress["metrics"] = metrics
     progress["summary"] = format_summary(step, total)
     progress["updateTime"] = format_time(now)
     return progress

@@ -199,9 +199,20 @@ def test_status_before_any_report():
 class FakeClient:
     namespace = "team"
 
-    def __init__(self, jobs=(), error=None):
+    def __init__(self, jobs=(), error=None, versions=()):
         self.jobs = {j["metadata"]["name"]: j for j in jobs}
         self.error = error
+        self.versions = list(versions)  # what the watches send after the current state
+
+    def watch(self, name):
+        yield self.get(name)
+        yield from self.versions
+
+    def watch_all(self):
+        yield self.list()
+        for version in self.versions:
+            self.jobs[version["metadata"]["name"]] = version
+            yield self.list()
 
     def get(self, name):
         if name not in self.jobs:
@@ -210,7 +221,7 @@ class FakeClient:
         return self.jobs[name]
 
     def list(self):
-        return list(self.jobs.values())
+        return [self.jobs[name] for name in sorted(self.jobs)]
 
     def wait(self, name, condition, timeout):
         raise self.error
@@ -249,6 +260,42 @@ def test_status_watch_ends_with_the_job(fake):
     assert code == 0 and "Phase:        Succeeded" in out
 
 
+def test_status_watch_prints_each_new_version_plainly_when_not_a_terminal(fake):
+    later = job(progress={**PROGRESS, "step": 30, "summary": "30/40 (75%)"})
+    failed = job(phase="Failed", progress=later["status"]["progress"])
+    fake(FakeClient([job(progress=PROGRESS)], versions=[job(progress=PROGRESS), later, failed]))
+    code, out, _ = run("status", "llm", "--watch")
+    assert code == 1  # it failed
+    blocks = out.split("\n\n")
+    assert [b.splitlines()[1] for b in blocks] == ["Phase:        Running"] * 2 + [
+        "Phase:        Failed"]  # an unchanged version is not printed again
+    assert "30/40 (75%)" in blocks[1] and "\x1b[" not in out
+
+
+def test_top_prints_the_table_with_bars_after_each_change_when_not_a_terminal(fake):
+    other = {**job(phase="Queued"), "metadata": {**job()["metadata"], "name": "bert"}}
+    fake(FakeClient([job(progress=PROGRESS)], versions=[other, job(phase="Succeeded", progress={
+        **PROGRESS, "step": 40, "summary": "40/40 (100%)", "eta": "0s"})]))
+    for command in (["top"], ["list", "-w"]):
+        code, out, _ = run(*command)
+        first, second, third = out.split("\n\n")
+        assert first.splitlines()[0].split() == list(render.COLUMNS)
+        assert "━" in first and "12/40 (30%)" in first and "1m20s" in first
+        assert [line.split()[:2] for line in third.splitlines()[1:]] == [
+            ["bert", "Queued"], ["llm", "Succeeded"]]
+        assert "40/40 (100%)" in third and "\x1b[" not in out
+        fake(FakeClient([job(progress=PROGRESS)], versions=[other, job(
+            phase="Succeeded", progress={**PROGRESS, "step": 40, "summary": "40/40 (100%)",
+                                         "eta": "0s"})]))
+
+
+def test_status_view_draws_a_bar_and_colours_the_phase():
+    text = render.to_text(render.status_view(job(progress=PROGRESS)))
+    assert "Phase:        Running" in text
+    progress_line = next(line for line in text.splitlines() if line.startswith("Progress:"))
+    assert "━" in progress_line and "12/40 (30%)  epoch 0" in progress_line
+
+
 def test_list_is_a_table_like_kubectl_get(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
     code, out, _ = run("list")
@@ -266,14 +313,43 @@ def test_wait_for_a_failed_job_exits_1_with_the_reason(fake):
 # ---- the client against fake API objects --------------------------------------------------
 
 
+class WatchResponse:
+    """What the API server streams for a watch: one JSON event per line."""
+
+    status = 200
+
+    def __init__(self, events):
+        self.events = events
+
+    def stream(self, amt=None, decode_content=False):
+        for kind, body in self.events:
+            yield (json.dumps({"type": kind, "object": body}) + "\n").encode()
+
+    def close(self):
+        pass
+
+    def release_conn(self):
+        pass
+
+
 class FakeCustom:
+    """The job's first version answers the get; the others come as watch events."""
+
     def __init__(self, bodies):
         self.bodies = list(bodies)
+        self.watches = []
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         if not self.bodies:
             raise ApiException(status=404, reason="Not Found")
-        return self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]
+        return self.bodies[0]
+
+    def list_namespaced_custom_object(self, group, version, namespace, plural, **kwargs):
+        assert kwargs["watch"] and kwargs["_preload_content"] is False
+        self.watches.append(kwargs)
+        events = [("MODIFIED", body) for body in self.bodies[1:]]
+        self.bodies[1:] = []
+        return WatchResponse(events)
 
 
 class FakeCore:
@@ -306,9 +382,29 @@ def failed_condition(message):
              "message": message}]
 
 
-def test_wait_returns_the_job_once_the_condition_holds():
+def test_wait_follows_the_job_with_a_watch_until_the_condition_holds():
     done = job(phase="Succeeded", conditions=[{"type": "Succeeded", "status": "True"}])
-    assert client([job(), job(), done]).wait("llm", poll_interval=0.01) == done
+    c = client([job(), job(), done])
+    assert c.wait("llm") == done
+    watch, = c.requests.custom.watches
+    assert watch["field_selector"] == "metadata.name=llm" and watch["timeout_seconds"] >= 1
+
+
+def test_watch_ends_when_the_job_is_deleted():
+    c = client([job()])
+    c.requests.custom.list_namespaced_custom_object = (
+        lambda *a, **k: WatchResponse([("DELETED", job())]))
+    with pytest.raises(JobNotFound, match="llm was deleted"):
+        list(c.watch("llm"))
+
+
+def test_watch_reads_the_job_again_when_its_version_expired():
+    answers = [WatchResponse([("ERROR", {"code": 410, "reason": "Expired", "message": "old"})]),
+               WatchResponse([("MODIFIED", job(phase="Succeeded"))])]
+    c = client([job()])
+    c.requests.custom.list_namespaced_custom_object = lambda *a, **k: answers.pop(0)
+    phases = [j["status"]["phase"] for _, j in zip(range(3), c.watch("llm"), strict=False)]
+    assert phases == ["Running", "Running", "Succeeded"]
 
 
 def test_wait_raises_job_failed_with_the_condition_message():
@@ -320,7 +416,7 @@ def test_wait_raises_job_failed_with_the_condition_message():
 
 def test_wait_times_out_saying_where_the_job_is():
     with pytest.raises(WaitTimeout, match=r"still Running at 12/40 \(30%\) after 0.05s"):
-        client([job(progress=PROGRESS)]).wait("llm", timeout=0.05, poll_interval=0.01)
+        client([job(progress=PROGRESS)]).wait("llm", timeout=0.05)
 
 
 def test_logs_of_all_nodes_are_prefixed():

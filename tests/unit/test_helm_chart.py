@@ -7,6 +7,7 @@ hack/install-tools.sh (installed on first use, so the tests never skip for a mis
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from accelerate_operator.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "accelerate-operator"
@@ -136,6 +138,7 @@ def test_default_render_has_exactly_the_expected_kinds(helm):
             "ClusterRole": 1,
             "ClusterRoleBinding": 1,
             "Deployment": 1,
+            "Service": 1,  # the metrics Service
         }
     )
 
@@ -355,3 +358,64 @@ def test_kueue_disabled_by_default_grants_nothing_of_kueue(helm):
     assert not any(group == "kueue.x-k8s.io" for d in docs if d["kind"] == "ClusterRole"
                    for group, _ in rules_of(d))
     assert "ACCELERATE_OPERATOR_KUEUE" not in {e["name"] for e in operator_container(docs)["env"]}
+
+
+# ---- metrics: the port, its Service, the optional ServiceMonitor and Grafana dashboard --------
+
+
+def test_metrics_are_served_on_their_own_port_behind_a_service_by_default(helm):
+    docs = render(helm)
+    container = operator_container(docs)
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    assert {"name": "ACCELERATE_OPERATOR_METRICS_PORT", "value": "9090"} in container["env"]
+    service = only(docs, "Service")
+    pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["metadata"]["name"] == f"{RELEASE}-metrics"
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090,
+                                         "targetPort": "metrics", "protocol": "TCP"}]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert not [d for d in docs if d["kind"] in ("ServiceMonitor", "ConfigMap")]
+
+
+def test_metrics_port_is_configurable_and_can_be_switched_off(helm):
+    container = operator_container(render(helm, "metrics.port=9200"))
+    assert {"name": "ACCELERATE_OPERATOR_METRICS_PORT", "value": "9200"} in container["env"]
+    off = render(helm, "metrics.enabled=false")
+    assert not [d for d in off if d["kind"] == "Service"]
+    assert [p["name"] for p in operator_container(off)["ports"]] == ["health"]
+    assert not [e for e in operator_container(off)["env"] if "METRICS" in e["name"]]
+    for bad in ("metrics.port=8080", "metrics.port=0", "metrics.serviceMonitor.interval=often",
+                "metrics.dashbord.enabled=true"):
+        done = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad)
+        assert done.returncode != 0, f"--set {bad} was accepted"
+
+
+def test_service_monitor_selects_the_metrics_service_with_the_users_labels(helm):
+    docs = render(helm, "metrics.serviceMonitor.enabled=true",
+                  "metrics.serviceMonitor.labels.release=prom",
+                  "metrics.serviceMonitor.interval=15s")
+    monitor = only(docs, "ServiceMonitor")
+    service = only(docs, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics",
+                                             "interval": "15s"}]
+
+
+def test_grafana_dashboard_ships_as_a_sidecar_labelled_configmap_of_every_metric(helm):
+    docs = render(helm, "metrics.dashboard.enabled=true", "metrics.dashboard.namespace=grafana")
+    configmap = only(docs, "ConfigMap")
+    assert configmap["metadata"]["namespace"] == "grafana"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(configmap["data"]["accelerate-operator.json"])
+    exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    names = {metric.name for metric in Metrics().registry.collect()}
+    assert names == {"accelerate_operator_jobs", "accelerate_operator_restarts",
+                     "accelerate_operator_job_seconds_to_running",
+                     "accelerate_operator_job_seconds_to_first_step",
+                     "accelerate_operator_pass_duration_seconds",
+                     "accelerate_operator_api_errors", "accelerate_operator_watch_restarts"}
+    assert all(name in exprs for name in names), exprs

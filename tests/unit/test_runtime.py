@@ -448,3 +448,31 @@ def test_throttled_requests_are_retried_after_the_servers_delay(monkeypatch, sta
     from accelerate_operator.kube import _retry_delay
 
     assert [_retry_delay(retry_after, 0)] == expected
+
+
+def test_kopfs_watch_restarts_are_counted_and_its_warnings_still_reach_the_log(caplog):
+    import kopf._cogs.clients.watching as watching
+    from accelerate_operator.controller import WatchRestartCounter
+    from accelerate_operator.metrics import METRICS
+
+    source = Path(watching.__file__).read_text()
+    assert watching.logger.name == WatchRestartCounter.LOGGER
+    assert 'logger.debug(f"Restarting the watch-stream for {resource} {where}.")' in source
+
+    def count() -> float:
+        return METRICS.registry.get_sample_value(
+            "accelerate_operator_watch_restarts_total", {"kind": "pods"}) or 0.0
+
+    handler = WatchRestartCounter.install()
+    logger = logging.getLogger(WatchRestartCounter.LOGGER)
+    try:
+        before = count()
+        logger.debug("Restarting the watch-stream for pods.v1 cluster-wide.")
+        logger.debug("Starting the watch-stream for pods.v1 cluster-wide.")  # not a restart
+        with caplog.at_level(logging.WARNING):
+            logger.warning("a watch failed")
+        assert count() == before + 1
+        assert "a watch failed" in caplog.text
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True

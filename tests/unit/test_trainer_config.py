@@ -227,6 +227,8 @@ def no_exec(monkeypatch):
     """Record what main() would exec instead of replacing the test process."""
     calls = []
     monkeypatch.setattr(trainer_main.os, "execvpe", lambda *args: calls.append(args))
+    # no exec, so no launcher for the progress relay to end with: test_kubeflow_relay.py starts it
+    monkeypatch.setattr(trainer_main, "start_relay", lambda environ, node_rank: {})
     monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda: 0)
     return calls
 

@@ -41,6 +41,7 @@ from .contract import (
 from .deepspeed_checks import parse_deepspeed_json
 from .fast_exit import ENV_FAST_EXIT
 from .ignored import check_in_pod, probe_hardware
+from .kubeflow_relay import start_relay
 from .rendezvous import MasterUnreachable, wait_for_master
 from .schema import load as load_schema
 from .topology import Topology, TopologyError, parse_topology
@@ -236,6 +237,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         topology.node_rank, topology.num_nodes, topology.nproc_per_node, topology.world_size,
         " ".join(plan.argv),
     )
+    # transformers.Trainer scripts report progress with no code change (kubeflow_relay.py).
+    launch_env.update(start_relay({**environ, **launch_env}, node_rank=topology.node_rank))
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -1,0 +1,62 @@
+"""An ordinary `transformers.Trainer` script, with no progress code of ours: in an AccelerateJob,
+PROGRESS, ETA and its latest metrics still reach `kubectl get ajob`, because transformers'
+KubeflowCallback reports to the relay the trainer starts in pod 0
+(accelerate_trainer/kubeflow_relay.py).
+
+It trains a tiny Llama built from a config (no download) on a synthetic, learnable sequence task,
+so it runs anywhere, CPU included: `accelerate launch examples/trainer_example.py --max-steps 50`.
+The trainer image ships it as /opt/accelerate/examples/trainer_example.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, set_seed
+
+
+class CountingDataset(torch.utils.data.Dataset):
+    """Sequences that count up modulo the vocabulary: a task a tiny model learns in few steps."""
+
+    def __init__(self, size: int, seq_len: int, vocab_size: int):
+        self.size, self.seq_len, self.vocab_size = size, seq_len, vocab_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = (torch.arange(self.seq_len) + index) % self.vocab_size
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=8, help="per device")
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--output-dir", default="/tmp/trainer-example")
+    args = parser.parse_args(argv)
+
+    set_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    training_args = TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+    )
+    dataset = CountingDataset(args.max_steps * args.batch_size, args.seq_len, config.vocab_size)
+    Trainer(model=model, args=training_args, train_dataset=dataset).train()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""The operator's Prometheus metrics (`prometheus_client`), and the small calls the runtime makes.
+
+What moved between two statuses of a job (a restart and why, the first Running, the first training
+step) is computed by a pure function, `compute_status_change`, from the status before and after a
+pass: the same status the operator writes anyway, so a restarted operator never counts a restart
+twice (it starts from the stored status). Everything else is a one-line call at the place where
+the runtime already knows the number.
+
+Where the runtime calls what (the operator's runtime wires these; nothing here starts itself):
+    start_metrics_server(int(os.environ["ACCELERATE_OPERATOR_METRICS_PORT"]))   at start-up,
+        when the env is set (the chart sets it from metrics.port);
+    count_jobs_from(lambda: statuses of the jobs held)                           once, at start-up;
+    observe_pass(seconds)                                                        after each pass;
+    record_status_change(old, merged(old, patch), created_at, now)               after each
+        accepted status patch;
+    record_api_error(verb, code)                                                 where an API call
+        fails;
+    record_watch_restart(kind)                                                   where a watch is
+        started again.
+
+Exported, all prefixed `accelerate_operator_`:
+
+    jobs{phase}                    gauge      AccelerateJobs by status.phase
+    restarts_total{reason}         counter    whole-group restarts, by the failure that caused them
+    job_seconds_to_running         histogram  creation -> first Running
+    job_seconds_to_first_step      histogram  creation -> first progress step > 0
+    pass_duration_seconds          histogram  one reconcile pass of one job
+    api_errors_total{verb,code}    counter    API requests that failed
+    watch_restarts_total{kind}     counter    watches started again (expired, dropped, 410)
+
+The label values are bounded (phases and verbs are fixed sets, reasons and codes are checked), so
+no label can grow without end. No API calls here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+PHASES = ("Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
+STARTUP_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# "pod J-1 failed (OOMKilled) with exit code 137: ..." / "pod J-0 failed with ..." /
+# "pod J-1 was deleted": status.lastFailure as status.Failure.describe writes it.
+FAILURE = re.compile(r"^pod \S+ (?:failed(?: \((?P<reason>[A-Za-z]{1,40})\)|(?P<plain> with |: |$))"
+                     r"|(?P<deleted>was deleted))")
+
+
+class Metrics:
+    """Every metric the operator exports, in one registry (a fresh one per test)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        prefix = "accelerate_operator_"
+        # jobs{phase} is counted when scraped, from the source the runtime registers (its job
+        # store or index), else from the counts it last set: no timer keeps it fresh.
+        self.phase_counts: dict[str, int] = dict.fromkeys(PHASES, 0)
+        self.jobs_source: Callable[[], Iterable[Mapping[str, Any] | None]] | None = None
+        self.registry.register(_JobsByPhase(self))
+        self.restarts = Counter(f"{prefix}restarts", "Whole-group restarts, by the failure "
+                                "that caused them", ["reason"], registry=self.registry)
+        self.to_running = Histogram(f"{prefix}job_seconds_to_running", "Seconds from a job's "
+                                    "creation to its first Running", buckets=STARTUP_BUCKETS,
+                                    registry=self.registry)
+        self.to_first_step = Histogram(f"{prefix}job_seconds_to_first_step", "Seconds from a "
+                                       "job's creation to its first reported training step",
+                                       buckets=STARTUP_BUCKETS, registry=self.registry)
+        self.pass_duration = Histogram(f"{prefix}pass_duration_seconds", "Seconds one "
+                                       "reconcile pass of one job took", buckets=PASS_BUCKETS,
+                                       registry=self.registry)
+        self.api_errors = Counter(f"{prefix}api_errors", "API requests that failed, by verb "
+                                  "and HTTP status code (0: no answer)", ["verb", "code"],
+                                  registry=self.registry)
+        self.watch_restarts = Counter(f"{prefix}watch_restarts", "Watches started again, by "
+                                      "the kind watched", ["kind"], registry=self.registry)
+
+
+class _JobsByPhase:
+    """The jobs{phase} gauge, computed at scrape time."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily("accelerate_operator_jobs", "AccelerateJobs by phase",
+                                  labels=["phase"])]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("accelerate_operator_jobs", "AccelerateJobs by phase",
+                                   labels=["phase"])
+        source = self.metrics.jobs_source
+        counts = count_phases(source()) if source is not None else self.metrics.phase_counts
+        for phase in PHASES:
+            family.add_metric([phase], counts.get(phase, 0))
+        yield family
+
+
+METRICS = Metrics()
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    """What one pass moved, for the metrics: restart reasons (one per restart counted), and the
+    seconds since creation when the job first ran or first reported a step (None otherwise)."""
+    restart_reasons: tuple[str, ...] = ()
+    seconds_to_running: float | None = None
+    seconds_to_first_step: float | None = None
+
+
+def restart_reason(last_failure: Any) -> str:
+    """A bounded label from status.lastFailure: the pod's reason (OOMKilled, Evicted...), Error
+    for a plain non-zero exit, PodDeleted, or Other."""
+    match = FAILURE.match(last_failure) if isinstance(last_failure, str) else None
+    if match is None:
+        return "Other"
+    if match.group("deleted"):
+        return "PodDeleted"
+    return match.group("reason") or ("Error" if match.group("plain") is not None else "Other")
+
+
+def _has_condition(status: Mapping[str, Any], type_: str, value: str | None = None) -> bool:
+    return any(c.get("type") == type_ and (value is None or c.get("status") == value)
+               for c in status.get("conditions") or () if isinstance(c, Mapping))
+
+
+def _step(status: Mapping[str, Any]) -> int:
+    step = (status.get("progress") or {}).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else 0
+
+
+def compute_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
+                          created_at: datetime, now: datetime) -> StatusChange:
+    """What moved from `old` to `new` (status dicts as stored; `new` is `old` with the pass's
+    patch merged in). Pure. "First" is read from the status itself: the Running condition exists
+    once a job ever ran, progress stays after a restart, so neither is counted twice."""
+    old, new = old or {}, new or {}
+    seconds = max((now - created_at).total_seconds(), 0.0)
+    restarts = int(new.get("restarts") or 0) - int(old.get("restarts") or 0)
+    reasons = (restart_reason(new.get("lastFailure")),) * max(restarts, 0)
+    first_running = (_has_condition(new, "Running", "True")
+                     and not _has_condition(old, "Running"))
+    first_step = _step(new) > 0 and _step(old) == 0 and not old.get("progress")
+    return StatusChange(reasons, seconds if first_running else None,
+                        seconds if first_step else None)
+
+
+def merged(status: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` with a JSON merge patch (RFC 7386, as the operator writes status) applied: the
+    `new` that record_status_change wants. Pure."""
+    result = dict(status or {})
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def record_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
+                         created_at: datetime, now: datetime,
+                         metrics: Metrics = METRICS) -> StatusChange:
+    """Count what one status write moved; call it where the pass's status patch was accepted."""
+    change = compute_status_change(old, new, created_at, now)
+    for reason in change.restart_reasons:
+        metrics.restarts.labels(reason).inc()
+    if change.seconds_to_running is not None:
+        metrics.to_running.observe(change.seconds_to_running)
+    if change.seconds_to_first_step is not None:
+        metrics.to_first_step.observe(change.seconds_to_first_step)
+    return change
+
+
+def count_phases(statuses: Iterable[Mapping[str, Any] | None]) -> dict[str, int]:
+    """Jobs per phase over the statuses of every job the operator holds (a job with no status
+    yet is Pending). Pure."""
+    counts = dict.fromkeys(PHASES, 0)
+    for status in statuses:
+        phase = (status or {}).get("phase") or "Pending"
+        if phase in counts:
+            counts[phase] += 1
+    return counts
+
+
+def set_jobs_by_phase(counts: Mapping[str, int], metrics: Metrics = METRICS) -> None:
+    """Set jobs{phase} from counts (count_phases); for a runtime without a store to read."""
+    metrics.phase_counts = {phase: counts.get(phase, 0) for phase in PHASES}
+
+
+def count_jobs_from(source: Callable[[], Iterable[Mapping[str, Any] | None]],
+                    metrics: Metrics = METRICS) -> None:
+    """Count jobs{phase} at each scrape from `source()`: the statuses of the jobs the runtime
+    holds (for example `lambda: (job.get("status") for job in store.values())`). The source
+    runs in the metrics server's thread: it must only read."""
+    metrics.jobs_source = source
+
+
+def observe_pass(seconds: float, metrics: Metrics = METRICS) -> None:
+    metrics.pass_duration.observe(max(seconds, 0.0))
+
+
+def record_api_error(verb: str, code: int | None, metrics: Metrics = METRICS) -> None:
+    """One failed API request; code None (or 0) when no HTTP answer came (a timeout, a reset)."""
+    verb = verb.lower() if verb.lower() in VERBS else "other"
+    label = str(code) if isinstance(code, int) and 100 <= code <= 599 else "0"
+    metrics.api_errors.labels(verb, label).inc()
+
+
+def record_watch_restart(kind: str, metrics: Metrics = METRICS) -> None:
+    """A watch that ended and was started again (the kind in the plural: pods, acceleratejobs)."""
+    metrics.watch_restarts.labels(kind if re.fullmatch(r"[a-z.]{1,63}", kind) else "other").inc()
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0",  # noqa: S104 (scraped from the pod IP)
+                         metrics: Metrics = METRICS):
+    """Serve /metrics on `port` from a daemon thread; returns (server, thread)."""
+    return start_http_server(port, addr=addr, registry=metrics.registry)

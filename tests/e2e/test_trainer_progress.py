@@ -1,0 +1,99 @@
+"""End to end: an unmodified `transformers.Trainer` script (examples/trainer_example.py, shipped in
+the trainer image) reports PROGRESS, ETA and its latest metrics to `kubectl get ajob` through the
+relay the trainer starts in pod 0, with no progress code in the script.
+
+Two nodes x two processes on CPU, enough steps to train for about a minute, so the callback's
+5 s posts and the operator's 5 s log reads see several mid-run values; then 100 % at the end."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from devtools.cluster import kubectl, wait_for
+from tests.helpers.jobs import apply_job, get_job, phase_is, wait_for_job
+
+pytestmark = [pytest.mark.timeout(600)]
+
+IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
+NAME = "hf-trainer"
+MAX_STEPS = 3000
+JOB = {
+    "apiVersion": "accelerate-operator.io/v1alpha1",
+    "kind": "AccelerateJob",
+    "metadata": {"name": NAME},
+    "spec": {
+        "numNodes": 2,
+        "numProcPerNode": 2,
+        "accelerateConfig": {"compute_environment": "LOCAL_MACHINE",
+                             "distributed_type": "MULTI_CPU", "use_cpu": True,
+                             "mixed_precision": "no"},
+        "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
+        "template": {"spec": {
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "volumes": [{"name": "workspace", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+            "containers": [{
+                "name": "trainer",
+                "image": IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["accelerate-trainer"],
+                "args": ["/opt/accelerate/examples/trainer_example.py",
+                         f"--max-steps={MAX_STEPS}", "--batch-size=4", "--seq-len=32"],
+                "env": [{"name": "HF_HUB_OFFLINE", "value": "1"},
+                        {"name": "OMP_NUM_THREADS", "value": "1"}],
+                "resources": {"requests": {"cpu": "250m", "memory": "1Gi"},
+                              "limits": {"memory": "4Gi"}},
+                "securityContext": {"allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}},
+                "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"},
+                                 {"name": "tmp", "mountPath": "/tmp"}],
+            }],
+        }},
+    },
+}
+ROW = re.compile(rf"(\d+)/{MAX_STEPS} \((\d+)%\)")
+
+
+def test_an_unmodified_trainer_script_shows_rising_progress_an_eta_and_100_percent(
+        kubeconfig, namespace):
+    apply_job(kubeconfig, namespace, JOB)
+    seen: list[tuple[int, str]] = []
+
+    def progress_row():
+        row = kubectl("-n", namespace, "get", "ajob", NAME, "--no-headers",
+                      kubeconfig=kubeconfig).stdout
+        match = ROW.search(row)
+        if match and 0 < int(match.group(1)) < MAX_STEPS:
+            eta = row.split(match.group(0))[1].split()[0]
+            if not seen or seen[-1][0] != int(match.group(1)):
+                seen.append((int(match.group(1)), eta))
+                print(row.strip())
+        return len(seen) >= 3 or (match and int(match.group(1)) == MAX_STEPS)
+
+    wait_for(progress_row, timeout=420, interval=1,
+             description="three mid-run PROGRESS values from transformers' callback")
+    steps = [step for step, _ in seen]
+    assert len(steps) >= 3 and steps == sorted(steps), seen
+    assert all(re.fullmatch(r"\d+(s|m\d*s?|h\d*m?)", eta) for _, eta in seen), seen
+    progress = get_job(kubeconfig, namespace, NAME)["status"]["progress"]
+    assert {"learning_rate", "loss"} <= set(progress["metrics"]), progress
+    assert progress["etaSeconds"] >= 0 and "loss" in progress
+
+    job = wait_for_job(kubeconfig, namespace, NAME, phase_is("Succeeded", "Failed"),
+                       timeout=420)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    done = wait_for(lambda: (lambda p: p.get("step") == MAX_STEPS and p)(
+        get_job(kubeconfig, namespace, NAME)["status"].get("progress") or {}), timeout=30,
+        description="the last progress line in the status")
+    assert done["summary"] == f"{MAX_STEPS}/{MAX_STEPS} (100%)" and done["eta"] == "0s"
+    logs = kubectl("-n", namespace, "logs", f"{NAME}-0", kubeconfig=kubeconfig).stdout
+    assert "reports progress to the relay on 127.0.0.1" in logs
+
+
+def test_the_trainer_example_has_no_progress_code_of_ours():
+    code = (Path(__file__).parents[2] / "examples" / "trainer_example.py").read_text()
+    assert not re.search(r"^\s*(from|import) accelerate_trainer", code, re.M)

@@ -1,0 +1,164 @@
+"""The operator's Prometheus metrics: what a status change counts (pure), the calls the runtime
+makes, and the /metrics endpoint served over real HTTP."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from accelerate_operator.metrics import (
+    PHASES,
+    Metrics,
+    StatusChange,
+    compute_status_change,
+    count_jobs_from,
+    count_phases,
+    merged,
+    observe_pass,
+    record_api_error,
+    record_status_change,
+    record_watch_restart,
+    restart_reason,
+    set_jobs_by_phase,
+    start_metrics_server,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+CREATED = datetime(2026, 1, 1, tzinfo=UTC)
+NOW = CREATED + timedelta(seconds=42)
+
+
+def running(**extra):
+    return {"phase": "Running", "restarts": 0,
+            "conditions": [{"type": "Created", "status": "True"},
+                           {"type": "Running", "status": "True"}], **extra}
+
+
+def sample(metrics: Metrics, name: str, **labels) -> float | None:
+    return metrics.registry.get_sample_value(name, labels or None)
+
+
+@pytest.mark.parametrize(("last_failure", "reason"), [
+    ("pod j-1 failed with exit code 1: Traceback", "Error"),
+    ("pod j-1 failed (OOMKilled) with exit code 137", "OOMKilled"),
+    ("pod j-0 failed (Evicted): The node was low on memory", "Evicted"),
+    ("pod j-1 was deleted", "PodDeleted"),
+    ("something else", "Other"),
+    (None, "Other"),
+    ("pod j-1 failed (" + "x" * 80 + ")", "Other"),
+])
+def test_restart_reasons_are_bounded_labels_read_from_last_failure(last_failure, reason):
+    assert restart_reason(last_failure) == reason
+
+
+def test_a_pass_that_starts_the_job_counts_seconds_to_running_once():
+    pending = {"phase": "Pending", "conditions": [{"type": "Created", "status": "True"}]}
+    assert compute_status_change(pending, running(), CREATED, NOW) == StatusChange((), 42.0)
+    assert compute_status_change(running(), running(), CREATED, NOW) == StatusChange()
+    # Running again after a restart: the Running condition was there all along (False meanwhile)
+    restarting = {**running(), "conditions": [{"type": "Running", "status": "False"}]}
+    assert compute_status_change(restarting, running(), CREATED, NOW) == StatusChange()
+
+
+def test_the_first_step_is_counted_once_not_again_after_a_restart():
+    first = running(progress={"step": 3, "totalSteps": 10})
+    assert compute_status_change(running(), first, CREATED, NOW) == StatusChange((), None, 42.0)
+    assert compute_status_change(first, running(progress={"step": 5}), CREATED, NOW) == \
+        StatusChange()
+    assert compute_status_change(running(progress={"step": 0}),
+                                 running(progress={"step": 1}), CREATED, NOW) == StatusChange()
+
+
+def test_a_restart_is_counted_with_its_reason_and_two_at_once_count_twice():
+    old = running()
+    new = {**running(), "phase": "Restarting", "restarts": 2,
+           "lastFailure": "pod j-1 failed (OOMKilled) with exit code 137"}
+    assert compute_status_change(old, new, CREATED, NOW).restart_reasons == ("OOMKilled",) * 2
+    assert compute_status_change(new, new, CREATED, NOW).restart_reasons == ()
+
+
+def test_record_status_change_moves_the_counters_and_histograms():
+    metrics = Metrics()
+    record_status_change(None, running(), CREATED, NOW, metrics)
+    record_status_change(running(), running(progress={"step": 1}), CREATED,
+                         NOW + timedelta(seconds=8), metrics)
+    record_status_change(running(progress={"step": 1}),
+                         running(progress={"step": 1}, restarts=1,
+                                 lastFailure="pod j-0 was deleted"), CREATED, NOW, metrics)
+    assert sample(metrics, "accelerate_operator_restarts_total", reason="PodDeleted") == 1
+    assert sample(metrics, "accelerate_operator_job_seconds_to_running_sum") == 42
+    assert sample(metrics, "accelerate_operator_job_seconds_to_running_count") == 1
+    assert sample(metrics, "accelerate_operator_job_seconds_to_first_step_sum") == 50
+    assert sample(metrics, "accelerate_operator_job_seconds_to_first_step_bucket", le="60.0") == 1
+
+
+def test_jobs_by_phase_counts_every_phase_and_resets_those_gone():
+    metrics = Metrics()
+    counts = count_phases([running(), running(), None, {"phase": "Succeeded"}, {"phase": "?"}])
+    assert counts == {**dict.fromkeys(PHASES, 0), "Running": 2, "Pending": 1, "Succeeded": 1}
+    set_jobs_by_phase(counts, metrics)
+    set_jobs_by_phase(count_phases([{"phase": "Succeeded"}]), metrics)
+    assert {phase: sample(metrics, "accelerate_operator_jobs", phase=phase)
+            for phase in PHASES} == {**dict.fromkeys(PHASES, 0.0), "Succeeded": 1.0}
+
+
+def test_jobs_by_phase_can_be_counted_at_scrape_time_from_the_runtimes_store():
+    metrics = Metrics()
+    store = {"a": {"status": {"phase": "Running"}}}
+    count_jobs_from(lambda: (job.get("status") for job in store.values()), metrics)
+    assert sample(metrics, "accelerate_operator_jobs", phase="Running") == 1
+    store["b"] = {"status": {"phase": "Running"}}
+    store["a"] = {"status": {"phase": "Succeeded"}}
+    assert (sample(metrics, "accelerate_operator_jobs", phase="Running"),
+            sample(metrics, "accelerate_operator_jobs", phase="Succeeded")) == (1, 1)
+
+
+def test_pass_api_error_and_watch_restart_calls():
+    metrics = Metrics()
+    observe_pass(0.003, metrics)
+    observe_pass(-1, metrics)  # a clock step backwards is not a negative duration
+    record_api_error("PATCH", 409, metrics)
+    record_api_error("patch", 409, metrics)
+    record_api_error("frobnicate", None, metrics)
+    record_watch_restart("pods", metrics)
+    record_watch_restart("Bad Kind!", metrics)
+    assert sample(metrics, "accelerate_operator_pass_duration_seconds_count") == 2
+    assert sample(metrics, "accelerate_operator_pass_duration_seconds_sum") == 0.003
+    assert sample(metrics, "accelerate_operator_api_errors_total", verb="patch", code="409") == 2
+    assert sample(metrics, "accelerate_operator_api_errors_total", verb="other", code="0") == 1
+    assert sample(metrics, "accelerate_operator_watch_restarts_total", kind="pods") == 1
+    assert sample(metrics, "accelerate_operator_watch_restarts_total", kind="other") == 1
+
+
+def test_the_endpoint_serves_the_metrics_over_http():
+    metrics = Metrics()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server, thread = start_metrics_server(port, addr="127.0.0.1", metrics=metrics)
+    try:
+        record_api_error("get", 500, metrics)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert {"accelerate_operator_jobs", "accelerate_operator_restarts",
+            "accelerate_operator_job_seconds_to_running",
+            "accelerate_operator_job_seconds_to_first_step",
+            "accelerate_operator_pass_duration_seconds", "accelerate_operator_api_errors",
+            "accelerate_operator_watch_restarts"} <= set(families)
+    errors = [s for s in families["accelerate_operator_api_errors"].samples
+              if s.name.endswith("_total")]
+    assert [(s.labels, s.value) for s in errors] == [({"verb": "get", "code": "500"}, 1.0)]
+
+
+def test_merged_applies_a_status_merge_patch_as_the_api_server_does():
+    old = {"phase": "Running", "progress": {"step": 3, "eta": "1m"}, "lastFailure": "x"}
+    assert merged(old, {"phase": "Restarting", "progress": {"eta": None, "step": 4},
+                        "lastFailure": None, "restarts": 1}) == {
+        "phase": "Restarting", "progress": {"step": 4}, "restarts": 1}
+    assert old["progress"] == {"step": 3, "eta": "1m"}  # the input is left alone
