@@ -102,6 +102,15 @@ class Harness:
             elif kind == "PodDisruptionBudget":
                 self.indexes["job_pdbs"].put(job, name)
 
+    async def start_job(self) -> dict[str, Any]:
+        """The workers started, then a two-node job's first pass (its children created)."""
+        self.controller.queue.start()
+        body = job_body()
+        self.add_job(body)
+        self.controller.on_job("ADDED", body)
+        await self.settle()
+        return body
+
     async def settle(self) -> None:
         """Until no pass runs or waits, nor is due within a second (the resync's is not)."""
         for _ in range(200):
@@ -239,11 +248,7 @@ def test_a_job_event_runs_its_pass_and_a_deleted_child_is_recreated_after_the_gr
     harness = Harness()
 
     async def go():
-        harness.controller.queue.start()
-        body = job_body()
-        harness.add_job(body)
-        harness.controller.on_job("ADDED", body)
-        await harness.settle()
+        body = await harness.start_job()
         assert harness.kube.names("Pod") == ["llm-0", "llm-1"]
         harness.index_created()
         harness.controller.on_job("MODIFIED", body)  # the indexes show what was in flight
@@ -264,11 +269,7 @@ def test_a_pod_event_that_changes_nothing_a_pass_reads_runs_no_pass():
     harness = Harness()
 
     async def go():
-        harness.controller.queue.start()
-        body = job_body()
-        harness.add_job(body)
-        harness.controller.on_job("ADDED", body)
-        await harness.settle()
+        body = await harness.start_job()
         harness.index_created()
         harness.controller.on_job("MODIFIED", body)  # the pass now plans from the pods
         await harness.settle()
@@ -297,11 +298,7 @@ def test_children_deleted_with_their_job_are_not_recreated(monkeypatch):
     harness = Harness()
 
     async def go():
-        harness.controller.queue.start()
-        body = job_body()
-        harness.add_job(body)
-        harness.controller.on_job("ADDED", body)
-        await harness.settle()
+        body = await harness.start_job()
         harness.index_created()
         harness.kube.calls.clear()
         harness.kube.jobs_gone.add("llm")  # deleted: the API server no longer has it
@@ -358,11 +355,7 @@ def test_a_pod_deleted_while_unwatched_is_found_by_the_audit_and_the_group_resta
     harness = Harness()
 
     async def go():
-        harness.controller.queue.start()
-        body = job_body()
-        harness.add_job(body)
-        harness.controller.on_job("ADDED", body)
-        await harness.settle()
+        body = await harness.start_job()
         for name in ("llm-0", "llm-1"):
             harness.kube.set_pod_phase(name, "Running")
         harness.index_created()

@@ -1,0 +1,112 @@
+"""End to end: two operator replicas (the chart's default), kopf's peering keeping one active.
+The active operator's pod is deleted while the CPU example trains; the standby resumes and acts
+(it writes the job's progress), the job ends Succeeded, and nothing was created twice: the same
+pods (uids) trained from start to end, no restart, one ConfigMap and Service, one PodsCreated
+event. Prints what failover cost: deletion -> standby resumed -> its first status write."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+
+import yaml
+
+from devtools.cluster import ROOT, kubectl, wait_for
+
+EXAMPLE = ROOT / "examples" / "cpu-ddp.yaml"
+OPERATOR_NAMESPACE = "accelerate-system"
+OPERATOR_SELECTOR = "app.kubernetes.io/name=accelerate-operator"
+
+
+def get_json(kubeconfig: str, *args: str) -> dict:
+    return json.loads(kubectl(*args, "-o", "json", kubeconfig=kubeconfig).stdout)
+
+
+def active_operator(kubeconfig: str) -> tuple[str, list[str]]:
+    """The replica kopf's peering keeps active (the live record of highest priority), and all
+    the operator's running pods."""
+    pods = [p["metadata"]["name"] for p in get_json(
+        kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "pods", "-l", OPERATOR_SELECTOR)["items"]
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    peering = get_json(kubeconfig, "get", "clusterkopfpeering", "accelerate-operator")
+    records = [(info["priority"], identity.split("@", 1)[1].split("/", 1)[0])
+               for identity, info in (peering.get("status") or {}).items()]
+    live = sorted((priority, pod) for priority, pod in records if pod in pods)
+    assert live, f"no live peering record among {pods}: {records}"
+    return live[-1][1], pods
+
+
+def log_time(line: str) -> float:
+    stamp = line.split(" ", 1)[0]
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    when = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc)
+    return when.timestamp() + float(f"0.{fraction or 0}")
+
+
+def test_the_standby_operator_takes_over_while_a_job_trains_and_nothing_is_made_twice(
+        kubeconfig: str, namespace: str):
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["spec"]["template"]["spec"]["containers"][0]["args"] = [
+        a if not a.startswith("--max-steps") else "--max-steps=160"
+        for a in job["spec"]["template"]["spec"]["containers"][0]["args"]]
+    kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(job), kubeconfig=kubeconfig)
+    name = job["metadata"]["name"]
+
+    def status() -> dict:
+        return get_json(kubeconfig, "-n", namespace, "get", "acceleratejob", name).get("status") or {}
+
+    wait_for(lambda: (status().get("progress") or {}).get("step", 0) > 0, timeout=300,
+             description="the job to train and report progress")
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in get_json(
+        kubeconfig, "-n", namespace, "get", "pods", "-l",
+        f"accelerate-operator.io/job-name={name}")["items"]}
+    active, pods = active_operator(kubeconfig)
+    standby = next(p for p in pods if p != active)
+    progress_before = status()["progress"]["updateTime"]
+
+    deleted_at = time.time()
+    kubectl("-n", OPERATOR_NAMESPACE, "delete", "pod", active, "--wait=false",
+            kubeconfig=kubeconfig)
+
+    def resumed_line() -> str | None:
+        text = kubectl("-n", OPERATOR_NAMESPACE, "logs", standby, "--timestamps",
+                       kubeconfig=kubeconfig).stdout
+        return next((line for line in text.splitlines()
+                     if "Resuming operations" in line and log_time(line) >= deleted_at - 1),
+                    None)
+
+    line = wait_for(resumed_line, timeout=120, interval=0.5,
+                    description=f"the standby {standby} to resume")
+    resumed_after = log_time(line) - deleted_at
+    wait_for(lambda: status().get("phase") in ("Succeeded", "Failed") or
+             (status().get("progress") or {}).get("updateTime") != progress_before,
+             timeout=120, interval=0.5, description="the standby's first write to the job")
+    acted_after = time.time() - deleted_at
+    print(f"\nFAILOVER deleted -> standby resumed {resumed_after:.1f} s, "
+          f"-> its first status write {acted_after:.1f} s")
+
+    waited = kubectl("-n", namespace, "wait", "--for=condition=Succeeded",
+                     f"acceleratejob/{name}", "--timeout=600s", kubeconfig=kubeconfig,
+                     check=False, timeout=660)
+    final = status()
+    assert waited.returncode == 0, json.dumps(final, indent=1)
+    assert final["restarts"] == 0 and final["attempt"] == 0, final
+    after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in get_json(
+        kubeconfig, "-n", namespace, "get", "pods", "-l",
+        f"accelerate-operator.io/job-name={name}")["items"]}
+    assert after == before  # the same two pods trained start to end
+    children = kubectl("-n", namespace, "get", "configmaps,services", "-l",
+                       f"accelerate-operator.io/job-name={name}", "-o", "name",
+                       kubeconfig=kubeconfig).stdout.split()
+    assert sorted(children) == [f"configmap/{name}-accelerate-config", f"service/{name}"]
+    events = get_json(kubeconfig, "-n", namespace, "get", "events", "--field-selector",
+                      "involvedObject.kind=AccelerateJob")["items"]
+    reasons = [e["reason"] for e in events]
+    assert reasons.count("PodsCreated") == 1 and reasons.count("AllNodesSucceeded") == 1, reasons
+    assert resumed_after < 30, f"the standby resumed {resumed_after:.1f} s after the deletion"
+    # Both replicas serve again (the Deployment replaced the deleted one) and one is active.
+    wait_for(lambda: len(active_operator(kubeconfig)[1]) == 2, timeout=120,
+             description="the Deployment's replacement replica")
+    assert re.match(r"accelerate-operator-", active_operator(kubeconfig)[0])
