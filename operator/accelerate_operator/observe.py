@@ -56,7 +56,9 @@ async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: Job
                     children=all_children, queue=queue)
     if queue is not None and queue_name(body) and not seen.finished:
         seen = await _read_kueue(kube, seen, queue)
-    if status.get("phase") == RUNNING:
+    if status.get("phase") == RUNNING or state.progress_read_failed:
+        # A read that failed (a slow node agent) is tried again even once the job has finished:
+        # the pass that finished it may have missed rank 0's last report.
         seen = await _read_rank0_log(kube, state, seen, attempt, clock)
     if state.activity_attempt == attempt:
         seen = replace(seen, last_activity=state.last_activity, last_step=state.last_step)
@@ -77,7 +79,7 @@ async def _read_rank0_log(kube: Kube, state: JobState, seen: Observed, attempt: 
     may finish in this pass), and its trainer's versions once per attempt. Best effort: a node
     agent that does not answer costs the report, never the pass."""
     ended = any(p.finished for p in seen.pods if p.attempt == attempt)
-    if not ended and clock < state.next_progress_read:
+    if not ended and not state.progress_read_failed and clock < state.next_progress_read:
         return seen
     state.next_progress_read = clock + PROGRESS_SECONDS
     namespace, name = seen.job.namespace, seen.job.name
@@ -101,8 +103,10 @@ async def _read_rank0_log(kube: Kube, state: JobState, seen: Observed, attempt: 
             state.last_activity = newest
         if report is not None and report.get("step") is not None:
             state.last_step = int(report["step"])
+        state.progress_read_failed = False
     except Exception as error:  # noqa: BLE001 - best effort, like any progress read
         log.warning("could not read rank 0's log of %s/%s: %s", namespace, name, error)
+        state.progress_read_failed = True
     return replace(seen, **found)
 
 

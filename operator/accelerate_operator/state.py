@@ -49,8 +49,10 @@ class JobState:
     written: dict[str, Any] | None = None
     in_flight: dict[tuple[str, str], _Created] = field(default_factory=dict)
     planned_pods: frozenset[PodState] = frozenset()
-    # When rank 0's log is next due to be read (the operator's monotonic clock).
+    # When rank 0's log is next due to be read (the operator's monotonic clock), and whether the
+    # last read failed (it is then tried again soon, even after the job finished).
     next_progress_read: float = 0.0
+    progress_read_failed: bool = False
     # Rank 0's last sign of life (its newest log line, UTC) and last step reported, in attempt
     # `activity_attempt`: for stall detection.
     activity_attempt: int = -1

@@ -55,7 +55,8 @@ def test_the_standby_operator_takes_over_while_a_job_trains_and_nothing_is_made_
     name = job["metadata"]["name"]
 
     def status() -> dict:
-        return get_json(kubeconfig, "-n", namespace, "get", "acceleratejob", name).get("status") or {}
+        job_now = get_json(kubeconfig, "-n", namespace, "get", "acceleratejob", name)
+        return job_now.get("status") or {}
 
     wait_for(lambda: (status().get("progress") or {}).get("step", 0) > 0, timeout=300,
              description="the job to train and report progress")

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 from accelerate_operator.api import parse_job
-from accelerate_operator.kube import Kube
+from accelerate_operator.handlers import kube_from_environment
 from accelerate_operator.kueue import (
     build_active_patch,
     build_condition_apply,
@@ -68,7 +68,7 @@ def test_workload_writes_are_accepted_in_the_served_version(kueue_group: str, na
     expected = RELEASES[release][0]
 
     async def scenario() -> None:
-        kube = Kube.from_environment()
+        kube = kube_from_environment()
         kube.kueue_group = kueue_group
         try:
             # Discovery can lag the CRD's Established by a moment.

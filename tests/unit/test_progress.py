@@ -267,3 +267,32 @@ def test_a_running_jobs_progress_is_written_with_its_status_only_when_it_changed
     again = observe_running(kube, running_body({"trainer": {"attempt": 1},
                                                 "progress": write["progress"]}))
     assert _status_write(again, again.status, NOW) is None
+
+
+def test_a_failed_read_is_tried_again_even_after_the_job_finished():
+    """The pass that finishes a job may fail to read rank 0's last report (a slow node agent):
+    the read is retried soon, and its report still reaches the status."""
+    from accelerate_operator.plan import Actions
+    from accelerate_operator.reconciler import READ_RETRY_SECONDS, requeue_after
+
+    class SlowLogs(FakeKube):
+        fail = True
+
+        async def read_pod_log(self, *args, **kwargs):
+            if self.fail:
+                raise TimeoutError("the node agent did not answer")
+            return await super().read_pod_log(*args, **kwargs)
+
+    kube = SlowLogs()
+    kube.logs["llm-0"] = 'ACCELERATE_PROGRESS {"step": 10, "total_steps": 10}\n'
+    body = running_body({"trainer": {"attempt": 1}})
+    state = JobState(body["metadata"]["uid"])
+    seen = asyncio.run(observe(kube, state, body, parse_job(body), pods=[]))
+    assert seen.progress_report is None and state.progress_read_failed
+    finished = Actions(status={"phase": "Succeeded"})
+    assert requeue_after(seen, finished, ttl=False, read_failed=True) == READ_RETRY_SECONDS
+    kube.fail = False
+    body["status"]["phase"] = "Succeeded"
+    seen = asyncio.run(observe(kube, state, body, parse_job(body), pods=[]))
+    assert _status_write(seen, seen.status, NOW)["progress"]["summary"] == "10/10 (100%)"
+    assert not state.progress_read_failed
