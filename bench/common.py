@@ -443,8 +443,26 @@ class OperatorProcess:
                 OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=accelerate-operator")
         except Exception:  # noqa: BLE001 (no API: fall back to the newest process)
             return []
-        return [p.metadata.uid for p in pods.items
-                if p.status and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        running = {p.metadata.name: p.metadata.uid for p in pods.items
+                   if p.status and p.status.phase == "Running"
+                   and not p.metadata.deletion_timestamp}
+        active = OperatorProcess._active_replica(cluster, running)
+        return [running[active]] if active else list(running.values())
+
+    @staticmethod
+    def _active_replica(cluster: Cluster, running: dict[str, str]) -> str | None:
+        """With several replicas, the one kopf's peering keeps active: the live record of
+        highest priority in the ClusterKopfPeering (the others are paused standbys, which a
+        benchmark must not measure). None without peering."""
+        try:
+            peering = kubernetes.client.CustomObjectsApi(cluster.api).get_cluster_custom_object(
+                "kopf.dev", "v1", "clusterkopfpeerings", "accelerate-operator")
+        except Exception:  # noqa: BLE001 (no peering: one replica)
+            return None
+        records = [(info.get("priority", 0), identity.split("@", 1)[-1].split("/", 1)[0])
+                   for identity, info in (peering.get("status") or {}).items()]
+        live = sorted((priority, pod) for priority, pod in records if pod in running)
+        return live[-1][1] if live else None
 
     @classmethod
     def find(cls, cluster: Cluster | None = None) -> OperatorProcess | None:

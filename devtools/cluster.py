@@ -59,8 +59,10 @@ def kubectl_binary() -> str:
 
 def kubectl(*args: str, kubeconfig: str, check: bool = True, input: str | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
+    # errors="replace": a pod's log may hold a multi-byte character cut in two (the runtime
+    # splits long lines, a progress bar redraws mid-character).
     proc = subprocess.run([kubectl_binary(), "--kubeconfig", kubeconfig, *args], input=input,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, errors="replace", timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed (exit {proc.returncode}):\n"
                              f"{proc.stderr}{proc.stdout[-2000:]}")

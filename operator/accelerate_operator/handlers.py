@@ -62,6 +62,8 @@ class _Runtime:
     controller: Controller | None = None
     connection: kopf.ConnectionInfo | None = None
     namespaces: list[str] = []  # those watched (set by __main__); none: every namespace
+    pause_tracker: PauseTracker | None = None
+    watch_restarts: WatchRestartCounter | None = None  # one per process
     metrics_served = False
 
 
@@ -73,12 +75,20 @@ def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     17 MiB of idle memory, finding 10); elsewhere the kubeconfig, through the official client
     where it is installed (exec plugins, OIDC and token refresh included), else kopf's own
     kubeconfig reader."""
-    info = kopf.login_with_service_account(settings=settings, logger=log)
-    info = info or kopf.login_via_client(settings=settings, logger=log)
-    info = info or kopf.login_with_kubeconfig(settings=settings, logger=log)
-    if info is None:
-        raise kopf.LoginError("no credentials: neither a service account nor a kubeconfig")
-    return info
+    failures = []
+    # The official client reads $KUBECONFIG as it was when `kubernetes` was first imported;
+    # kopf's own reader reads it now (it matters where a test or a shell sets it later).
+    for way in (kopf.login_with_service_account, kopf.login_via_client,
+                kopf.login_with_kubeconfig):
+        try:
+            info = way(settings=settings, logger=log)
+        except Exception as error:  # noqa: BLE001 - the next way may work
+            failures.append(f"{way.__name__}: {error}")
+            continue
+        if info is not None:
+            return info
+    raise kopf.LoginError("no credentials: neither a service account nor a kubeconfig ("
+                          + "; ".join(failures) + ")")
 
 
 def kube_from_environment() -> Kube:
@@ -92,7 +102,8 @@ def kube_from_environment() -> Kube:
 
 @kopf.on.login(id="login")
 async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
-    RUNTIME.connection = _login(settings)
+    # In a thread: a kubeconfig's exec plugin may run for seconds.
+    RUNTIME.connection = await asyncio.to_thread(_login, settings)
     return RUNTIME.connection
 
 
@@ -125,14 +136,16 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
         # no pass until kopf's peering resumes it.
         await controller.kube.ensure_peering(settings.peering.name, RUNTIME.namespaces)
         controller.queue.paused = True
-    tracker = PauseTracker(controller.queue)
+    RUNTIME.pause_tracker = PauseTracker(controller.queue)
     peering_log = logging.getLogger(PauseTracker.LOGGER)
-    peering_log.addHandler(tracker)
+    peering_log.addHandler(RUNTIME.pause_tracker)
+    # Pausing and resuming are logged too: what failover did, in the operator's log.
     peering_log.setLevel(min(peering_log.getEffectiveLevel(), logging.INFO))
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
     RUNTIME.controller = controller
-    WatchRestartCounter.install()
+    if RUNTIME.watch_restarts is None:
+        RUNTIME.watch_restarts = WatchRestartCounter.install()
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
     if port and not RUNTIME.metrics_served:
         metrics.count_jobs_from(controller.job_statuses)
@@ -142,6 +155,9 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
 
 @kopf.on.cleanup(id="stop")
 async def stop(**_: Any) -> None:
+    if RUNTIME.pause_tracker is not None:
+        logging.getLogger(PauseTracker.LOGGER).removeHandler(RUNTIME.pause_tracker)
+        RUNTIME.pause_tracker = None
     if RUNTIME.controller is not None:
         await RUNTIME.controller.stop()
         RUNTIME.controller = None

@@ -85,8 +85,12 @@ def pod(job: str, index: int, phase: str = "Running", *, attempt: int = 0,
 def command_job(name: str, script: str, *, nodes: int = 2) -> JobBuilder:
     """A job whose pods run a cheap Python snippet instead of training: for tests of the
     operator's behaviour, where real training would only cost time."""
+    # A snippet is PID 1 of its container, which ignores SIGTERM unless it handles it, and it
+    # saves no checkpoint: a short grace period, not the 120 s default that fits a checkpoint,
+    # so a restart or a deletion does not wait for it.
     return (JobBuilder(name).nodes(nodes).procs(1)
-            .container(command=["python3", "-c", script], args=[]))
+            .container(command=["python3", "-c", script], args=[])
+            .pod_spec(terminationGracePeriodSeconds=5))
 
 
 def apply_job(kubeconfig: str, namespace: str, body: dict) -> None:
