@@ -14,28 +14,9 @@ from datetime import datetime, timezone
 import yaml
 
 from devtools.cluster import ROOT, kubectl, wait_for
+from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator, get_json
 
 EXAMPLE = ROOT / "examples" / "cpu-ddp.yaml"
-OPERATOR_NAMESPACE = "accelerate-system"
-OPERATOR_SELECTOR = "app.kubernetes.io/name=accelerate-operator"
-
-
-def get_json(kubeconfig: str, *args: str) -> dict:
-    return json.loads(kubectl(*args, "-o", "json", kubeconfig=kubeconfig).stdout)
-
-
-def active_operator(kubeconfig: str) -> tuple[str, list[str]]:
-    """The replica kopf's peering keeps active (the live record of highest priority), and all
-    the operator's running pods."""
-    pods = [p["metadata"]["name"] for p in get_json(
-        kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "pods", "-l", OPERATOR_SELECTOR)["items"]
-        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
-    peering = get_json(kubeconfig, "get", "clusterkopfpeering", "accelerate-operator")
-    records = [(info["priority"], identity.split("@", 1)[1].split("/", 1)[0])
-               for identity, info in (peering.get("status") or {}).items()]
-    live = sorted((priority, pod) for priority, pod in records if pod in pods)
-    assert live, f"no live peering record among {pods}: {records}"
-    return live[-1][1], pods
 
 
 def log_time(line: str) -> float:

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from accelerate_trainer.contract import PROGRESS_PREFIX
 
 from devtools.cluster import kubectl, wait_for
 from tests.helpers.jobs import apply_job, get_job, phase_is, wait_for_job
@@ -86,9 +87,19 @@ def test_an_unmodified_trainer_script_shows_rising_progress_an_eta_and_100_perce
     job = wait_for_job(kubeconfig, namespace, NAME, phase_is("Succeeded", "Failed"),
                        timeout=420)
     assert job["status"]["phase"] == "Succeeded", job["status"]
-    done = wait_for(lambda: (lambda p: p.get("step") == MAX_STEPS and p)(
-        get_job(kubeconfig, namespace, NAME)["status"].get("progress") or {}), timeout=30,
-        description="the last progress line in the status")
+    try:
+        done = wait_for(lambda: (lambda p: p.get("step") == MAX_STEPS and p)(
+            get_job(kubeconfig, namespace, NAME)["status"].get("progress") or {}), timeout=30,
+            description="the last progress line in the status")
+    except AssertionError as error:
+        # Say which side lost it: rank 0 never printed 100 % (transformers' last POST dropped),
+        # or the operator did not read it.
+        log = kubectl("-n", namespace, "logs", f"{NAME}-0", kubeconfig=kubeconfig).stdout
+        printed = [line for line in log.splitlines() if PROGRESS_PREFIX in line][-3:]
+        status = get_job(kubeconfig, namespace, NAME)["status"]
+        raise AssertionError(f"{error}\nstatus.progress: {status.get('progress')}\n"
+                             f"rank 0's last progress lines: {printed}\n"
+                             f"rank 0's log ends: {log.splitlines()[-15:]}") from None
     assert done["summary"] == f"{MAX_STEPS}/{MAX_STEPS} (100%)" and done["eta"] == "0s"
     logs = kubectl("-n", namespace, "logs", f"{NAME}-0", kubeconfig=kubeconfig).stdout
     assert "reports progress to the relay on 127.0.0.1" in logs

@@ -14,8 +14,8 @@ import pytest
 
 from devtools.cluster import ROOT, kubectl, wait_for
 from tests.helpers.jobs import apply_job, command_job, phase_is, wait_for_job
+from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator
 
-OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")
 EXTERNAL = os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1"
 
 
@@ -25,18 +25,10 @@ def job_pods(kubeconfig: str, namespace: str, job: str) -> list[dict]:
     return json.loads(out.stdout)["items"]
 
 
-def operator_pods(kubeconfig: str) -> list[str]:
-    out = kubectl("-n", OPERATOR_NAMESPACE, "get", "pods", "-l",
-                  "app.kubernetes.io/name=accelerate-operator", "-o",
-                  "jsonpath={range .items[*]}{.metadata.name}{' '}{.status.phase}{'\\n'}{end}",
-                  kubeconfig=kubeconfig)
-    return [line.split()[0] for line in out.stdout.splitlines()
-            if line.split()[1:] == ["Running"]]
-
-
 def test_operator_killed_while_creating_pods_creates_nothing_twice(kubeconfig, namespace):
     nodes = 12
-    [old] = wait_for(lambda: operator_pods(kubeconfig), timeout=60, description="the operator")
+    # The active replica (the chart runs two; the standby takes over when it is gone).
+    old, _ = wait_for(lambda: active_operator(kubeconfig), timeout=60, description="the operator")
     apply_job(kubeconfig, namespace,
               command_job("restart", "import time; time.sleep(600)", nodes=nodes).build())
     # Kill it as soon as the first pods appear: some are created, some are not yet.
@@ -44,8 +36,8 @@ def test_operator_killed_while_creating_pods_creates_nothing_twice(kubeconfig, n
              description="the first pod")
     kubectl("-n", OPERATOR_NAMESPACE, "delete", "pod", old, "--grace-period=0", "--force",
             kubeconfig=kubeconfig)
-    wait_for(lambda: (pods := operator_pods(kubeconfig)) and old not in pods, timeout=120,
-             description="the Deployment to start a new operator")
+    wait_for(lambda: active_operator(kubeconfig)[0] != old, timeout=120,
+             description="another replica to take over")
     running = wait_for_job(kubeconfig, namespace, "restart", phase_is("Running"), timeout=180)
     pods = job_pods(kubeconfig, namespace, "restart")
     assert sorted(p["metadata"]["name"] for p in pods) == sorted(

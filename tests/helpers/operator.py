@@ -1,0 +1,36 @@
+"""The deployed operator's replicas: which are running, and which one kopf's peering keeps
+active (the chart runs two; the other is a paused standby, and killing it tests nothing)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from devtools.cluster import kubectl
+
+OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")
+OPERATOR_SELECTOR = "app.kubernetes.io/name=accelerate-operator"
+PEERING = "accelerate-operator"
+
+
+def get_json(kubeconfig: str, *args: str) -> dict:
+    return json.loads(kubectl(*args, "-o", "json", kubeconfig=kubeconfig).stdout)
+
+
+def running_operator_pods(kubeconfig: str) -> list[str]:
+    """The operator's pods that run and are not being deleted."""
+    return [p["metadata"]["name"] for p in get_json(
+        kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "pods", "-l", OPERATOR_SELECTOR)["items"]
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+
+
+def active_operator(kubeconfig: str) -> tuple[str, list[str]]:
+    """The replica kopf's peering keeps active (the live record of highest priority), and all
+    the operator's running pods."""
+    pods = running_operator_pods(kubeconfig)
+    peering = get_json(kubeconfig, "get", "clusterkopfpeering", PEERING)
+    records = [(info["priority"], identity.split("@", 1)[1].split("/", 1)[0])
+               for identity, info in (peering.get("status") or {}).items()]
+    live = sorted((priority, pod) for priority, pod in records if pod in pods)
+    assert live, f"no live peering record among {pods}: {records}"
+    return live[-1][1], pods
