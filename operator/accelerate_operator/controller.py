@@ -143,8 +143,13 @@ class WatchRestartCounter(logging.Handler):
 
     @classmethod
     def install(cls) -> WatchRestartCounter:
-        handler = cls(level=logging.DEBUG)
+        """Idempotent: one counter per process, however often the operator starts in it (tests
+        run it in-process several times), so no restart is counted twice."""
         logger = logging.getLogger(cls.LOGGER)
+        installed = next((h for h in logger.handlers if isinstance(h, cls)), None)
+        if installed is not None:
+            return installed
+        handler = cls(level=logging.DEBUG)
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG)
         logger.propagate = False

@@ -63,7 +63,6 @@ class _Runtime:
     connection: kopf.ConnectionInfo | None = None
     namespaces: list[str] = []  # those watched (set by __main__); none: every namespace
     pause_tracker: PauseTracker | None = None
-    watch_restarts: WatchRestartCounter | None = None  # one per process
     metrics_served = False
 
 
@@ -144,8 +143,7 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
     RUNTIME.controller = controller
-    if RUNTIME.watch_restarts is None:
-        RUNTIME.watch_restarts = WatchRestartCounter.install()
+    WatchRestartCounter.install()
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
     if port and not RUNTIME.metrics_served:
         metrics.count_jobs_from(controller.job_statuses)

@@ -28,6 +28,7 @@ from devtools.cluster import (
 )
 from devtools.images import PYTHON_IMAGE
 from tests.helpers.jobs import JobBuilder
+from tests.helpers.operator import running_operator_pods
 
 pytestmark = pytest.mark.cluster
 
@@ -306,10 +307,12 @@ def test_operator_logs_carry_no_credentials(kubeconfig: str, restricted_ns: str)
              timeout=60, description="the operator's attempt at the refused pod")
 
     def operator_logs() -> str | None:
-        proc = kubectl("-n", OPERATOR_NAMESPACE, "logs", f"deployment/{OPERATOR_DEPLOYMENT}",
-                       "--all-containers", "--tail=-1", kubeconfig=kubeconfig)
+        # Every replica's log (the chart runs two: the active one and a standby).
+        text = "".join(kubectl("-n", OPERATOR_NAMESPACE, "logs", pod, "--all-containers",
+                               "--tail=-1", kubeconfig=kubeconfig).stdout
+                       for pod in running_operator_pods(kubeconfig))
         # The operator logs the refusal with the API server's answer, which names the pod.
-        return proc.stdout if "loud-0" in proc.stdout else None
+        return text if "loud-0" in text else None
     logs = wait_for(operator_logs, timeout=90,
                     description="the operator's log of the refused pod loud-0")
     for what, pattern in SECRET_PATTERNS.items():
