@@ -12,7 +12,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=hack/lib/buildah.sh
 source "$ROOT/hack/lib/buildah.sh"
 
-KUEUE_VERSION="${KUEUE_VERSION:-v0.14.4}"
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 IMAGE="localhost/accelerate-operator/kueue:$KUEUE_VERSION"
 WORK="$CACHE_DIR/build/kueue-$KUEUE_VERSION"
 MANIFESTS="$WORK/kueue.yaml"

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     # kopf logs every handler call and watch-stream step at INFO/DEBUG: at thousands of pods
     # that is most of the log and a good part of the CPU. Its warnings and errors stay.
     logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # kopf's liveness endpoint (aiohttp) logs every probe at INFO: a line every 5 s per replica.
+    logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, logging.getLogger().level))
     signal.signal(signal.SIGUSR2, log_memory)
 
     import kopf

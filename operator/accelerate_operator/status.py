@@ -501,8 +501,11 @@ class _Pass:
             self.attempt += 1
             if workload is not None and workload.evicted is not None:
                 out.status["queue"]["evictions"] = int(recorded.get("evictions") or 0) + 1
-        live = [p for p in self.pods if not p.deleting and not p.finished]
-        self.release = bool(workload and workload.evicted and workload.reserved and not live)
+        # The quota goes back once no pod holds its node's resources: a pod still terminating
+        # (saving a checkpoint in its grace period) does, and the next admitted group must not
+        # share the nodes with it.
+        holding = [p for p in self.pods if not p.finished]
+        self.release = bool(workload and workload.evicted and workload.reserved and not holding)
         if self.job.run_policy.suspend:
             return self.suspend()
         out.counts([p for p in self.pods if p.attempt == self.attempt])

@@ -220,7 +220,9 @@ def test_a_preempted_job_waits_and_resumes_from_its_checkpoint_every_step_once(q
     resumed = re.search(r"RESUMED from=(\S+) step=(\d+)", log)
     assert resumed, log[-3000:]
     resumed_step = int(resumed.group(2))
-    assert resumed_step >= CHECKPOINT_EVERY and resumed_step % CHECKPOINT_EVERY == 0
+    # The checkpoint the trainer saved when the eviction stopped it (checkpoint on SIGTERM,
+    # past step PREEMPT_AFTER), or a periodic one if the stop came between two steps' saves.
+    assert resumed_step >= CHECKPOINT_EVERY, resumed_step
     assert steps == list(range(resumed_step + 1, MAX_STEPS + 1))
     assert re.search(rf"TRAINING_DONE steps={MAX_STEPS} ", log), log[-2000:]
     finished = workload_condition(workload_of(kueue, namespace, "low"), "Finished")

@@ -97,7 +97,9 @@ def apply_job(kubeconfig: str, namespace: str, body: dict) -> None:
     from devtools.cluster import kubectl
 
     body = copy.deepcopy(body)
-    body["metadata"] = {"name": body["metadata"]["name"], "namespace": namespace}
+    # The job's own labels and annotations stay (a Kueue queue label, say); the namespace is
+    # the test's.
+    body["metadata"] = {**body["metadata"], "namespace": namespace}
     kubectl("-n", namespace, "apply", "-f", "-", kubeconfig=kubeconfig, input=json.dumps(body))
 
 

@@ -629,3 +629,29 @@ def test_a_topology_assignment_in_a_form_not_read_refuses_the_job():
     queue.reconcile()
     failed = next(c for c in queue.status("conditions") if c["type"] == "Failed")
     assert "places 1 pod(s), the job has 2 node(s)" in failed["message"]
+
+
+def test_the_quota_of_an_evicted_job_is_kept_while_its_pods_are_still_terminating():
+    """A pod in its grace period (saving a checkpoint) still holds its node's CPU and memory:
+    the quota goes back once it is gone, so the next admitted group never shares the nodes."""
+    queue = Queue(queued_job())
+    queue.reconcile()
+    queue.admit()
+    queue.reconcile()
+    for name in ("llm-0", "llm-1"):
+        queue.kube.set_pod_phase(name, "Running")
+    queue.reconcile()
+    running = {key: copy.deepcopy(o) for key, o in queue.kube.objects.items() if key[0] == "Pod"}
+    queue.evict()
+    queue.reconcile()  # deletes the group; the fake deletes at once: put them back, terminating
+    for key, pod in running.items():
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        queue.kube.objects[key] = pod
+    queue.reconcile()
+    assert queue.kube.workload()["status"].get("admission")  # still reserved
+    assert queue.conditions("QuotaReserved")["QuotaReserved"][0] == "True"
+    for key in running:
+        del queue.kube.objects[key]
+    queue.reconcile()
+    assert "admission" not in queue.kube.workload()["status"]
+    assert queue.conditions("QuotaReserved")["QuotaReserved"] == ("False", "Pending")
