@@ -20,7 +20,18 @@ code_files() {
     \( -name '*.py' -o -name '*.yaml' -o -name '*.toml' -o -name '*.tpl' -o -name '*.json' \
        -o -name Dockerfile \) -print0
 }
-code_hash=$(code_files | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+# With the local image's own ID: a deploy run before the image was rebuilt from changed code
+# (the Kueue tests deploy again, for one) must not leave the pods on the stale image for good.
+local_image_id() {
+  command -v buildah >/dev/null || return 0
+  # shellcheck source=hack/lib/buildah.sh
+  source "$ROOT/hack/lib/buildah.sh"
+  local tag
+  tag=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n1)
+  bah images --noheading --format '{{.ID}}' "${REGISTRY:-ghcr.io/accelerate-operator}/operator:$tag" \
+    2>/dev/null || true
+}
+code_hash=$( { code_files | sort -z | xargs -0 sha256sum; local_image_id; } | sha256sum | cut -c1-16)
 
 # A CRD applied by hand before (kubectl apply -f crds/) is adopted rather than refused.
 owner_path='{.metadata.annotations.meta\.helm\.sh/release-name}'

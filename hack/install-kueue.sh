@@ -8,10 +8,39 @@
 # are applied instead: the newest release by default (KUEUE_VERSION, v0.20.0: v1beta2 only).
 # Then Kueue's read access to AccelerateJobs (hack/kueue-acceleratejob-rbac.yaml, docs/kueue.md).
 # Idempotent; exit code 3 passes on build-kueue.sh's "Kueue cannot be had here".
+# `--uninstall` removes it all again: Kueue's default webhooks fail closed on every pod and
+# Deployment outside kube-system, so a Kueue left behind whose controller is down (it exits when
+# it loses its leader lease, e.g. across an API server restart) blocks the pods of every job.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${KUBECONFIG:?set KUBECONFIG to the kubeconfig of the cluster}"
 KUBECTL="${KUBECTL:-$(command -v kubectl || echo "${ACCELERATE_OPERATOR_CACHE:-$HOME/.cache/accelerate-operator}/bin/v1.34.4/kubectl")}"
+
+if [[ ${1:-} == --uninstall ]]; then
+  # Everything Kueue's manifests create carries this label; the webhooks go first, so nothing
+  # waits on a webhook whose controller is being deleted.
+  selector=app.kubernetes.io/name=kueue
+  "$KUBECTL" delete mutatingwebhookconfigurations,validatingwebhookconfigurations,apiservices \
+    -l "$selector" --ignore-not-found >&2
+  "$KUBECTL" delete -f "$ROOT/hack/kueue-acceleratejob-rbac.yaml" --ignore-not-found >&2
+  "$KUBECTL" delete namespace kueue-system --ignore-not-found --timeout=180s >&2
+  # Kueue's objects left (a ResourceFlavor or ClusterQueue still in use) keep finalizers only
+  # its controller, gone now, would remove; their CRDs would never go. Drop the finalizers.
+  for crd in $("$KUBECTL" get customresourcedefinitions -l "$selector" -o name); do
+    resource=${crd#*/}
+    "$KUBECTL" get "$resource" --all-namespaces --no-headers \
+      -o custom-columns=NS:.metadata.namespace,NAME:.metadata.name 2>/dev/null |
+    while read -r ns name; do
+      scope=(); [[ $ns == "<none>" ]] || scope=(-n "$ns")
+      "$KUBECTL" "${scope[@]}" patch "$resource" "$name" --type=merge \
+        -p '{"metadata":{"finalizers":null}}' >/dev/null || true
+    done
+  done
+  "$KUBECTL" delete customresourcedefinitions,clusterroles,clusterrolebindings -l "$selector" \
+    --ignore-not-found --timeout=180s >&2
+  echo ">> Kueue uninstalled" >&2
+  exit 0
+fi
 
 if [[ ${ACCELERATE_OPERATOR_EXTERNAL_CLUSTER:-0} == 1 ]]; then
   # kind and other clusters that pull images: Kueue's own release manifests and image.

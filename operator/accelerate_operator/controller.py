@@ -29,14 +29,16 @@ from typing import Any, Protocol
 
 from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 
+from .apierrors import server_message
+from .apply import utcnow
 from .constants import GROUP, KIND
 from .heap import release_freed_memory
-from .kube import Kube
+from .kube import ApiError, Kube
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
 from .metrics import observe_pass, record_watch_restart
 from .reconciler import Reconciler
 from .state import JobStates
-from .status import PodState, read_pod_state
+from .status import Event, PodState, read_pod_state
 from .workqueue import WorkQueue
 
 log = logging.getLogger("accelerate_operator")
@@ -156,6 +158,25 @@ class WatchRestartCounter(logging.Handler):
         return handler
 
 
+# A pass that keeps failing (an admission webhook whose service is down, a quota controller
+# that refuses, an API server that errors) is retried with backoff; the job's own events say so
+# after this many failures in a row (about 7 s of backoff), and every REPEAT after that, so a
+# user reading `kubectl describe` learns why nothing happens instead of seeing no status at all.
+FAILING_PASSES_FIRST_WARNING = 3
+FAILING_PASSES_WARNING_REPEAT = 10
+
+
+def failing_pass_event(failures: int, error: BaseException) -> Event | None:
+    """The Warning a job gets when its passes keep failing, None when it is not yet due."""
+    due = failures - FAILING_PASSES_FIRST_WARNING
+    if due < 0 or due % FAILING_PASSES_WARNING_REPEAT:
+        return None
+    detail = server_message(error) if isinstance(error, ApiError) else repr(error)
+    return Event("Warning", "ReconcileFailing",
+                 f"the operator's last {failures} attempts to act on this job failed; it keeps "
+                 f"retrying (backoff up to 60 s). The API server said: {detail}")
+
+
 class Controller:
     def __init__(self, kube: Kube, kueue: bool = False,
                  clock: Callable[[], float] = time.monotonic):
@@ -219,10 +240,19 @@ class Controller:
         state = self.states.get(key, uid)
         started = time.perf_counter()
         try:
-            return await self.reconciler.reconcile(state, body, self.pods_of(key, uid),
-                                                   self.children_of(key), self.queue_of(key, uid))
+            requeue_after = await self.reconciler.reconcile(
+                state, body, self.pods_of(key, uid), self.children_of(key),
+                self.queue_of(key, uid))
+        except Exception as error:
+            state.failed_passes += 1
+            event = failing_pass_event(state.failed_passes, error)
+            if event is not None:
+                await self.kube.post_event(body, event, utcnow())
+            raise  # the work queue retries it with backoff
         finally:
             observe_pass(time.perf_counter() - started)
+        state.failed_passes = 0
+        return requeue_after
 
     def job_statuses(self) -> list[Any]:
         """Every job's status as kopf's index shows it, for the jobs{phase} gauge. Read from the

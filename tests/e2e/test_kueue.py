@@ -34,8 +34,8 @@ QUOTA = {"cpu": "1", "memory": "2Gi"}
 MAX_STEPS, CHECKPOINT_EVERY, PREEMPT_AFTER = 40, 5, 12
 
 
-@pytest.fixture(scope="session")
-def kueue(kubeconfig: str) -> str:
+@pytest.fixture(scope="module")
+def kueue(kubeconfig: str) -> Iterator[str]:
     done = subprocess.run([str(ROOT / "hack" / "install-kueue.sh")], capture_output=True,
                           text=True, env={**os.environ, "KUBECONFIG": kubeconfig})
     if done.returncode == 3:
@@ -45,7 +45,17 @@ def kueue(kubeconfig: str) -> str:
     deployed = subprocess.run([str(ROOT / "hack" / "deploy-operator.sh")], capture_output=True,
                               text=True, env={**os.environ, "KUBECONFIG": kubeconfig})
     assert deployed.returncode == 0, f"hack/deploy-operator.sh failed:\n{deployed.stderr[-4000:]}"
-    return kubeconfig
+    yield kubeconfig
+    # Leave the cluster as the other tests expect it: Kueue's webhooks fail closed on every pod,
+    # so a Kueue whose controller restarts (an API server restart makes it lose its lease)
+    # would block the pods of jobs that never asked for Kueue. Then deploy without it again.
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+    removed = subprocess.run([str(ROOT / "hack" / "install-kueue.sh"), "--uninstall"],
+                             capture_output=True, text=True, env=env)
+    assert removed.returncode == 0, f"uninstalling Kueue failed:\n{removed.stderr[-4000:]}"
+    deployed = subprocess.run([str(ROOT / "hack" / "deploy-operator.sh")], capture_output=True,
+                              text=True, env=env)
+    assert deployed.returncode == 0, f"hack/deploy-operator.sh failed:\n{deployed.stderr[-4000:]}"
 
 
 def kueue_api(kubeconfig: str) -> str:

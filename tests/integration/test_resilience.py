@@ -93,3 +93,46 @@ def test_api_server_restart_during_a_running_job(kubeconfig, namespace):
     # A job submitted after the restart is served too: the operator's watches recovered.
     apply_job(kubeconfig, namespace, command_job("after", "print('ok')").build())
     wait_for_job(kubeconfig, namespace, "after", phase_is("Succeeded"), timeout=120)
+
+
+def test_a_fail_closed_webhook_that_is_down_is_named_on_the_job_and_the_job_runs_once_it_is_back(
+        kubeconfig, namespace):
+    """An admission webhook with failurePolicy Fail whose service has no endpoint (Kueue's,
+    Gatekeeper's or Kyverno's while its controller restarts) refuses every pod with a 500. The
+    operator retries, names the webhook in a Warning event on the job, and creates the pods once
+    the webhook is gone."""
+    webhook = f"down-{namespace}"[:63]
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": webhook},
+        "webhooks": [{
+            "name": "mpod.down.accelerate-operator.test",
+            "clientConfig": {"service": {"namespace": namespace, "name": "no-endpoints",
+                                         "path": "/mutate", "port": 443}},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"]}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 2,
+            "admissionReviewVersions": ["v1"]}]}
+    kubectl("apply", "-f", "-", input=json.dumps(config), kubeconfig=kubeconfig)
+    try:
+        apply_job(kubeconfig, namespace, command_job("gated", "print('ok')").build())
+
+        def warning():
+            events = json.loads(kubectl(
+                "-n", namespace, "get", "events", "-o", "json", "--field-selector",
+                "involvedObject.name=gated,reason=ReconcileFailing",
+                kubeconfig=kubeconfig).stdout)["items"]
+            return events[0] if events else None
+
+        event = wait_for(warning, timeout=60, description="the ReconcileFailing warning")
+        assert event["type"] == "Warning"
+        assert "mpod.down.accelerate-operator.test" in event["message"], event["message"]
+        assert not job_pods(kubeconfig, namespace, "gated")
+    finally:
+        kubectl("delete", "mutatingwebhookconfiguration", webhook, "--ignore-not-found",
+                kubeconfig=kubeconfig)
+    # The operator's backoff is at most 60 s; the pods come on its next try.
+    done = wait_for_job(kubeconfig, namespace, "gated", phase_is("Succeeded"), timeout=150,
+                        description="the job to run once the webhook is gone")
+    assert done["status"].get("restarts", 0) == 0

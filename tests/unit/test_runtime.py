@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import json
 import logging
 from collections.abc import AsyncIterator, Hashable
 from pathlib import Path
@@ -22,10 +23,12 @@ from accelerate_operator.controller import (
     LAST_APPLIED,
     Controller,
     PauseTracker,
+    failing_pass_event,
     lean_job,
     lean_workload,
     pod_entry,
 )
+from accelerate_operator.kube import ApiError
 from accelerate_operator.workqueue import WorkQueue
 
 from tests.helpers.fake_kube import FakeKube
@@ -193,6 +196,57 @@ def test_a_failing_pass_is_retried_with_backoff_and_the_plans_requeue_is_honoure
         return runs
 
     assert asyncio.run(go()) == ["a"] * 4  # two failures, a success asking to come back, again
+
+
+class WebhookDownKube(ListingKube):
+    """Pod creation refused as the API server refuses it while a fail-closed admission webhook
+    has no endpoint (Kueue's mpod.kb.io while its controller restarts): a 500, not a
+    rejection of the manifest, so it is retried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.webhook_down = True
+
+    async def create_if_absent(self, manifest):
+        if manifest["kind"] == "Pod" and self.webhook_down:
+            raise ApiError(500, "Internal Server Error", json.dumps({
+                "kind": "Status", "message": 'Internal error occurred: failed calling webhook '
+                '"mpod.kb.io": no endpoints available for service "kueue-webhook-service"'}))
+        return await super().create_if_absent(manifest)
+
+
+def test_a_pass_that_keeps_failing_tells_the_user_why_and_recovers(monkeypatch):
+    monkeypatch.setattr("accelerate_operator.workqueue.BACKOFF_FIRST_SECONDS", 0.01)
+    monkeypatch.setattr("accelerate_operator.workqueue.BACKOFF_MAX_SECONDS", 0.01)
+    harness = Harness(WebhookDownKube())
+
+    async def go():
+        harness.controller.queue.start()
+        harness.add_job(job_body())
+        harness.controller.on_job("ADDED", job_body())
+        for _ in range(100):  # the third failure in a row posts the warning
+            await asyncio.sleep(0.01)
+            if harness.kube.events:
+                break
+        warnings = list(harness.kube.events)
+        harness.kube.webhook_down = False
+        await harness.settle()
+        await harness.controller.queue.stop()
+        return warnings
+
+    warnings = asyncio.run(go())
+    assert [(e.type, e.reason) for e in warnings] == [("Warning", "ReconcileFailing")]
+    assert "last 3 attempts" in warnings[0].message
+    assert 'failed calling webhook "mpod.kb.io"' in warnings[0].message
+    assert harness.kube.names("Pod") == ["llm-0", "llm-1"]  # it recovered once the webhook did
+    assert harness.controller.states.peek(("ml", "llm")).failed_passes == 0
+
+
+def test_the_failing_pass_warning_is_posted_at_the_third_failure_then_every_tenth():
+    error = RuntimeError("connection refused")
+    due = [n for n in range(1, 40) if failing_pass_event(n, error) is not None]
+    assert due == [3, 13, 23, 33]
+    assert "RuntimeError('connection refused')" in failing_pass_event(3, error).message
 
 
 def test_a_paused_queue_runs_no_pass_until_resumed():
