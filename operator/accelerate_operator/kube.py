@@ -52,6 +52,9 @@ APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 # Lists come in pages: the audit's listing of 10,000 pods is never one 80 MiB response.
 LIST_PAGE = 500
+# A list of names needs no spec: the server sends metadata only (PartialObjectMetadataList).
+METADATA_ONLY = ("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io, "
+                 "application/json")
 # A 429 or 503 is retried this many times, after the server's Retry-After (capped).
 RETRIES = 3
 RETRY_AFTER_MAX_SECONDS = 10.0
@@ -131,13 +134,14 @@ class Kube:
     async def _request(self, method: str, path: str, body: Any = None, *,
                        query: Mapping[str, Any] | None = None,
                        content_type: str = "application/json",
+                       accept: str | None = None,
                        timeout: float = REQUEST_TIMEOUT) -> str:
         """The response's text; ApiError for anything but 2xx (after the retries)."""
         session = await self._connect()
         data = None if body is None else json.dumps(body, separators=(",", ":"))
-        headers = dict(self._headers_cache)
-        if data is not None:
-            headers["Content-Type"] = content_type
+        own = {**({"Content-Type": content_type} if data is not None else {}),
+               **({"Accept": accept} if accept else {})}
+        headers = {**self._headers_cache, **own}
         logged_in_again = False
         for attempt in range(RETRIES + 1):
             async with session.request(
@@ -151,8 +155,7 @@ class Kube:
             if error.status == 401 and not logged_in_again:
                 logged_in_again = True
                 session = await self._connect(again=True)
-                headers = {**self._headers_cache, **({"Content-Type": content_type}
-                                                     if data is not None else {})}
+                headers = {**self._headers_cache, **own}
                 continue
             if error.status in (429, 503) and attempt < RETRIES:
                 await asyncio.sleep(_retry_delay(retry_after, attempt))
@@ -169,12 +172,14 @@ class Kube:
     # ---- the index audit (controller.py) ---------------------------------------------------
     async def list_names(self, path: str, label_selector: str | None = None
                          ) -> AsyncIterator[tuple[str, str]]:
-        """(namespace, name) of every object of a collection, listed in pages."""
+        """(namespace, name) of every object of a collection, listed in pages. Metadata only
+        (the API server's PartialObjectMetadataList): a full list of 1,000 pods is mostly specs
+        to download and decode, and this runs in every audit."""
         token = None
         while True:
             page = json.loads(await self._request(
                 "GET", path, query={"labelSelector": label_selector, "limit": LIST_PAGE,
-                                    "continue": token}))
+                                    "continue": token}, accept=METADATA_ONLY))
             for item in page.get("items") or []:
                 metadata = item["metadata"]
                 yield metadata.get("namespace") or "", metadata["name"]

@@ -488,6 +488,20 @@ def test_every_handler_is_a_coroutine_and_none_makes_kopf_write_to_jobs():
                 if h.fn.__module__ == handlers.__name__]
 
 
+def test_kopf_makes_no_copy_of_every_watched_body():
+    """kopf's cause detection builds a diff-base essence per watch event whatever the handlers;
+    with NoDiffBase (configure installs it) that is an empty dict, not a deep copy of the body."""
+    import accelerate_operator.handlers as handlers
+    from kopf._core.reactor import processing
+
+    assert "diffbase_storage.build(" in inspect.getsource(processing._detect_causes)
+    assert "settings.persistence.diffbase_storage = NoDiffBase()" in inspect.getsource(
+        handlers.configure)
+    body = kopf.Body(job_body())
+    storage = handlers.NoDiffBase()
+    assert storage.build(body=body) == {} and storage.fetch(body=body) is None
+
+
 @pytest.mark.parametrize("status, retry_after, expected", [
     (429, "2", [2.0]), (503, None, [1.0]), (429, "120", [10.0])])
 def test_throttled_requests_are_retried_after_the_servers_delay(monkeypatch, status, retry_after,
