@@ -147,7 +147,9 @@ class Kube:
             async with session.request(
                     method, self._url(path, query), data=data, headers=headers,
                     timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                text = await response.text()
+                # A pod log is the user's bytes: a multi-byte character cut by the runtime (tqdm's
+                # bar at a line split) must not make the whole read fail.
+                text = await response.text(errors="replace")
                 if response.status < 300:
                     return text
                 error = ApiError(response.status, response.reason or "", text)

@@ -34,8 +34,12 @@ log = logging.getLogger("accelerate_operator")
 
 # How often a running job's progress is read (rank 0 prints a report at most every ~2 s).
 PROGRESS_SECONDS = 5.0
-# Rank 0 prints a progress line at most every ~2 s; other output between two of them fits here.
-PROGRESS_TAIL_LINES = 200
+# Rank 0 prints a progress line every 2-5 s (transformers' callback posts at most every 5 s);
+# the newest one must be in the tail read. A tqdm bar in a log that is not a terminal writes up
+# to 3 lines per step, so a Trainer at 25 steps/s puts ~375 lines between two reports: 200
+# lines would often miss the last one. 2,000 lines cover 5 s at ~130 steps/s, about 120 KiB per
+# read of a running job every PROGRESS_SECONDS.
+PROGRESS_TAIL_LINES = 2000
 # The trainer prints its versions first thing; pip's output may come before a second line.
 TRAINER_INFO_BYTES = 64 * 1024
 

@@ -49,7 +49,10 @@ class FakeKube:
                            previous: bool = False, container: str | None = None,
                            limit_bytes: int | None = None, timestamps: bool = False) -> str:
         self.calls.append(("log", name) if limit_bytes is None else ("log-head", name))
-        return self.logs.get(name, "")
+        text = self.logs.get(name, "")
+        if tail_lines is not None:  # as the kubelet: only the last lines
+            text = "".join(text.splitlines(keepends=True)[-tail_lines:])
+        return text
 
     async def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
         self.calls.append(("read", "ConfigMap", name))

@@ -269,6 +269,18 @@ def test_a_running_jobs_progress_is_written_with_its_status_only_when_it_changed
     assert _status_write(again, again.status, NOW) is None
 
 
+def test_the_last_report_is_found_under_seconds_of_a_tqdm_bar():
+    """transformers' Trainer in a pod: its tqdm bar writes up to 3 lines per step (no terminal)
+    and the relay prints a report every 5 s. At 25 steps/s that is ~375 lines between two
+    reports: the tail read must reach the last one (200 lines lost it in an e2e run)."""
+    kube = FakeKube()
+    bar = "".join(f"{i}/3000 [00:10<00:01, 25.00it/s]\n   \n\n" for i in range(2313, 2438))
+    kube.logs["llm-0"] = 'ACCELERATE_PROGRESS {"step": 2313, "total_steps": 3000}\n' + bar
+    seen = observe_running(kube, running_body({"trainer": {"attempt": 1}}))
+    assert len(bar.splitlines()) >= 375
+    assert _status_write(seen, seen.status, NOW)["progress"]["step"] == 2313
+
+
 def test_a_failed_read_is_tried_again_even_after_the_job_finished():
     """The pass that finishes a job may fail to read rank 0's last report (a slow node agent):
     the read is retried soon, and its report still reaches the status."""

@@ -540,3 +540,32 @@ def test_kopfs_watch_restarts_are_counted_and_its_warnings_still_reach_the_log(c
         if not already:  # an operator run earlier in this process keeps its counter
             logger.removeHandler(handler)
         logger.propagate = True
+
+
+def test_a_log_with_a_cut_multibyte_character_is_read_not_refused():
+    """A pod log is the user's bytes: tqdm's bar (U+2588, three bytes) cut by the container
+    runtime made aiohttp's strict decoding refuse every read of rank 0's log, so PROGRESS
+    stopped in an e2e run while the job trained on. The read keeps the rest of the log."""
+    from accelerate_operator.kube import Kube
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    body = ("100%|\u2588\u2588".encode() + b"\xe2\x96" + b"| 2997/3000\n"
+            + b'ACCELERATE_PROGRESS {"step": 3000, "total_steps": 3000}\n')
+
+    async def log(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="text/plain")
+
+    async def go() -> str:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/ml/pods/llm-0/log", log)
+        async with TestServer(app) as server:
+            kube = Kube.from_connection(kopf.ConnectionInfo(server=str(server.make_url(""))))
+            try:
+                return await kube.read_pod_log("ml", "llm-0", 2000)
+            finally:
+                await kube.close()
+
+    text = asyncio.run(go())
+    assert text.endswith('ACCELERATE_PROGRESS {"step": 3000, "total_steps": 3000}\n')
+    assert "\ufffd" in text  # the cut character, replaced
