@@ -23,8 +23,8 @@ cd "$ROOT"
 # shellcheck source=hack/lib/buildah.sh
 source "$ROOT/hack/lib/buildah.sh"
 
-REGISTRY="${REGISTRY:-ghcr.io/accelerate-operator}"
-TAG="${TAG:-$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n1)}"
+# shellcheck source=hack/lib/images.sh
+source "$ROOT/hack/lib/images.sh"
 IMAGES="${IMAGES:-operator trainer-cpu trainer-cuda}"
 [[ -n "$TAG" ]] || { echo "build-images: no version found in pyproject.toml; set TAG" >&2; exit 1; }
 

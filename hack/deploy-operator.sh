@@ -26,10 +26,9 @@ local_image_id() {
   command -v buildah >/dev/null || return 0
   # shellcheck source=hack/lib/buildah.sh
   source "$ROOT/hack/lib/buildah.sh"
-  local tag
-  tag=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n1)
-  bah images --noheading --format '{{.ID}}' "${REGISTRY:-ghcr.io/accelerate-operator}/operator:$tag" \
-    2>/dev/null || true
+  # shellcheck source=hack/lib/images.sh
+  source "$ROOT/hack/lib/images.sh"
+  bah images --noheading --format '{{.ID}}' "$REGISTRY/operator:$TAG" 2>/dev/null || true
 }
 code_hash=$( { code_files | sort -z | xargs -0 sha256sum; local_image_id; } | sha256sum | cut -c1-16)
 

@@ -21,8 +21,8 @@ cd "$ROOT"
 
 CLUSTER="${KIND_CLUSTER_NAME:-accelerate-e2e}"
 NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.34.0@sha256:7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a}"
-TAG="${TAG:-$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n1)}"
-REGISTRY="${REGISTRY:-ghcr.io/accelerate-operator}"
+# shellcheck source=hack/lib/images.sh
+source "$ROOT/hack/lib/images.sh"
 ARTIFACTS="${ARTIFACTS:-$(mktemp -d -t accelerate-e2e.XXXXXX)}"
 RELEASE=accelerate-operator
 NAMESPACE=accelerate-system

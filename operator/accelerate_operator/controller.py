@@ -185,7 +185,7 @@ class Controller:
         self.clock = clock
         self.reconciler = Reconciler(kube, clock)
         self.states = JobStates(clock)
-        self.queue = WorkQueue(self.reconcile, clock=clock)
+        self.queue = WorkQueue(self.reconcile, clock=clock, on_failure=self._warn_if_failing)
         self.indexes: dict[str, Index] = {}
         self._check_exists: set[JobKey] = set()
         self._ghosts: set[tuple[str, str, str]] = set()  # (kind, namespace, name)
@@ -240,19 +240,18 @@ class Controller:
         state = self.states.get(key, uid)
         started = time.perf_counter()
         try:
-            requeue_after = await self.reconciler.reconcile(
-                state, body, self.pods_of(key, uid), self.children_of(key),
-                self.queue_of(key, uid))
-        except Exception as error:
-            state.failed_passes += 1
-            event = failing_pass_event(state.failed_passes, error)
-            if event is not None:
-                await self.kube.post_event(body, event, utcnow())
-            raise  # the work queue retries it with backoff
+            return await self.reconciler.reconcile(state, body, self.pods_of(key, uid),
+                                                   self.children_of(key), self.queue_of(key, uid))
         finally:
             observe_pass(time.perf_counter() - started)
-        state.failed_passes = 0
-        return requeue_after
+
+    async def _warn_if_failing(self, key: Hashable, failures: int, error: Exception) -> None:
+        """The work queue retries a failed pass with backoff; the job's events say so once it
+        persists (failing_pass_event)."""
+        event = failing_pass_event(failures, error)
+        body = self.job_body(key)
+        if event is not None and body is not None:
+            await self.kube.post_event(body, event, utcnow())
 
     def job_statuses(self) -> list[Any]:
         """Every job's status as kopf's index shows it, for the jobs{phase} gauge. Read from the

@@ -43,7 +43,6 @@ class JobState:
       its IP, kubelet heartbeats).
     - `next_progress_read`: when a running job's progress is next due (observe.py).
     - `last_activity`, `last_step`: what rank 0's log last showed of the current attempt.
-    - `failed_passes`: passes that raised in a row.
     """
 
     uid: str
@@ -59,9 +58,6 @@ class JobState:
     activity_attempt: int = -1
     last_activity: datetime | None = None
     last_step: int | None = None
-    # Passes that raised in a row (an API error the work queue retries with backoff): a user
-    # is told once it persists (Controller.reconcile), not on every blip.
-    failed_passes: int = 0
 
     def latest_status(self, status: Mapping[str, Any]) -> dict[str, Any]:
         """The job's status as of our last write, unless the server already shows a newer one."""

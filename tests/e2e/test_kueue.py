@@ -34,28 +34,31 @@ QUOTA = {"cpu": "1", "memory": "2Gi"}
 MAX_STEPS, CHECKPOINT_EVERY, PREEMPT_AFTER = 40, 5, 12
 
 
+def run_hack(kubeconfig: str, script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "hack" / script), *args], capture_output=True, text=True,
+                          env={**os.environ, "KUBECONFIG": kubeconfig})
+
+
+def deploy_operator(kubeconfig: str) -> None:
+    """The chart turns the Kueue integration on where the cluster serves Workloads."""
+    deployed = run_hack(kubeconfig, "deploy-operator.sh")
+    assert deployed.returncode == 0, f"hack/deploy-operator.sh failed:\n{deployed.stderr[-4000:]}"
+
+
 @pytest.fixture(scope="module")
 def kueue(kubeconfig: str) -> Iterator[str]:
-    done = subprocess.run([str(ROOT / "hack" / "install-kueue.sh")], capture_output=True,
-                          text=True, env={**os.environ, "KUBECONFIG": kubeconfig})
+    done = run_hack(kubeconfig, "install-kueue.sh")
     if done.returncode == 3:
         pytest.skip(f"Kueue cannot be built here: {done.stderr.strip()[-600:]}")
     assert done.returncode == 0, f"hack/install-kueue.sh failed:\n{done.stderr[-4000:]}"
-    # The chart turns the integration on where the cluster serves Workloads: deploy again.
-    deployed = subprocess.run([str(ROOT / "hack" / "deploy-operator.sh")], capture_output=True,
-                              text=True, env={**os.environ, "KUBECONFIG": kubeconfig})
-    assert deployed.returncode == 0, f"hack/deploy-operator.sh failed:\n{deployed.stderr[-4000:]}"
+    deploy_operator(kubeconfig)
     yield kubeconfig
     # Leave the cluster as the other tests expect it: Kueue's webhooks fail closed on every pod,
     # so a Kueue whose controller restarts (an API server restart makes it lose its lease)
     # would block the pods of jobs that never asked for Kueue. Then deploy without it again.
-    env = {**os.environ, "KUBECONFIG": kubeconfig}
-    removed = subprocess.run([str(ROOT / "hack" / "install-kueue.sh"), "--uninstall"],
-                             capture_output=True, text=True, env=env)
+    removed = run_hack(kubeconfig, "install-kueue.sh", "--uninstall")
     assert removed.returncode == 0, f"uninstalling Kueue failed:\n{removed.stderr[-4000:]}"
-    deployed = subprocess.run([str(ROOT / "hack" / "deploy-operator.sh")], capture_output=True,
-                              text=True, env=env)
-    assert deployed.returncode == 0, f"hack/deploy-operator.sh failed:\n{deployed.stderr[-4000:]}"
+    deploy_operator(kubeconfig)
 
 
 def kueue_api(kubeconfig: str) -> str:

@@ -286,6 +286,15 @@ class Queue:
         status["conditions"] = [c for c in status["conditions"]
                                 if c["type"] != "DeactivationTarget"]
 
+    def run_admitted(self) -> None:
+        """The Workload made, Kueue admits it, the group is created and both pods run."""
+        self.reconcile()
+        self.admit()
+        self.reconcile()
+        for name in ("llm-0", "llm-1"):
+            self.kube.set_pod_phase(name, "Running")
+        self.reconcile()
+
     def pods_ready(self) -> tuple[str, str]:
         return self.conditions("PodsReady")["PodsReady"]
 
@@ -322,12 +331,7 @@ def test_an_admitted_job_starts_every_node_on_the_admitted_flavor():
 @pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.tag)
 def test_an_evicted_job_stops_its_group_releases_the_quota_and_restarts_when_readmitted(release):
     queue = Queue(queued_job(backoffLimit=0), release)
-    queue.reconcile()
-    queue.admit()
-    queue.reconcile()
-    for name in ("llm-0", "llm-1"):
-        queue.kube.set_pod_phase(name, "Running")
-    queue.reconcile()
+    queue.run_admitted()
     assert queue.status("phase") == "Running"
     assert queue.kube.workload()["apiVersion"] == f"kueue.x-k8s.io/{release.workload_version}"
     assert queue.pods_ready() == ("True", "Started")
@@ -420,12 +424,7 @@ def test_jobs_without_the_queue_label_or_without_the_integration_ignore_kueue():
 def test_a_workload_kueue_deactivated_stays_inactive_and_the_job_is_held_saying_why(
         release, cause, message):
     queue = Queue(queued_job(), release)
-    queue.reconcile()
-    queue.admit()
-    queue.reconcile()
-    for name in ("llm-0", "llm-1"):
-        queue.kube.set_pod_phase(name, "Running")
-    queue.reconcile()
+    queue.run_admitted()
     queue.deactivate(cause, message)
     queue.reconcile()  # the group stops ...
     queue.reconcile()  # ... the quota goes back ...
@@ -503,12 +502,7 @@ def test_pods_ready_is_started_then_wait_for_recovery_after_a_failure_then_recov
 
 def test_pods_ready_waits_for_start_again_under_a_new_admission():
     queue = Queue(queued_job())
-    queue.reconcile()
-    queue.admit()
-    queue.reconcile()
-    for name in ("llm-0", "llm-1"):
-        queue.kube.set_pod_phase(name, "Running")
-    queue.reconcile()
+    queue.run_admitted()
     queue.evict()
     queue.reconcile()
     queue.reconcile()
@@ -635,12 +629,7 @@ def test_the_quota_of_an_evicted_job_is_kept_while_its_pods_are_still_terminatin
     """A pod in its grace period (saving a checkpoint) still holds its node's CPU and memory:
     the quota goes back once it is gone, so the next admitted group never shares the nodes."""
     queue = Queue(queued_job())
-    queue.reconcile()
-    queue.admit()
-    queue.reconcile()
-    for name in ("llm-0", "llm-1"):
-        queue.kube.set_pod_phase(name, "Running")
-    queue.reconcile()
+    queue.run_admitted()
     running = {key: copy.deepcopy(o) for key, o in queue.kube.objects.items() if key[0] == "Pod"}
     queue.evict()
     queue.reconcile()  # deletes the group; the fake deletes at once: put them back, terminating
