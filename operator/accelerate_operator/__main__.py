@@ -19,20 +19,24 @@ import time
 
 def log_memory(*_: object) -> None:
     """`kill -USR2 <pid>`: the RSS, the memory blocks Python's allocator holds for live objects,
-    and the most numerous live Python objects, in the log, to see what holds memory in a running
-    operator (docs/benchmarks.md, finding 6): live blocks back at the idle count while the RSS is
-    not means the allocator, not a leak, keeps the pages."""
-    from .heap import heap_usage
+    glibc's heap, and the most numerous live Python objects, in the log, to see what holds memory
+    in a running operator (docs/benchmarks.md, finding 6), then the RSS after the trim the
+    operator makes when jobs go (heap.py): what that leaves above idle is live or fragmented."""
+    from .heap import heap_usage, release_freed_memory
+
+    def rss_kib() -> str:
+        return next((line.split()[1] for line in open("/proc/self/status")
+                     if line.startswith("VmRSS")), "?")
 
     gc.collect()
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
-    rss = next((line.split()[1] for line in open("/proc/self/status")
-                if line.startswith("VmRSS")), "?")
+    rss = rss_kib()
     heap = heap_usage()
+    release_freed_memory()
     logging.getLogger("accelerate_operator").warning(
-        "memory: RSS %s KiB, %d allocated blocks (%s), glibc heap %s, %d objects tracked by "
-        "gc; most numerous: %s", rss, sys.getallocatedblocks(),
-        os.environ.get("PYTHONMALLOC", "pymalloc"),
+        "memory: RSS %s KiB (%s KiB after a trim), %d allocated blocks (%s), glibc heap %s, "
+        "%d objects tracked by gc; most numerous: %s", rss, rss_kib(),
+        sys.getallocatedblocks(), os.environ.get("PYTHONMALLOC", "pymalloc"),
         f"{heap[0] >> 10} KiB in use, {heap[1] >> 10} KiB free" if heap else "unknown",
         sum(counts.values()), ", ".join(f"{n} {name}" for name, n in counts.most_common(12)))
 

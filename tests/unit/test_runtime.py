@@ -437,6 +437,33 @@ def test_a_pod_deleted_while_unwatched_is_found_by_the_audit_and_the_group_resta
 
 # ---- kopf: peering and the handlers ------------------------------------------------------------
 
+def test_memory_is_handed_back_while_jobs_go_and_once_more_after_their_children_are_gone(
+        monkeypatch):
+    """A deletion frees most of its memory after the jobs' own states are gone (their pods'
+    deletions, kopf's workers for them): the last trim comes after the count stops falling."""
+    import accelerate_operator.controller as controller_module
+
+    trims = []
+    monkeypatch.setattr(controller_module, "release_freed_memory", lambda: trims.append(1))
+    h = Harness()
+    for n in range(3):
+        h.indexes["job_pods"].put(("ml", f"job-{n}"), "pod-0")
+        h.indexes["job_pods"].put(("ml", f"job-{n}"), "pod-1")
+    h.controller._trim()  # jobs arrived: nothing to hand back
+    assert trims == []
+    del h.indexes["job_pods"][("ml", "job-0")]
+    h.controller._trim()  # falling
+    assert len(trims) == 1
+    h.indexes["job_pods"].clear()
+    h.controller._trim()  # still falling
+    assert len(trims) == 2
+    h.controller._trim()  # settled: once more
+    assert len(trims) == 3
+    h.controller._trim()
+    h.controller._trim()  # nothing changed since: no more
+    assert len(trims) == 3
+
+
 def test_the_pause_tracker_follows_kopfs_peering_records():
     queue = WorkQueue(lambda key: None)
     tracker = PauseTracker(queue)
