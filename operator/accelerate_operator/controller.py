@@ -402,12 +402,10 @@ class Controller:
         only while the count fell, what those freed stayed resident (docs/benchmarks.md,
         finding 15)."""
         held = self._objects_held()
-        if held < self._held_at_last_look:
+        falling = held < self._held_at_last_look
+        if falling or self._trim_when_settled:
             release_freed_memory()
-            self._trim_when_settled = True
-        elif self._trim_when_settled:
-            release_freed_memory()
-            self._trim_when_settled = False
+        self._trim_when_settled = falling
         self._held_at_last_look = held
 
     # ---- the whole run ----------------------------------------------------------------------
