@@ -54,6 +54,7 @@ from common import (
     job_of,
     machine_line,
     median,
+    operator_passes,
     operator_request_counts,
     resilient,
     start_watchers,
@@ -191,6 +192,7 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str, jobs: int | Non
         sampler = RssSampler(operator)
         sampler.start()
     requests_before = operator_request_counts(cluster)
+    passes_before = operator_passes(cluster)
     control_plane_before = {name: proc.cpu_seconds() for name, proc in control_plane.items()}
     profiler = start_profiler(operator, args.profile, mode, args.timeout) if args.profile else None
     bodies = [job_body(namespace, name, mode) for name in names]
@@ -213,6 +215,9 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str, jobs: int | Non
         requests = diff_counts(operator_request_counts(cluster), requests_before)
         result["requests_settled"] = requests
         result["requests_per_job"] = sum(requests.values()) / jobs
+        passes_after = operator_passes(cluster)
+        if passes_before is not None and passes_after is not None:
+            result["passes_per_job"] = (passes_after - passes_before) / jobs
         for name, proc in control_plane.items():
             result[f"{name}_cpu_ms_per_job"] = (
                 (proc.cpu_seconds() - control_plane_before[name]) * 1000 / jobs)
@@ -338,8 +343,9 @@ def print_burst(label: str, r: dict, args: argparse.Namespace, idle: float | Non
           f"p99 {r['job_latency_p99_s']:.2f}s", flush=True)
     if "all_running_s" in r:
         print(f"  [{label}] all jobs Running 2/2 after {r['all_running_s']:.1f}s")
+    passes = (f", {r['passes_per_job']:.2f} passes per job" if "passes_per_job" in r else "")
     print(f"  [{label}] operator API requests: {r['requests_per_job']:.2f} per job "
-          f"(after {args.settle:.0f}s settle): {r['requests_settled']}")
+          f"(after {args.settle:.0f}s settle): {r['requests_settled']}{passes}")
     if "operator_cpu_ms_per_job" in r:
         print(f"  [{label}] operator CPU {r['operator_cpu_settled_s']:.1f}s "
               f"({r['operator_cpu_ms_per_job']:.1f} ms/job, target <= "

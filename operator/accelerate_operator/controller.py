@@ -47,6 +47,10 @@ LEGACY_FINALIZER = f"{GROUP}/finalizer"
 DELETION_GRACE_SECONDS = 1.0
 AUDIT_SECONDS = 300.0
 AUDIT_DELAY_SECONDS = 5.0
+# The heap is trimmed at each look (every TRIM_LOOK_SECONDS) while the jobs and children held
+# fall, and at this many looks after (Controller._trim).
+TRIM_LOOK_SECONDS = 10.0
+TRIMS_AFTER_SETTLING = 6
 # kubectl apply keeps a full copy of the object in this annotation; nothing here reads it.
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
@@ -192,7 +196,7 @@ class Controller:
         self._audit_due: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task] = []
         self._held_at_last_look = 0
-        self._trim_when_settled = False
+        self._trims_after_settling = 0
 
     # ---- what a pass reads ------------------------------------------------------------------
     def _values(self, index: str, key: JobKey) -> list[Any]:
@@ -265,12 +269,42 @@ class Controller:
     # ---- events (from handlers.py) ------------------------------------------------------------
     def on_job(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """Level-triggered: every event of a job (created, its spec changed, listed at start-up,
-        our own status writes) runs its pass; a pass with nothing to change makes no API call."""
+        changed by anyone else) runs its pass; a pass with nothing to change makes no API call.
+        The echo of our own last status write runs none (JobState.written_version)."""
         key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
         if event_type == "DELETED":
             self.forget(key)
             return
-        self.queue.add(key)
+        if self.job_event_matters(event_type, body):
+            self.queue.add(key)
+
+    # ---- which events reach the handlers (kopf's `when` filters, handlers.py) ----------------
+    # An event these answer False for would change nothing: kopf then skips invoking the
+    # handler (its per-event handler machinery, docs/benchmarks.md). The handlers below still
+    # decide for themselves, so they hold without the filters.
+    def job_event_matters(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Every job event but the echo of our own last status write."""
+        if event_type != "MODIFIED":
+            return True
+        metadata = body["metadata"]
+        state = self.states.peek((metadata.get("namespace") or "", metadata["name"]))
+        return state is None or not state.is_echo(body)
+
+    def pod_event_matters(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """A pod listed (kopf listed again: an audit is due), deleted or being deleted, or in
+        a state the last pass did not plan from (PodState.decisive); any event while a ghost is
+        suspected."""
+        metadata = body["metadata"]
+        if event_type in (None, "DELETED") or metadata.get("deletionTimestamp") or self._ghosts:
+            return True
+        key = owning_job(metadata)
+        state = self.states.peek(key) if key is not None else None
+        return state is None or read_pod_state(body).decisive() not in state.planned_pods
+
+    def child_event_matters(self, event_type: str | None) -> bool:
+        """A ConfigMap, Service or PodDisruptionBudget listed or deleted: their other events
+        (created, changed) run no pass."""
+        return event_type in (None, "DELETED") or bool(self._ghosts)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A pod created, scheduled, started, ended: its job's pass runs now. One deleted or
@@ -280,11 +314,13 @@ class Controller:
         if key is None:
             return
         self._seen(event_type, "Pod", metadata)
+        state = self.states.peek(key)
+        if event_type == "DELETED" and state is not None:
+            state.gone("Pod", metadata)
         if event_type == "DELETED" or metadata.get("deletionTimestamp"):
             self.after_deletion(key)
             return
-        state = self.states.peek(key)
-        if state is not None and read_pod_state(body) in state.planned_pods:
+        if state is not None and read_pod_state(body).decisive() in state.planned_pods:
             return
         self.queue.add(key)
 
@@ -297,6 +333,9 @@ class Controller:
             return
         self._seen(event_type, kind, metadata)
         if event_type == "DELETED":
+            state = self.states.peek(key)
+            if state is not None:
+                state.gone(kind, metadata)
             self.after_deletion(key)
         elif kind == "Workload":
             self.queue.add(key)
@@ -396,16 +435,18 @@ class Controller:
 
     def _trim(self) -> None:
         """Fewer jobs and children than at the last look (jobs finished or deleted): hand the
-        memory of those gone back to the system (heap.py), and once more at the first look after
-        they stopped falling. A deletion frees memory after its last object is gone (kopf's
-        watch events and workers for it, the pods' deletions after their job's): with a trim
-        only while the count fell, what those freed stayed resident (docs/benchmarks.md,
-        finding 15)."""
+        memory of those gone back to the system (heap.py), and again at each look of the
+        minute after they stopped falling. A deletion frees memory after its last object is
+        gone, for a while: kopf's watch events and workers for it, the pods' deletions after
+        their job's, the connections the burst opened (closed when idle). With a trim only
+        while the count fell, what those freed stayed resident: 6-8 MiB after a burst of 500
+        jobs (docs/benchmarks.md, finding 15)."""
         held = self._objects_held()
         falling = held < self._held_at_last_look
-        if falling or self._trim_when_settled:
+        if falling or self._trims_after_settling:
             release_freed_memory()
-        self._trim_when_settled = falling
+        self._trims_after_settling = (TRIMS_AFTER_SETTLING if falling
+                                      else max(0, self._trims_after_settling - 1))
         self._held_at_last_look = held
 
     # ---- the whole run ----------------------------------------------------------------------
@@ -415,7 +456,8 @@ class Controller:
         self.queue.start()
         self._tasks = [asyncio.create_task(self._every(AUDIT_SECONDS, self._audit_once),
                                            name="index audit every 5 minutes"),
-                       asyncio.create_task(self._every(10.0, self._trim), name="heap trim")]
+                       asyncio.create_task(self._every(TRIM_LOOK_SECONDS, self._trim),
+                                           name="heap trim")]
 
     async def stop(self) -> None:
         if self._audit_due is not None:

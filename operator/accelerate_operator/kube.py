@@ -387,11 +387,18 @@ class Kube:
 
     # ---- the job ----------------------------------------------------------------------------
     async def patch_job_status(self, namespace: str, name: str,
-                               status: Mapping[str, Any]) -> None:
-        """A job deleted meanwhile has nothing to report on."""
-        await self._ignore_gone(
-            "PATCH", self._job_path(namespace, name) + "/status",
-            {"status": dict(status)}, query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
+                               status: Mapping[str, Any]) -> str | None:
+        """The job's resourceVersion after the write (its watch event is this write's echo), or
+        None: a job deleted meanwhile has nothing to report on."""
+        try:
+            text = await self._request(
+                "PATCH", self._job_path(namespace, name) + "/status", {"status": dict(status)},
+                query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            return None
+        return json.loads(text)["metadata"].get("resourceVersion")
 
     async def job_exists(self, namespace: str, name: str, uid: str) -> bool:
         """Whether the job (this one: not another of the same name) still exists, as the API

@@ -14,7 +14,7 @@ from typing import Any
 from accelerate_trainer.contract import ATTEMPT_LABEL, NODE_INDEX_LABEL
 
 from .constants import PENDING
-from .status import PodState
+from .status import PodState, read_pod_state
 
 # How long an object this operator created counts as existing when no index shows it yet.
 IN_FLIGHT_SECONDS = 30.0
@@ -35,12 +35,17 @@ class JobState:
       own writes, and planning from a stale attempt number would recreate a group just deleted.
     - `in_flight`: children and pods created that the indexes do not show yet. Without them a pod
       event arriving first would plan those pods again (a 409 each) and patch the status twice
-      (docs/benchmarks.md, finding 2). An entry goes when an index shows the object, when the job
-      moves to another attempt, or after IN_FLIGHT_SECONDS (so a pod deleted before any index saw
-      it is not hidden for long).
-    - `planned_pods`: the pod states the last pass planned from. A pod event whose state is among
-      them changes nothing a pass reads, and runs no pass (a Pending pod's scheduling condition,
-      its IP, kubelet heartbeats).
+      (docs/benchmarks.md, finding 2). An entry goes when a pass finds the object in an index,
+      when the object's DELETED event comes, when the job moves to another attempt, or after
+      IN_FLIGHT_SECONDS.
+    - `planned_pods`: the pod states the last pass planned from (what it decides from:
+      PodState.decisive), and those of the pods it created as they first show (Pending). A pod
+      event whose state is among them changes nothing a pass decides, and runs no pass (a
+      created pod's ADDED event, a Pending pod's scheduling condition, its IP, kubelet
+      heartbeats).
+    - `written_version`: the job's resourceVersion after our last status write. The job's watch
+      event of that version is the write's echo: the pass that wrote it planned from everything
+      else it shows (any other change is another version, with its own event), so it runs none.
     - `next_progress_read`: when a running job's progress is next due (observe.py).
     - `last_activity`, `last_step`: what rank 0's log last showed of the current attempt.
     """
@@ -49,6 +54,7 @@ class JobState:
     written: dict[str, Any] | None = None
     in_flight: dict[tuple[str, str], _Created] = field(default_factory=dict)
     planned_pods: frozenset[PodState] = frozenset()
+    written_version: str | None = None
     # When rank 0's log is next due to be read (the operator's monotonic clock), and whether the
     # last read failed (it is then tried again soon, even after the job finished).
     next_progress_read: float = 0.0
@@ -66,8 +72,22 @@ class JobState:
             return {**dict(status), **written}
         return dict(status)
 
-    def remember_status(self, status: Mapping[str, Any]) -> None:
+    def remember_status(self, status: Mapping[str, Any], version: str | None = None) -> None:
         self.written = {**(self.written or {}), **status}
+        self.written_version = version
+
+    def is_echo(self, body: Mapping[str, Any]) -> bool:
+        """Whether a job event is our own last status write coming back (`written_version`)."""
+        version = body["metadata"].get("resourceVersion")
+        return version is not None and version == self.written_version
+
+    def expect_created(self, manifests: Iterable[Mapping[str, Any]]) -> None:
+        """Before creating: the pods as they will first show (Pending) join `planned_pods`, so
+        that their ADDED events, which may come before the creation's own responses, run no
+        pass. A pod the server refuses never shows: its entry matches no event."""
+        pods = {read_pod_state(m).decisive() for m in manifests if m["kind"] == "Pod"}
+        if pods:
+            self.planned_pods = self.planned_pods | pods
 
     def record_created(self, manifests: Iterable[Mapping[str, Any]], now: float) -> None:
         for manifest in manifests:
@@ -76,6 +96,18 @@ class JobState:
             self.in_flight[(manifest["kind"], manifest["metadata"]["name"])] = _Created(
                 int(attempt) if attempt is not None else None,
                 int(index) if index is not None else None, now)
+
+    def gone(self, kind: str, metadata: Mapping[str, Any]) -> None:
+        """An object's DELETED event: it was there, so it is no longer in flight. Without this,
+        one deleted before any pass saw it in the indexes (a pass runs only for events that
+        change what it reads) would count as existing until IN_FLIGHT_SECONDS had passed, and
+        its recreation wait that long. A pod of an earlier attempt (the same name) leaves the
+        new one's entry alone."""
+        created = self.in_flight.get((kind, metadata["name"]))
+        attempt = (metadata.get("labels") or {}).get(ATTEMPT_LABEL)
+        if created is not None and (created.attempt is None or attempt is None
+                                    or created.attempt == int(attempt)):
+            del self.in_flight[(kind, metadata["name"])]
 
     def with_in_flight(self, attempt: int, pods: Sequence[PodState],
                        children: frozenset[tuple[str, str]], now: float, ttl: float =

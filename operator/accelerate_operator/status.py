@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -82,6 +82,17 @@ class PodState:
     @property
     def finished(self) -> bool:
         return self.phase in (SUCCEEDED, FAILED)
+
+    def decisive(self) -> PodState:
+        """What a pass decides from now. A pod's reason and message are read only once it has
+        failed or been disrupted (the failure's text), and when a stall is declared, by the
+        pass then due, from the indexes. Before that they are a Pending pod's scheduling
+        condition, which the scheduler rewrites at each of its attempts: two states that
+        differ only there plan alike (JobState.planned_pods)."""
+        if self.phase == FAILED or self.disruption or (self.reason is None
+                                                       and self.message is None):
+            return self
+        return replace(self, reason=None, message=None)
 
 
 # status.reason values the kubelet or the node controller set on a pod it ends for reasons of the

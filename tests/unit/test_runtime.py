@@ -297,16 +297,21 @@ def test_a_job_is_indexed_without_managed_fields_or_kubectls_copy_of_itself():
 
 # ---- events and passes ------------------------------------------------------------------------
 
-def test_a_job_event_runs_its_pass_and_a_deleted_child_is_recreated_after_the_grace(monkeypatch):
+@pytest.mark.parametrize("seen_indexed", [True, False])
+def test_a_deleted_child_is_recreated_after_the_grace(monkeypatch, seen_indexed):
+    """Whether or not a pass saw the child indexed before it went: when none did (its creation's
+    events run no pass), the job's state still has it in flight, and its DELETED event ends that,
+    so the pass recreates it at once rather than IN_FLIGHT_SECONDS later."""
     monkeypatch.setattr("accelerate_operator.controller.DELETION_GRACE_SECONDS", 0.05)
     harness = Harness()
 
     async def go():
         body = await harness.start_job()
         assert harness.kube.names("Pod") == ["llm-0", "llm-1"]
-        harness.index_created()
-        harness.controller.on_job("MODIFIED", body)  # the indexes show what was in flight
-        await harness.settle()
+        if seen_indexed:
+            harness.index_created()
+            harness.controller.on_job("MODIFIED", body)  # the indexes show what was in flight
+            await harness.settle()
         harness.kube.calls.clear()
         deleted = harness.kube.objects.pop(("ConfigMap", "llm-accelerate-config"))
         harness.index_created()
@@ -437,10 +442,133 @@ def test_a_pod_deleted_while_unwatched_is_found_by_the_audit_and_the_group_resta
 
 # ---- kopf: peering and the handlers ------------------------------------------------------------
 
-def test_memory_is_handed_back_while_jobs_go_and_once_more_after_their_children_are_gone(
+def test_a_created_pods_first_events_run_no_pass_and_its_start_and_failure_do():
+    """The pass that created the pods planned them as they first show (Pending): their ADDED
+    events change nothing it decides, nor do the scheduler's rewrites of a Pending pod's
+    condition (read only when a stall is declared). Its start and its failure do."""
+    harness = Harness()
+
+    async def go():
+        await harness.start_job()
+        harness.index_created()
+        passes = []
+
+        def event(status, event_type="MODIFIED"):
+            manifest = copy.deepcopy(harness.kube.objects[("Pod", "llm-0")])
+            manifest["status"] = status
+            before = harness.controller.queue.passes
+            harness.controller.on_pod(event_type, manifest)
+            return before
+
+        async def count(before):
+            await harness.settle()
+            passes.append(harness.controller.queue.passes - before)
+
+        await count(event({"phase": "Pending", "qosClass": "Burstable"}, "ADDED"))
+        for message in ("0/2 nodes are available: 2 Insufficient cpu.",
+                        "0/3 nodes are available: 3 Insufficient cpu."):
+            await count(event({"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": message}]}))
+        await count(event({"phase": "Running",
+                           "conditions": [{"type": "Ready", "status": "True"}]}))
+        await count(event({"phase": "Failed", "reason": "OOMKilled"}))
+        await harness.controller.queue.stop()
+        return passes
+
+    assert asyncio.run(go()) == [0, 0, 0, 1, 1]
+
+
+def test_the_echo_of_our_own_status_write_runs_no_pass_and_any_other_change_does():
+    class VersionedKube(ListingKube):
+        async def patch_job_status(self, namespace, name, status):
+            await super().patch_job_status(namespace, name, status)
+            return "42"
+
+    harness = Harness(VersionedKube())
+
+    async def go():
+        body = await harness.start_job()
+        assert harness.kube.statuses, "the first pass writes a status"
+        passes = harness.controller.queue.passes
+        echo = copy.deepcopy(body)
+        echo["metadata"]["resourceVersion"] = "42"
+        echo["status"] = copy.deepcopy(harness.kube.statuses[-1])
+        harness.controller.on_job("MODIFIED", echo)
+        await harness.settle()
+        after_echo = harness.controller.queue.passes - passes
+        edited = copy.deepcopy(echo)
+        edited["metadata"]["resourceVersion"] = "43"
+        edited["metadata"].setdefault("labels", {})["team"] = "research"
+        harness.controller.on_job("MODIFIED", edited)
+        await harness.settle()
+        await harness.controller.queue.stop()
+        return after_echo, harness.controller.queue.passes - passes - after_echo
+
+    assert asyncio.run(go()) == (0, 1)
+
+
+def test_kopfs_filters_let_through_exactly_the_events_that_can_change_a_pass():
+    """handlers.py hands these predicates to kopf as `when` filters: what they drop, kopf does
+    not invoke a handler for. They must drop nothing a handler would act on."""
+    from accelerate_operator import handlers
+
+    harness = Harness()
+    controller = harness.controller
+
+    async def go():
+        await harness.start_job()
+        pod = copy.deepcopy(harness.kube.objects[("Pod", "llm-0")])
+        pod["status"] = {"phase": "Pending"}
+        unschedulable = copy.deepcopy(pod)
+        unschedulable["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+        running = copy.deepcopy(pod)
+        running["status"] = {"phase": "Running"}
+        deleting = copy.deepcopy(pod)
+        deleting["metadata"]["deletionTimestamp"] = "2026-11-24T00:00:00Z"
+        orphan = copy.deepcopy(pod)
+        orphan["metadata"]["labels"][JOB_LABEL] = "another-job"
+        pods = {("ADDED", "created"): controller.pod_event_matters("ADDED", pod),
+                ("MODIFIED", "unschedulable"): controller.pod_event_matters(
+                    "MODIFIED", unschedulable),
+                ("MODIFIED", "running"): controller.pod_event_matters("MODIFIED", running),
+                ("MODIFIED", "deleting"): controller.pod_event_matters("MODIFIED", deleting),
+                ("DELETED", "created"): controller.pod_event_matters("DELETED", pod),
+                (None, "created"): controller.pod_event_matters(None, pod),
+                ("ADDED", "of a job not seen"): controller.pod_event_matters("ADDED", orphan)}
+        children = {kind: controller.child_event_matters(kind)
+                    for kind in ("ADDED", "MODIFIED", "DELETED", None)}
+        controller._ghosts.add(("Service", "ml", "llm"))
+        with_ghost = controller.child_event_matters("ADDED")
+        await controller.queue.stop()
+        return pods, children, with_ghost
+
+    pods, children, with_ghost = asyncio.run(go())
+    assert pods == {("ADDED", "created"): False, ("MODIFIED", "unschedulable"): False,
+                    ("MODIFIED", "running"): True,
+                    ("MODIFIED", "deleting"): True, ("DELETED", "created"): True,
+                    (None, "created"): True, ("ADDED", "of a job not seen"): True}
+    assert children == {"ADDED": False, "MODIFIED": False, "DELETED": True, None: True}
+    assert with_ghost  # an event may clear a suspected ghost
+    registered = {h.id: h.when for h in kopf_registry_watching_handlers()}
+    assert registered["pod_events"] is handlers._pod_event_matters
+    assert registered["job_events"] is handlers._job_event_matters
+    assert {registered[name] for name in ("service_events", "configmap_events", "pdb_events")} \
+        == {handlers._child_event_matters}
+
+
+def kopf_registry_watching_handlers():
+    import kopf
+
+    return list(kopf.get_default_registry()._watching.get_all_handlers())
+
+
+def test_memory_is_handed_back_while_jobs_go_and_for_a_minute_after_their_children_are_gone(
         monkeypatch):
-    """A deletion frees most of its memory after the jobs' own states are gone (their pods'
-    deletions, kopf's workers for them): the last trim comes after the count stops falling."""
+    """A deletion frees memory for a while after the jobs' own states are gone (their pods'
+    deletions, kopf's workers for them, idle connections closing): the trims go on for
+    TRIMS_AFTER_SETTLING looks after the count stops falling, then stop until it falls again."""
     import accelerate_operator.controller as controller_module
 
     trims = []
@@ -457,11 +585,15 @@ def test_memory_is_handed_back_while_jobs_go_and_once_more_after_their_children_
     h.indexes["job_pods"].clear()
     h.controller._trim()  # still falling
     assert len(trims) == 2
-    h.controller._trim()  # settled: once more
-    assert len(trims) == 3
+    for _ in range(controller_module.TRIMS_AFTER_SETTLING):
+        h.controller._trim()  # settled: the minute after
+    assert len(trims) == 2 + controller_module.TRIMS_AFTER_SETTLING
     h.controller._trim()
     h.controller._trim()  # nothing changed since: no more
-    assert len(trims) == 3
+    assert len(trims) == 2 + controller_module.TRIMS_AFTER_SETTLING
+    h.indexes["job_pods"].put(("ml", "job-3"), "pod-0")
+    h.controller._trim()  # rising again: nothing to hand back
+    assert len(trims) == 2 + controller_module.TRIMS_AFTER_SETTLING
 
 
 def test_the_pause_tracker_follows_kopfs_peering_records():
