@@ -299,7 +299,7 @@ class Controller:
             return True
         key = owning_job(metadata)
         state = self.states.peek(key) if key is not None else None
-        return state is None or read_pod_state(body).decisive() not in state.planned_pods
+        return state is None or not state.planned(read_pod_state(body))
 
     def child_event_matters(self, event_type: str | None) -> bool:
         """A ConfigMap, Service or PodDisruptionBudget listed or deleted: their other events
@@ -320,7 +320,7 @@ class Controller:
         if event_type == "DELETED" or metadata.get("deletionTimestamp"):
             self.after_deletion(key)
             return
-        if state is not None and read_pod_state(body).decisive() in state.planned_pods:
+        if state is not None and state.planned(read_pod_state(body)):
             return
         self.queue.add(key)
 

@@ -322,14 +322,15 @@ class Kube:
             raise
 
     async def _ignore_gone(self, method: str, path: str, body: Any = None,
-                           **kwargs: Any) -> None:
+                           **kwargs: Any) -> str | None:
         """A write to an object that may be gone meanwhile (a pod deleted, a job and its
-        Workload deleted): 404 is nothing to do."""
+        Workload deleted): 404 is nothing to do. The response's text, None when gone."""
         try:
-            await self._request(method, path, body, **kwargs)
+            return await self._request(method, path, body, **kwargs)
         except ApiError as error:
             if error.status != 404:
                 raise
+            return None
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         await self._ignore_gone("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
@@ -390,15 +391,10 @@ class Kube:
                                status: Mapping[str, Any]) -> str | None:
         """The job's resourceVersion after the write (its watch event is this write's echo), or
         None: a job deleted meanwhile has nothing to report on."""
-        try:
-            text = await self._request(
-                "PATCH", self._job_path(namespace, name) + "/status", {"status": dict(status)},
-                query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
-        except ApiError as error:
-            if error.status != 404:
-                raise
-            return None
-        return json.loads(text)["metadata"].get("resourceVersion")
+        text = await self._ignore_gone(
+            "PATCH", self._job_path(namespace, name) + "/status", {"status": dict(status)},
+            query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
+        return None if text is None else json.loads(text)["metadata"].get("resourceVersion")
 
     async def job_exists(self, namespace: str, name: str, uid: str) -> bool:
         """Whether the job (this one: not another of the same name) still exists, as the API

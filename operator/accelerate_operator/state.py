@@ -81,6 +81,14 @@ class JobState:
         version = body["metadata"].get("resourceVersion")
         return version is not None and version == self.written_version
 
+    def plan_from(self, pods: Iterable[PodState]) -> None:
+        """A pass plans from these pods (what it decides from of each: PodState.decisive)."""
+        self.planned_pods = frozenset(p.decisive() for p in pods)
+
+    def planned(self, pod: PodState) -> bool:
+        """Whether the last pass planned from this pod's state, as far as it decides."""
+        return pod.decisive() in self.planned_pods
+
     def expect_created(self, manifests: Iterable[Mapping[str, Any]]) -> None:
         """Before creating: the pods as they will first show (Pending) join `planned_pods`, so
         that their ADDED events, which may come before the creation's own responses, run no
