@@ -231,8 +231,13 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str, jobs: int | Non
             stop_profiler(profiler, result)
         stop_watchers(watchers)
         t_delete = time.monotonic()
+        requests_before_cleanup = operator_request_counts(cluster)
         cluster.delete_namespace(namespace, wait=True)
         result["cleanup_s"] = time.monotonic() - t_delete
+        # What the namespace's deletion cost the operator: nothing can be created there any
+        # more, so any request but the grace check's reads is waste (controller.py).
+        result["cleanup_requests"] = diff_counts(operator_request_counts(cluster),
+                                                 requests_before_cleanup)
         if operator:
             result["operator_rss_after_cleanup_mib"] = settled_rss(
                 operator, idle_rss_mib if idle_rss_mib is not None
@@ -354,6 +359,10 @@ def print_burst(label: str, r: dict, args: argparse.Namespace, idle: float | Non
               f"(target <= {TARGET_PEAK_RSS_MIB:.0f}), RSS after cleanup "
               f"{r['operator_rss_after_cleanup_mib']:.1f} MiB (idle {idle:.1f}, target within "
               f"10); cleanup {r['cleanup_s']:.1f}s", flush=True)
+    if "cleanup_requests" in r:
+        print(f"  [{label}] operator API requests during cleanup: "
+              f"{sum(r['cleanup_requests'].values()) / r['jobs']:.2f} per job "
+              f"{r['cleanup_requests']}", flush=True)
     plane = {k: v for k, v in r.items() if k.endswith("_cpu_ms_per_job")
              and not k.startswith("operator")}
     if plane:

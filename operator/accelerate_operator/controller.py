@@ -2,7 +2,7 @@
 and the view of kopf's indexes that a pass reads. No kopf import here, so it is tested without an
 operator running.
 
-Three small pieces kopf lacks, each on its public API:
+Four small pieces kopf lacks, each on its public API:
 - **The deletion grace check** (docs/benchmarks.md, finding 11). When a job is deleted, the
   garbage collector deletes its children, and their DELETED events (on other watches than the
   job's) can come more than a second before the job's own: a pass run on them would recreate
@@ -16,7 +16,14 @@ Three small pieces kopf lacks, each on its public API:
   good (nothing ever reports its deletion). A pass planning from such a ghost pod would wait
   for it forever. So the owned collections are listed AUDIT_DELAY_SECONDS after kopf re-lists
   (its listing events carry type None) and every AUDIT_SECONDS anyway; indexed objects the
-  listing lacks are ghosts: the passes no longer see them, and their jobs are reconciled."""
+  listing lacks are ghosts: the passes no longer see them, and their jobs are reconciled.
+- **Namespaces being deleted.** The namespace controller deletes a namespace's pods before its
+  jobs, so each job's pass, after the grace check, would create its pods again, be refused
+  ("being terminated"), and write its status: a GET, two refused creates and a patch per job.
+  The first refusal ends its pass and marks the namespace; passes of its jobs are not run for
+  TERMINATING_NAMESPACE_SECONDS after it. A job created there later (its ADDED event: a
+  namespace being deleted accepts no new object, so it is a new namespace of the same name)
+  ends the mark at once."""
 
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ from .apierrors import server_message
 from .apply import utcnow
 from .constants import GROUP, KIND
 from .heap import release_freed_memory
-from .kube import ApiError, Kube
+from .kube import ApiError, Kube, NamespaceTerminating
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
 from .metrics import observe_pass, record_watch_restart
 from .reconciler import Reconciler
@@ -51,6 +58,9 @@ AUDIT_DELAY_SECONDS = 5.0
 # fall, and at this many looks after (Controller._trim).
 TRIM_LOOK_SECONDS = 10.0
 TRIMS_AFTER_SETTLING = 6
+# No pass of a job runs this long after its namespace refused a create for being deleted; a
+# deletion held up longer (a finalizer) costs a few refused passes a minute, not one per event.
+TERMINATING_NAMESPACE_SECONDS = 60.0
 # kubectl apply keeps a full copy of the object in this annotation; nothing here reads it.
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
@@ -197,6 +207,7 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self._held_at_last_look = 0
         self._trims_after_settling = 0
+        self._terminating: dict[str, float] = {}  # namespace -> when a create was refused
 
     # ---- what a pass reads ------------------------------------------------------------------
     def _values(self, index: str, key: JobKey) -> list[Any]:
@@ -235,9 +246,12 @@ class Controller:
         """The job's pass, from what the indexes show now; none for a job that is gone."""
         body = self.job_body(key)
         if body is None:
-            self.states.forget(key)
+            self.forget(key)
             return None
         uid = body["metadata"]["uid"]
+        wait = self._terminating_wait(key[0])
+        if wait is not None:
+            return wait  # the namespace is being deleted: nothing can be created there
         if key in self._check_exists:
             self._check_exists.discard(key)
             if not await self.kube.job_exists(key[0], key[1], uid):
@@ -247,8 +261,25 @@ class Controller:
         try:
             return await self.reconciler.reconcile(state, body, self.pods_of(key, uid),
                                                    self.children_of(key), self.queue_of(key, uid))
+        except NamespaceTerminating:
+            if key[0] not in self._terminating:  # passes that started before the first refusal
+                log.info("namespace %s is being deleted: no pass of its jobs for %.0f s",
+                         key[0], TERMINATING_NAMESPACE_SECONDS)
+            self._terminating[key[0]] = self.clock()
+            return TERMINATING_NAMESPACE_SECONDS
         finally:
             observe_pass(time.perf_counter() - started)
+
+    def _terminating_wait(self, namespace: str) -> float | None:
+        """Seconds left of the mark of a namespace being deleted, or None: no (live) mark."""
+        marked = self._terminating.get(namespace)
+        if marked is None:
+            return None
+        left = marked + TERMINATING_NAMESPACE_SECONDS - self.clock()
+        if left > 0:
+            return left
+        del self._terminating[namespace]
+        return None
 
     async def _warn_if_failing(self, key: Hashable, failures: int, error: Exception) -> None:
         """The work queue retries a failed pass with backoff; the job's events say so once it
@@ -275,6 +306,8 @@ class Controller:
         if event_type == "DELETED":
             self.forget(key)
             return
+        if event_type == "ADDED":
+            self._terminating.pop(key[0], None)  # created: the namespace is a live one
         if self.job_event_matters(event_type, body):
             self.queue.add(key)
 
@@ -341,6 +374,11 @@ class Controller:
             self.queue.add(key)
 
     def after_deletion(self, key: JobKey) -> None:
+        """A pass after the grace check, for a job still indexed. One that is not (deleted
+        before its children, or not listed yet: its own event runs its pass) needs none; the
+        check's entry would have outlived it (one key per deleted job, for good)."""
+        if self.job_body(key) is None:
+            return
         self._check_exists.add(key)
         self.queue.add_after(key, DELETION_GRACE_SECONDS)
 
@@ -441,6 +479,11 @@ class Controller:
         their job's, the connections the burst opened (closed when idle). With a trim only
         while the count fell, what those freed stayed resident: 6-8 MiB after a burst of 500
         jobs (docs/benchmarks.md, finding 15)."""
+        if self._terminating:  # marks of namespaces gone since (no pass looked them up)
+            now = self.clock()
+            self._terminating = {namespace: marked for namespace, marked
+                                 in self._terminating.items()
+                                 if marked + TERMINATING_NAMESPACE_SECONDS > now}
         held = self._objects_held()
         falling = held < self._held_at_last_look
         if falling or self._trims_after_settling:

@@ -74,6 +74,16 @@ class ApiError(Exception):
         self.status, self.reason, self.body = status, reason, body
 
 
+class NamespaceTerminating(Exception):
+    """The job's namespace is being deleted: the API server creates nothing more in it, and
+    every object in it, the job included, is on its way out. The pass ends here (no status
+    write), and the controller runs no pass of that namespace's jobs for a while."""
+
+    def __init__(self, namespace: str):
+        super().__init__(f"namespace {namespace} is being terminated")
+        self.namespace = namespace
+
+
 class ConfigMapMissing(LookupError):
     """The ConfigMap or key named by spec.accelerateConfigFrom does not exist."""
 
@@ -207,7 +217,7 @@ class Kube:
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
         """Create a child; an existing one (a restarted operator, a repeated event) is kept.
         Returns whether it was created. The created object is not read back: the watch brings
-        it."""
+        it. Raises NamespaceTerminating where the namespace is being deleted."""
         namespace = manifest["metadata"]["namespace"]
         path = (self._workloads_path(namespace, manifest.get("apiVersion"))
                 if manifest["kind"] == "Workload" else _PATHS[manifest["kind"]].format(namespace))
@@ -224,7 +234,7 @@ class Kube:
                 ) from None
             message = server_message(error)
             if error.status == 403 and "being terminated" in message:
-                return False  # the namespace is going away, and the job with it
+                raise NamespaceTerminating(namespace) from None
             if error.status in (400, 403, 422):
                 raise Rejected(
                     f"the API server refused {manifest['kind']} {manifest['metadata']['name']}: "

@@ -8,7 +8,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from accelerate_operator.kube import ConfigMapMissing, Rejected
+from accelerate_operator.kube import ConfigMapMissing, NamespaceTerminating, Rejected
 from accelerate_operator.kueue import ADMISSION_CONDITIONS, ADMISSION_MANAGER
 from accelerate_operator.resources.configmap import ConfigSource
 from accelerate_operator.status import PodState, read_pod_state
@@ -23,6 +23,7 @@ class FakeKube:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[Any] = []
         self.refuse_pods: str | None = None
+        self.namespace_terminating = False  # creates refused: "... it is being terminated"
         self.job_deleted = False
         self.jobs_gone: set[str] = set()  # deleted by someone else: job_exists says no
         # Cluster-scoped Kueue objects by (plural, name): ResourceFlavors, priority classes.
@@ -32,6 +33,8 @@ class FakeKube:
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
         key = (manifest["kind"], manifest["metadata"]["name"])
         self.calls.append(("create", *key))
+        if self.namespace_terminating:
+            raise NamespaceTerminating(manifest["metadata"]["namespace"])
         if manifest["kind"] == "Pod" and self.refuse_pods:
             raise Rejected(f"the API server refused Pod {key[1]}: {self.refuse_pods}")
         if key in self.objects:

@@ -349,18 +349,28 @@ def test_a_pod_event_that_changes_nothing_a_pass_reads_runs_no_pass():
     assert asyncio.run(go()) == (0, 1)
 
 
-def test_children_deleted_with_their_job_are_not_recreated(monkeypatch):
-    """The garbage collector's deletions of a deleted job's children can arrive before the job's
-    own DELETED event: after the grace the API server says the job is gone, and no pass
-    recreates anything; the job's state goes with its own event."""
+@pytest.mark.parametrize("job_deleted_first", [False, True])
+def test_children_deleted_with_their_job_are_not_recreated(monkeypatch, job_deleted_first):
+    """The garbage collector's (or a namespace's) deletions of a deleted job's children can
+    arrive before the job's own DELETED event: after the grace the API server says the job is
+    gone, and no pass recreates anything. Or after it: then they run no pass at all. Either
+    way the controller keeps nothing of the job (it kept the grace check's key for good, one
+    per deleted job, when the children's events came last)."""
     monkeypatch.setattr("accelerate_operator.controller.DELETION_GRACE_SECONDS", 0.05)
     harness = Harness()
+
+    def job_deleted(body):
+        harness.indexes["job_bodies"].clear()
+        harness.controller.on_job("DELETED", body)
 
     async def go():
         body = await harness.start_job()
         harness.index_created()
         harness.kube.calls.clear()
         harness.kube.jobs_gone.add("llm")  # deleted: the API server no longer has it
+        passes = harness.controller.queue.passes
+        if job_deleted_first:
+            job_deleted(body)
         for kind, name in list(harness.kube.objects):
             manifest = harness.kube.objects.pop((kind, name))
             if kind == "Pod":
@@ -369,13 +379,71 @@ def test_children_deleted_with_their_job_are_not_recreated(monkeypatch):
                 harness.controller.on_child("DELETED", kind, manifest)
         harness.index_created()
         await harness.settle()
-        harness.indexes["job_bodies"].clear()
-        harness.controller.on_job("DELETED", body)
+        if not job_deleted_first:
+            job_deleted(body)
         await harness.controller.queue.stop()
+        return harness.controller.queue.passes - passes
 
-    asyncio.run(go())
+    passes = asyncio.run(go())
     assert [c for c in harness.kube.calls if c[0] != "get"] == []
+    if job_deleted_first:
+        assert passes == 0 and harness.kube.calls == []
+    assert not harness.controller._check_exists and len(harness.controller.queue) == 0
     assert len(harness.controller.states) == 0
+
+
+def test_a_namespace_being_deleted_stops_its_jobs_passes_until_a_job_is_created_there(
+        monkeypatch):
+    """Its pods go before its jobs: the first pass refused ("being terminated") writes no
+    status, and marks the namespace; another job's pass there makes no request (not even the
+    grace check's GET) and comes back when the mark ends; a job created there (a new namespace
+    of the same name) ends the mark at once."""
+    monkeypatch.setattr("accelerate_operator.controller.DELETION_GRACE_SECONDS", 0.01)
+    monkeypatch.setattr("accelerate_operator.controller.TERMINATING_NAMESPACE_SECONDS", 1.0)
+    harness = Harness()
+
+    def delete_pods(job: str) -> None:
+        for name in (f"{job}-0", f"{job}-1"):
+            harness.controller.on_pod("DELETED", harness.kube.objects.pop(("Pod", name)))
+        harness.index_created()
+
+    async def go():
+        harness.controller.queue.start()
+        for name, uid in (("llm", "uid-1"), ("other", "uid-2")):
+            harness.add_job(job_body(name, uid))
+            harness.controller.on_job("ADDED", job_body(name, uid))
+        await harness.settle()
+        harness.index_created()
+        harness.kube.calls.clear()
+        harness.kube.namespace_terminating = True
+        delete_pods("llm")
+        await asyncio.sleep(0.2)  # the grace, then the pass (refused: it comes back in 1 s)
+        refused = list(harness.kube.calls)
+        harness.kube.calls.clear()
+        delete_pods("other")
+        await asyncio.sleep(0.2)
+        skipped = list(harness.kube.calls)
+        await asyncio.sleep(1.0)  # the mark ends: both are tried again, and refused again
+        retried = {call for call in harness.kube.calls if call[0] == "create"}
+        harness.kube.calls.clear()
+        for name, uid in (("llm", "uid-1"), ("other", "uid-2")):  # gone with the namespace
+            del harness.indexes["job_bodies"][("ml", name)]
+            harness.controller.on_job("DELETED", job_body(name, uid))
+        harness.kube.namespace_terminating = False  # gone, and made again
+        harness.add_job(job_body("new", "uid-3"))
+        harness.controller.on_job("ADDED", job_body("new", "uid-3"))
+        await asyncio.sleep(0.1)  # at once, not when the mark would have ended
+        created = harness.kube.names("Pod")
+        await harness.controller.queue.stop()
+        return refused, skipped, retried, created
+
+    refused, skipped, retried, created = asyncio.run(go())
+    assert refused == [("get", "AccelerateJob", "llm"), ("create", "Pod", "llm-0"),
+                       ("create", "Pod", "llm-1")]  # no status patch, no event
+    assert skipped == []
+    assert {("create", "Pod", "other-0"), ("create", "Pod", "llm-0")} <= retried
+    assert created == ["new-0", "new-1"]
+    assert harness.controller._terminating == {}
 
 
 def test_a_job_deleted_while_its_pass_runs_leaves_nothing_behind():
