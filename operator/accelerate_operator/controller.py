@@ -271,7 +271,8 @@ class Controller:
             observe_pass(time.perf_counter() - started)
 
     def _terminating_wait(self, namespace: str) -> float | None:
-        """Seconds left of the mark of a namespace being deleted, or None: no (live) mark."""
+        """Seconds left of the mark of a namespace being deleted, or None: no (live) mark. An
+        ended mark is dropped here."""
         marked = self._terminating.get(namespace)
         if marked is None:
             return None
@@ -479,11 +480,8 @@ class Controller:
         their job's, the connections the burst opened (closed when idle). With a trim only
         while the count fell, what those freed stayed resident: 6-8 MiB after a burst of 500
         jobs (docs/benchmarks.md, finding 15)."""
-        if self._terminating:  # marks of namespaces gone since (no pass looked them up)
-            now = self.clock()
-            self._terminating = {namespace: marked for namespace, marked
-                                 in self._terminating.items()
-                                 if marked + TERMINATING_NAMESPACE_SECONDS > now}
+        for namespace in list(self._terminating):  # marks no pass looked up since they ended
+            self._terminating_wait(namespace)
         held = self._objects_held()
         falling = held < self._held_at_last_look
         if falling or self._trims_after_settling:
