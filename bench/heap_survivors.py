@@ -19,8 +19,12 @@ allocator settings, and with the chart's operator scaled to zero so that only th
 
 from __future__ import annotations
 
+import abc
 import argparse
+import array
+import bisect
 import collections
+import ctypes
 import gc
 import signal
 import struct
@@ -73,6 +77,138 @@ def held() -> dict[str, int]:
                for name, index in controller.indexes.items()}}
 
 
+def outgrown(objects: Any, at_least: int = 4096) -> list[tuple[int, int, Any]]:
+    """(bytes over a compact copy, bytes in all, container) of the dicts and sets whose
+    table is at least `at_least` bytes bigger than a copy of the same entries would need,
+    biggest first. Their tables are malloc'd apart from the object, so the report's objects
+    above the idle end do not show them."""
+    found = []
+    for o in objects:
+        if type(o) in (dict, set) or isinstance(o, (dict, set)):
+            try:
+                size = sys.getsizeof(o)
+                waste = size - sys.getsizeof((dict if isinstance(o, dict) else set)(o))
+            except Exception:  # a mapping whose copy fails (a proxy mid-change): not counted
+                continue
+            if waste >= at_least:
+                found.append((waste, size, o))
+    return sorted(found, key=lambda item: -item[0])
+
+
+def describe_referrers(o: Any, skip: set[int]) -> str:
+    """Who holds `o`: an attribute's owner and name where it is one, else the holder's type."""
+    names = []
+    for holder in gc.get_referrers(o):
+        if id(holder) in skip or type(holder).__name__ == "frame":
+            continue
+        if isinstance(holder, dict):
+            keys = [k for k, v in holder.items() if v is o]
+            owners = [type(x).__name__ for x in gc.get_referrers(holder)
+                      if getattr(x, "__dict__", None) is holder]
+            names.append(f"{owners[0] if owners else 'dict'}[{keys[0]!r}]" if keys
+                         else "dict")
+        else:
+            names.append(type(holder).__name__)
+    return ", ".join(names[:3]) or "?"
+
+
+def negative_cache_entries(above: dict[int, Any]) -> collections.Counter[str]:
+    """The abc classes whose negative cache (a set of weak references to the classes found not
+    to be subclasses) holds references created during the burst: `abc.ABC` caches each
+    failed `isinstance` check. Read through `_abc._get_dump`, the stdlib's test hook."""
+    import _abc
+    counts: collections.Counter[str] = collections.Counter()
+    for cls in [o for o in gc.get_objects() if isinstance(o, abc.ABCMeta)]:
+        for ref in _abc._get_dump(cls)[2]:
+            if id(ref) in above:
+                checked = ref()
+                counts[f"{cls.__module__}.{cls.__qualname__} "
+                       f"<- {getattr(checked, '__qualname__', '?')}"] += 1
+    return counts
+
+
+def walk_chunks(start: int, end: int, idle_end: int) -> tuple[array.array, array.array, int]:
+    """Walk glibc's main heap chunk by chunk (each header's size; a chunk is in use when the
+    next one's PREV_INUSE bit is set). Returns the start and size of each in-use chunk that
+    reaches above `idle_end`, in two arrays, and the count of free chunks there. Run before
+    the report makes anything per object: its own allocations would fill the free gaps it
+    counts. Tcache and fastbin chunks count as in use, as glibc's own walk would."""
+    word = ctypes.c_uint64
+    starts, sizes = array.array("Q"), array.array("Q")
+    free_chunks = 0
+    chunk = start
+    while chunk + 16 <= end:
+        size = word.from_address(chunk + 8).value & ~7
+        following = chunk + size
+        if size < 32 or following > end:
+            break
+        if following > idle_end:
+            if following + 16 > end or word.from_address(following + 8).value & 1:
+                starts.append(chunk)
+                sizes.append(size)
+            else:
+                free_chunks += 1
+        chunk = following
+    return starts, sizes, free_chunks
+
+
+def resident_page_numbers(start: int, end: int) -> array.array:
+    """The numbers of the pages of [start, end) that are in memory."""
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(start // PAGE * 8)
+        entries = pagemap.read((end - start) // PAGE * 8)
+    return array.array("Q", (start // PAGE + n for n, (entry,) in
+                             enumerate(struct.iter_unpack("Q", entries)) if entry >> 63))
+
+
+def chunk_census(starts: array.array, sizes: array.array, free_chunks: int,
+                 resident: array.array, idle_end: int, objects: dict[int, Any]) -> list[str]:
+    """The resident pages above `idle_end`, by what is on them: in-use chunks that hold a
+    Python object (the chunk starts 16 bytes before the object, or 32 before a gc-tracked
+    one), in-use chunks that hold something else only (a dict's or list's table, a buffer, a C
+    library's allocation), or no in-use chunk (free memory the trim could not return)."""
+    holds_object = [False] * len(starts)
+    for address in objects:
+        for chunk in (address - 16, address - 32):
+            n = bisect.bisect_left(starts, chunk)
+            if n < len(starts) and starts[n] == chunk:
+                holds_object[n] = True
+    pages_with: dict[bool, set[int]] = {True: set(), False: set()}
+    by_size: dict[bool, collections.Counter[int]] = {True: collections.Counter(),
+                                                     False: collections.Counter()}
+    for chunk, size, is_object in zip(starts, sizes, holds_object, strict=True):
+        pages_with[is_object].update(range(max(chunk, idle_end) // PAGE,
+                                           (chunk + size - 1) // PAGE + 1))
+        by_size[is_object][min(1 << (size - 1).bit_length(), 1 << 20)] += 1
+    types = {id(t): t.__qualname__ for t in gc.get_objects() if isinstance(t, type)}
+    types.update((id(t), t.__qualname__) for t in (int, str, bytes, float, tuple, dict, list))
+    unseen: collections.Counter[str] = collections.Counter()
+    samples: list[str] = []
+    for chunk, size, is_object in zip(starts, sizes, holds_object, strict=True):
+        if not is_object:  # an object live_objects did not reach (held from C, or by an
+            # untracked tuple), or no object: its header's type pointer tells which
+            found = [types[word] for offset in (24, 40) if offset + 8 <= size
+                     and (word := ctypes.c_uint64.from_address(chunk + offset).value) in types]
+            rounded = min(1 << (size - 1).bit_length(), 1 << 20)
+            unseen[found[0] if found else f"no object, {rounded} B"] += 1
+            if found == ["str"] and len(samples) < 40:
+                text = ctypes.cast(chunk + 16, ctypes.py_object).value
+                samples.append(f"{text[:40]!r} x{sys.getrefcount(text) - 2} <- "
+                               f"{[type(r).__name__ for r in gc.get_referrers(text)][:3]}")
+    resident_set = set(resident)
+    used = pages_with[True] | pages_with[False]
+    return [f"resident pages {len(resident_set)}: with a Python object's chunk "
+            f"{len(resident_set & pages_with[True])}, with other in-use chunks only "
+            f"{len(resident_set & (pages_with[False] - pages_with[True]))}, with no in-use "
+            f"chunk {len(resident_set - used)}; free chunks {free_chunks}",
+            *(f"{name} chunks: {sum(by_size[kind].values())}, "
+              f"{sum(n * s for s, n in by_size[kind].items()) // 1024} KiB at most; by size "
+              f"(rounded up to a power of two): {sorted(by_size[kind].items())}"
+              for kind, name in ((True, "object"), (False, "other"))),
+            f"other chunks by the type in their header: {unseen.most_common(25)}",
+            f"strings among them: {samples}"]
+
+
 class Report:
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -85,13 +221,16 @@ class Report:
             self.idle_end = end
             print(f"heap_survivors: idle heap ends at {end:#x}", flush=True)
             return
+        starts, sizes, free_chunks = walk_chunks(start, end, self.idle_end)
+        resident_above = resident_page_numbers(self.idle_end, end)
+        resident_below = resident_pages(start, self.idle_end)
         objects = live_objects()
         above = {i: o for i, o in objects.items() if self.idle_end <= i < end}
         skip = {id(objects), id(above)}
         types = collections.Counter(type(o).__name__ for o in above.values())
         lines = [f"heap {start:#x}-{end:#x}; idle end {self.idle_end:#x}",
-                 f"resident pages: {resident_pages(start, self.idle_end)} below the idle end, "
-                 f"{resident_pages(self.idle_end, end)} above",
+                 f"resident pages: {resident_below} below the idle end, "
+                 f"{len(resident_above)} above",
                  f"live Python objects above the idle end: {len(above)}, on "
                  f"{len({i // PAGE for i in above})} pages", "",
                  "by type, and what refers to them:"]
@@ -101,6 +240,22 @@ class Report:
                 for r in gc.get_referrers(o) if id(r) not in skip
                 and type(r).__name__ != "frame")
             lines.append(f"  {count:6d} {name:28s} <- {referrers.most_common(4)}")
+        lines += ["", "containers whose table outgrew their contents (a dict or set never shrinks "
+                  "its table when entries are removed), bytes over a compact copy's:"]
+        oversized = outgrown(objects.values())
+        skip |= {id(oversized), *map(id, oversized)}
+        lines.append(f"  {sum(waste for waste, *_ in oversized)} bytes in {len(oversized)}")
+        for waste, size, container in oversized[:15]:
+            lines.append(f"  {waste:9d} over ({size} in all, {len(container)} entries) "
+                         f"{type(container).__name__} <- {describe_referrers(container, skip)}")
+        lines += ["", "glibc's chunks above the idle end (a walk of the [heap]):"]
+        lines += [f"  {line}" for line in chunk_census(starts, sizes, free_chunks,
+                                                       resident_above, self.idle_end, objects)]
+        first_checks = negative_cache_entries(above)
+        lines += ["", f"isinstance checks that failed for the first time during the burst "
+                  f"(entries of abc classes' negative caches above the idle end): "
+                  f"{sum(first_checks.values())}"]
+        lines += [f"  {count:6d} {abc_name}" for abc_name, count in first_checks.most_common(12)]
         lines.append(f"\nwhat the operator holds: {held()}")
         self.out.write_text("\n".join(lines) + "\n")
         print(f"heap_survivors: report written to {self.out}", flush=True)

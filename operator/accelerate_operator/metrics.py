@@ -153,12 +153,15 @@ def compute_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] 
 
 def merged(status: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> dict[str, Any]:
     """`status` with a JSON merge patch (RFC 7386, as the operator writes status) applied: the
-    `new` that record_status_change wants. Pure."""
+    `new` that record_status_change wants. Pure. JSON objects are dicts here (json.loads and
+    our own patches): `isinstance(value, Mapping)` would put every str, int and list type it
+    is asked about into the negative cache of each Mapping ABC in the process, about 300 weak
+    references allocated in the first burst's heap pages (docs/benchmarks.md, finding 17)."""
     result = dict(status or {})
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+        elif isinstance(value, dict) and isinstance(result.get(key), dict):
             result[key] = merged(result[key], value)
         else:
             result[key] = value

@@ -1,7 +1,8 @@
 """kube.py's transport against a real HTTP server on loopback (aiohttp.web): the credentials
 are kopf's ConnectionInfo (its headers), a 401 logs in again once and retries, a 429/503 is
-retried after the server's Retry-After, concurrent first requests share one login, and the
-operator's modules do not import the official client (17 MiB of idle memory)."""
+retried after the server's Retry-After, concurrent first requests share one login, URLs keep
+the server's path and encode each query value once, and the operator's modules do not import
+the official client (17 MiB of idle memory)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,33 @@ def test_the_operator_runs_without_the_kubernetes_client_installed():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     image = project["dependencies"] + project["optional-dependencies"]["operator"]
     assert not [d for d in image if d.startswith("kubernetes")]
+
+
+def test_urls_keep_the_servers_path_and_encode_each_query_value_once():
+    """A kubeconfig may name a server behind a path (Rancher's /k8s/clusters/<id>), and a label
+    selector or a continue token holds characters a query must encode (`=`, `,`, `+`, `/`).
+    kube.py builds its URLs with yarl's URL.build (whose URLs stay out of yarl's cache); the
+    server must read back exactly the values that were sent, each encoded once."""
+    seen: list[tuple[str, dict[str, str]]] = []
+    token = "eyJ2IjoibWV0YS5rOHMuaW8vdjEi+/=="
+    selector = "accelerate-operator.io/job in (a,b),tier=x"
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append((request.path, dict(request.query)))
+        page = {"continue": token} if len(seen) == 1 else {}
+        return web.json_response({"metadata": page, "items": [
+            {"metadata": {"namespace": "ml", "name": f"p{len(seen)}"}}]})
+
+    async def work(url):
+        kube = Kube.from_connection(kopf.ConnectionInfo(server=f"{url}/k8s/clusters/c-1/"))
+        try:
+            return [name async for name in kube.list_names("/api/v1/pods", selector)]
+        finally:
+            await kube.close()
+
+    server = Server([])
+    server.handle = handle
+    assert asyncio.run(serve(server, work)) == [("ml", "p1"), ("ml", "p2")]
+    assert seen == [("/k8s/clusters/c-1/api/v1/pods", {"labelSelector": selector, "limit": "500"}),
+                    ("/k8s/clusters/c-1/api/v1/pods",
+                     {"labelSelector": selector, "limit": "500", "continue": token})]
