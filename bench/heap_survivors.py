@@ -79,7 +79,7 @@ def outgrown(objects: Any, at_least: int = 4096) -> list[tuple[int, int, Any]]:
     above the idle end do not show them."""
     found = []
     for o in objects:
-        if type(o) in (dict, set) or isinstance(o, (dict, set)):
+        if isinstance(o, (dict, set)):
             try:
                 size = sys.getsizeof(o)
                 waste = size - sys.getsizeof((dict if isinstance(o, dict) else set)(o))
@@ -91,19 +91,19 @@ def outgrown(objects: Any, at_least: int = 4096) -> list[tuple[int, int, Any]]:
 
 
 def describe_referrers(o: Any, skip: set[int]) -> str:
-    """Who holds `o`: an attribute's owner and name where it is one, else the holder's type."""
+    """Who holds `o`: `Type.attribute` where an object's attribute does, else the holder's
+    type. (Python 3.11 keeps most instances' attributes inline, so the holder gc reports is
+    the instance itself, not its `__dict__`.)"""
     names = []
     for holder in gc.get_referrers(o):
         if id(holder) in skip or type(holder).__name__ == "frame":
             continue
-        if isinstance(holder, dict):
-            keys = [k for k, v in holder.items() if v is o]
-            owners = [type(x).__name__ for x in gc.get_referrers(holder)
-                      if getattr(x, "__dict__", None) is holder]
-            names.append(f"{owners[0] if owners else 'dict'}[{keys[0]!r}]" if keys
-                         else "dict")
-        else:
-            names.append(type(holder).__name__)
+        attributes = getattr(holder, "__dict__", None)
+        attribute = None
+        if isinstance(attributes, dict):
+            attribute = next((name for name, value in attributes.items() if value is o), None)
+        names.append(f"{type(holder).__name__}.{attribute}" if attribute
+                     else type(holder).__name__)
     return ", ".join(names[:3]) or "?"
 
 

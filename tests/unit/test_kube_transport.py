@@ -33,9 +33,10 @@ class Server:
                                  headers=headers)
 
 
-async def serve(server: Server, work):
+async def serve(handle, work):
+    """`work(url)` against a loopback server that answers every request with `handle`."""
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", server.handle)
+    app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -69,7 +70,7 @@ def test_kopfs_credentials_become_the_authorization_header_and_a_401_logs_in_aga
         await kube.close()
         return count["n"]
 
-    assert asyncio.run(serve(server, work)) == 2
+    assert asyncio.run(serve(server.handle, work)) == 2
     assert server.seen == [("/api/v1/namespaces/ml/pods/llm-0", "Bearer old"),
                            ("/api/v1/namespaces/ml/pods/llm-0", "Bearer rotated")]
 
@@ -87,7 +88,7 @@ def test_a_second_401_is_an_error_not_a_loop():
         finally:
             await kube.close()
 
-    assert asyncio.run(serve(server, work)) == 401
+    assert asyncio.run(serve(server.handle, work)) == 401
     assert len(server.seen) == 2
 
 
@@ -101,7 +102,7 @@ def test_throttling_is_retried_after_the_servers_retry_after():
         await kube.close()
         return created
 
-    assert asyncio.run(serve(server, work)) is True
+    assert asyncio.run(serve(server.handle, work)) is True
     assert len(server.seen) == 3
 
 
@@ -115,7 +116,7 @@ def test_concurrent_first_requests_share_one_login():
         await kube.close()
         return count["n"]
 
-    assert asyncio.run(serve(server, work)) == 1
+    assert asyncio.run(serve(server.handle, work)) == 1
     assert len(server.seen) == 8
 
 
@@ -160,9 +161,7 @@ def test_urls_keep_the_servers_path_and_encode_each_query_value_once():
         finally:
             await kube.close()
 
-    server = Server([])
-    server.handle = handle
-    assert asyncio.run(serve(server, work)) == [("ml", "p1"), ("ml", "p2")]
+    assert asyncio.run(serve(handle, work)) == [("ml", "p1"), ("ml", "p2")]
     assert seen == [("/k8s/clusters/c-1/api/v1/pods", {"labelSelector": selector, "limit": "500"}),
                     ("/k8s/clusters/c-1/api/v1/pods",
                      {"labelSelector": selector, "limit": "500", "continue": token})]
