@@ -63,6 +63,17 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
                     out.append((f"peak RSS {label}", m["operator_peak_rss_mib"], "MiB"))
                     out.append((f"RSS after cleanup {label}", m["operator_rss_after_cleanup_mib"],
                                 "MiB"))
+        elif r["benchmark"] == "kopf_events":
+            out.append(("watch events per job (created, Pending)", r["events_per_job"], ""))
+            for variant, figures in r["us_per_event"].items():
+                if isinstance(figures, dict):
+                    out.append((f"kopf per event, {variant}", figures["invoked"], "us"))
+        elif r["benchmark"] == "gc_time":
+            for variant in ("stock", "settled"):
+                out.append((f"cycle collector's share of the CPU, {variant}",
+                            r[variant]["gc"] / r[variant]["cpu"], "ratio"))
+            out.append(("cycle collector time, settled / stock",
+                        r["settled"]["gc"] / r["stock"]["gc"], "ratio"))
         elif r["benchmark"] == "api_writes":
             out.append(("CPU per create, client in threads / aiohttp (finding 5)",
                         r["cpu_ratio"], "ratio"))

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import handlers  # registers the handlers with kopf
 
     handlers.RUNTIME.namespaces = list(namespaces)
+    handlers.RUNTIME.settle_gc = True
 
     kopf.run(
         clusterwide=not namespaces,

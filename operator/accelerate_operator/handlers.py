@@ -19,6 +19,7 @@ keep-alive, when peering is on (the chart runs two replicas: one active, one pau
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from typing import Any
 
 import kopf
 
-from . import metrics
+from . import heap, metrics
 from .constants import GROUP, PLURAL
 from .controller import (
     CONFIGMAP_SELECTOR,
@@ -82,6 +83,9 @@ class _Runtime:
     namespaces: list[str] = []  # those watched (set by __main__); none: every namespace
     pause_tracker: PauseTracker | None = None
     metrics_served = False
+    # The operator's own process (set by __main__), not a test's: the collector's settings are
+    # the whole process's.
+    settle_gc = False
 
 
 RUNTIME = _Runtime()
@@ -163,6 +167,10 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
                       if isinstance(index, kopf.Index)})
     RUNTIME.controller = controller
     WatchRestartCounter.install()
+    if RUNTIME.settle_gc:  # start-up is over: what exists now stays (heap.py)
+        heap.settle_garbage_collector()
+        log.info("garbage collector: %d start-up objects frozen, young threshold %d",
+                 gc.get_freeze_count(), gc.get_threshold()[0])
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
     if port and not RUNTIME.metrics_served:
         metrics.count_jobs_from(controller.job_statuses)

@@ -117,6 +117,8 @@ def test_corpus_config_renders_and_validates_as_recorded(relative: str, tmp_path
     assert rendered["num_processes"] == job.world_size
     assert rendered["main_process_port"] == job.master_port
     assert "machine_rank" not in rendered and "main_process_ip" not in rendered
+    # libyaml's emitter (configmap.py) writes the text the pure-Python one wrote before it
+    assert configmap["data"][CONFIG_KEY] == yaml.safe_dump(rendered, sort_keys=False)
 
     config_file = mount(configmap, tmp_path)
     for visible, expected in ((job.nproc_per_node, expect.on_gpu_pod), (0, expect.on_cpu_pod)):

@@ -664,6 +664,41 @@ def test_memory_is_handed_back_while_jobs_go_and_for_a_minute_after_their_childr
     assert len(trims) == 2 + controller_module.TRIMS_AFTER_SETTLING
 
 
+def test_once_started_the_collector_skips_start_ups_objects_and_collects_young_ones_less_often():
+    """heap.settle_garbage_collector, in a process of its own (its settings are the whole
+    process's): start-up's objects frozen, the young threshold raised, once; a cycle made
+    afterwards is still collected. The operator's own process asks for it (__main__); a test
+    that runs kopf's start-up in pytest's process does not."""
+    import os
+    import subprocess
+    import sys
+
+    from accelerate_operator import handlers, heap
+
+    script = (
+        "import gc, json, weakref\n"
+        "from accelerate_operator import heap\n"
+        "before = gc.get_threshold()[0]\n"
+        "heap.settle_garbage_collector()\n"
+        "frozen = gc.get_freeze_count()\n"
+        "class Node: pass\n"
+        "a, b = Node(), Node(); a.other, b.other = b, a; gone = weakref.ref(a); del a, b\n"
+        "heap.settle_garbage_collector()  # a second call changes nothing\n"
+        "gc.collect()\n"
+        "print(json.dumps([before, gc.get_threshold()[0], frozen, gc.get_freeze_count(),\n"
+        "                  gone() is None]))\n")
+    package_root = str(Path(heap.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [package_root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    before, threshold, frozen, frozen_after, cycle_collected = json.loads(out)
+    assert threshold == 10_000 > before
+    assert frozen > 1_000 and frozen_after == frozen  # modules, classes, functions: once
+    assert cycle_collected
+    assert handlers.RUNTIME.settle_gc is False
+
+
 def test_the_pause_tracker_follows_kopfs_peering_records():
     queue = WorkQueue(lambda key: None)
     tracker = PauseTracker(queue)
