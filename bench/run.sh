@@ -12,13 +12,14 @@
 #   bench/run.sh throughput kubeflow our operator, then Kubeflow's Go training-operator (built
 #                                    once by hack/build-training-operator.sh, run as a host
 #                                    process) on the same burst; not in the default set
-#   bench/run.sh kopf-events gc      where the operator's CPU goes, on the CPU clock: kopf's
-#                                    processing of one watch event (bench/kopf_events.py) and the
-#                                    cycle collector's share of a burst (bench/gc_time.py, which
-#                                    scales the chart's operator to 0 meanwhile); not in the default set
+#   bench/run.sh ledger kopf-events  where the operator's CPU goes, on the CPU clock: what each
+#                                    kind of event-loop callback and the cycle collector cost per
+#                                    job in a burst (bench/cpu_ledger.py, which scales the chart's
+#                                    operator to 0 meanwhile), and kopf's processing of one watch
+#                                    event (bench/kopf_events.py); not in the default set
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
-# BENCH_KUBEFLOW_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results, one JSON line per
+# BENCH_KUBEFLOW_ARGS, BENCH_LEDGER_ARGS, BENCH_KOPF_EVENTS_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results, one JSON line per
 # benchmark, go to $BENCH_JSON (default: a file under /tmp, named at the end).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,8 +30,8 @@ selected=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    startup|throughput|overhead|writes|kubeflow|kopf-events|gc) selected+=("$arg") ;;
-    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [writes] [kubeflow] [kopf-events] [gc]" >&2
+    startup|throughput|overhead|writes|kubeflow|ledger|kopf-events) selected+=("$arg") ;;
+    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [writes] [kubeflow] [ledger] [kopf-events]" >&2
        exit 2 ;;
   esac
 done
@@ -69,7 +70,7 @@ for bench in "${selected[@]}"; do
     writes) "$PY" bench/api_writes.py ${BENCH_WRITES_ARGS:-} ;;
     kubeflow) "$PY" bench/kubeflow_compare.py $kubeflow_args ${BENCH_KUBEFLOW_ARGS:-} ;;
     kopf-events) "$PY" bench/kopf_events.py ${BENCH_KOPF_EVENTS_ARGS:-} ;;
-    gc) "$PY" bench/gc_time.py ${BENCH_GC_ARGS:-} ;;
+    ledger) "$PY" bench/cpu_ledger.py ${BENCH_LEDGER_ARGS:-} ;;
   esac
   echo
 done

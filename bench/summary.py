@@ -68,12 +68,14 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
             for variant, figures in r["us_per_event"].items():
                 if isinstance(figures, dict):
                     out.append((f"kopf per event, {variant}", figures["invoked"], "us"))
-        elif r["benchmark"] == "gc_time":
-            for variant in ("stock", "settled"):
-                out.append((f"cycle collector's share of the CPU, {variant}",
-                            r[variant]["gc"] / r[variant]["cpu"], "ratio"))
-            out.append(("cycle collector time, settled / stock",
-                        r["settled"]["gc"] / r["stock"]["gc"], "ratio"))
+        elif r["benchmark"] == "cpu_ledger":
+            for phase in ("creation", "deletion"):
+                stock, settled = r["stock"][phase], r["settled"][phase]
+                out.append((f"operator CPU per job, {phase} (in-process)",
+                            settled["cpu"] / r["jobs"] * 1e3, "ms"))
+                was = stock["gc"] / stock["cpu"]
+                out.append((f"cycle collector's share, {phase}, stock -> settled",
+                            settled["gc"] / settled["cpu"], f"(was {was:.2f})"))
         elif r["benchmark"] == "api_writes":
             out.append(("CPU per create, client in threads / aiohttp (finding 5)",
                         r["cpu_ratio"], "ratio"))

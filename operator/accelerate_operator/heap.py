@@ -30,8 +30,9 @@ _MALLOC_TRIM = _find_malloc_trim()
 # CPython's cycle collector visits every tracked container of the generations it collects. A
 # burst allocates containers fast (each watch event's body decodes to a tree of dicts and lists),
 # so at the default young threshold (700) it ran about 1,100 young, 100 middle and 10 full
-# collections per 500 jobs, and each full one walked again the ~70,000 objects start-up leaves
-# (modules, classes, functions, kopf's registry: never garbage). bench/gc_time.py measures it.
+# collections per 500 jobs created and deleted, and each full one walked again the ~70,000
+# objects start-up leaves (modules, classes, functions, kopf's registry: never garbage): 14-24 %
+# of the operator's CPU. bench/cpu_ledger.py measures it.
 GC_YOUNG_THRESHOLD = 10_000
 _gc_settled = False
 
