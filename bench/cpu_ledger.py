@@ -67,15 +67,19 @@ def book_inside_kopfs_worker() -> collections.Counter[str]:
     from kopf._core.reactor import processing
 
     inside: collections.Counter[str] = collections.Counter()
+    depth = [0]  # on_job calls job_event_matters: book the outermost call only
 
     def timed(book: str, function):
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
             started = time.thread_time()
+            depth[0] += 1
             try:
                 return function(*args, **kwargs)
             finally:
-                inside[book] += time.thread_time() - started
+                depth[0] -= 1
+                if not depth[0]:
+                    inside[book] += time.thread_time() - started
         return wrapper
 
     process = processing.process_resource_event
