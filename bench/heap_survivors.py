@@ -202,6 +202,9 @@ class Report:
         starts, sizes, free_chunks = walk_chunks(start, end, self.idle_end)
         resident_above = resident_page_numbers(self.idle_end, end)
         resident_below = len(resident_page_numbers(start, self.idle_end))
+        # The operator froze start-up's objects (heap.settle_garbage_collector): gc's lists of
+        # objects and referrers leave them out until they are unfrozen.
+        gc.unfreeze()
         objects = live_objects()
         above = {i: o for i, o in objects.items() if self.idle_end <= i < end}
         skip = {id(objects), id(above)}

@@ -35,10 +35,11 @@ def log_memory(*_: object) -> None:
     release_freed_memory()
     logging.getLogger("accelerate_operator").warning(
         "memory: RSS %s KiB (%s KiB after a trim), %d allocated blocks (%s), glibc heap %s, "
-        "%d objects tracked by gc; most numerous: %s", rss, rss_kib(),
-        sys.getallocatedblocks(), os.environ.get("PYTHONMALLOC", "pymalloc"),
+        "%d objects tracked by gc (and %d frozen at start-up); most numerous: %s", rss,
+        rss_kib(), sys.getallocatedblocks(), os.environ.get("PYTHONMALLOC", "pymalloc"),
         f"{heap[0] >> 10} KiB in use, {heap[1] >> 10} KiB free" if heap else "unknown",
-        sum(counts.values()), ", ".join(f"{n} {name}" for name, n in counts.most_common(12)))
+        sum(counts.values()), gc.get_freeze_count(),
+        ", ".join(f"{n} {name}" for name, n in counts.most_common(12)))
 
 
 def replica_priority(now_ns: int | None = None) -> int:
