@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,10 +283,12 @@ class Watcher(threading.Thread):
 
 
 def start_watchers(cluster: Cluster, namespace: str, on_event: Callable[[float, str, dict], None],
-                   kinds: Iterable[str] = ("acceleratejobs", "configmaps", "services", "pods")
-                   ) -> list[Watcher]:
+                   kinds: Iterable[str] = ("acceleratejobs", "configmaps", "services", "pods"),
+                   selectors: Mapping[str, str] | None = None) -> list[Watcher]:
+    """One watch per kind, each with its label selector from `selectors` (by kind) if any."""
     return [Watcher(cluster, kind, namespace,
-                    lambda t, typ, obj, kind=kind: on_event(t, kind, typ, obj)).start()
+                    lambda t, typ, obj, kind=kind: on_event(t, kind, typ, obj),
+                    label_selector=(selectors or {}).get(kind)).start()
             for kind in kinds]
 
 

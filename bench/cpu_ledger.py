@@ -166,11 +166,7 @@ def child(stock: bool) -> int:
 
 
 def one_round(cluster, jobs: int, stock: bool) -> dict[str, dict]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from accelerate_trainer.contract import JOB_NAME_LABEL
-    from common import wait_until
-    from throughput import job_body
+    from throughput import create_pending_jobs
 
     env = {**os.environ, "PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}  # as in the image
     proc = subprocess.Popen([sys.executable, __file__, "--child"] + (["--stock"] if stock else []),
@@ -182,12 +178,7 @@ def one_round(cluster, jobs: int, stock: bool) -> dict[str, dict]:
     try:
         time.sleep(20)  # start-up and the initial listing
         phase()  # start-up's figures: not the burst's
-        namespace = cluster.create_namespace("cpu-ledger")
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda i: cluster.create_job(
-                job_body(namespace, f"job-{i:04d}", "pending")), range(jobs)))
-        wait_until(lambda: len(cluster.core.list_namespaced_pod(
-            namespace, label_selector=JOB_NAME_LABEL).items) >= 2 * jobs, 600, "every pod")
+        namespace = create_pending_jobs(cluster, "cpu-ledger", jobs)
         time.sleep(3)  # the scheduler's Unschedulable conditions, the status writes
         creation = phase()
         cluster.delete_namespace(namespace)

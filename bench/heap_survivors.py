@@ -33,7 +33,6 @@ import signal
 import struct
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -246,18 +245,12 @@ def burst(jobs: int) -> None:
     """Run from a second process (the operator's must not load the official client): `jobs`
     Pending two-node jobs in a new namespace, until every pod exists, then the namespace
     deleted, as bench/throughput.py's bursts are."""
-    from accelerate_trainer.contract import JOB_NAME_LABEL
-    from common import Cluster, wait_until  # bench/ is this script's path
-    from throughput import job_body
+    from common import Cluster  # bench/ is this script's path
+    from throughput import create_pending_jobs
 
     cluster = Cluster()
-    namespace = cluster.create_namespace("heap-survivors")
     started = time.monotonic()
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda i: cluster.create_job(
-            job_body(namespace, f"job-{i:04d}", "pending")), range(jobs)))
-    wait_until(lambda: len(cluster.core.list_namespaced_pod(
-        namespace, label_selector=JOB_NAME_LABEL).items) >= 2 * jobs, 600, "every job's pods")
+    namespace = create_pending_jobs(cluster, "heap-survivors", jobs)
     print(f"heap_survivors: {jobs} jobs and their pods in {time.monotonic() - started:.1f} s; "
           f"namespace deleted in {cluster.delete_namespace(namespace):.1f} s", flush=True)
 

@@ -46,7 +46,7 @@ import kopf
 from accelerate_operator.constants import GROUP, PLURAL, VERSION
 from accelerate_operator.controller import CONFIGMAP_SELECTOR, POD_SELECTOR, SERVICE_SELECTOR
 from accelerate_operator.handlers import NoDiffBase
-from common import Cluster, Watcher, emit_result, machine_line, stop_watchers
+from common import Cluster, emit_result, machine_line, start_watchers, stop_watchers
 from kopf._cogs.structs import bodies, patches, references
 from kopf._core.actions import application, invocation, lifecycles, loggers, throttlers
 from kopf._core.engines import indexing, posting
@@ -77,12 +77,8 @@ def record(cluster: Cluster, jobs: int, quiet: float = 3.0, limit: float = 180.0
             last[0] = t
 
     # The operator's own label selectors (handlers.py): the events its watches get.
-    selectors = {"acceleratejobs": None, "pods": POD_SELECTOR, "services": SERVICE_SELECTOR,
-                 "configmaps": CONFIGMAP_SELECTOR}
-    watchers = [Watcher(cluster, kind, namespace,
-                        lambda t, typ, obj, kind=kind: on_event(t, kind, typ, obj),
-                        label_selector=selector).start()
-                for kind, selector in selectors.items()]
+    watchers = start_watchers(cluster, namespace, on_event, selectors={
+        "pods": POD_SELECTOR, "services": SERVICE_SELECTOR, "configmaps": CONFIGMAP_SELECTOR})
     try:
         for i in range(jobs):
             cluster.create_job(job_body(namespace, f"job-{i}", "pending"))
