@@ -19,13 +19,19 @@ template) until every pod exists, then their namespace is deleted. The child rep
 phase. The variants alternate, so a machine that slows down weighs on both. The chart's operator
 is scaled to zero meanwhile and back afterwards.
 
-Usage: python bench/cpu_ledger.py [--jobs 500] [--rounds 2]
+`--compare loop` runs asyncio's event loop against uvloop's (what `kopf run` picks where uvloop is
+installed), both with the settled collector and without the ledger, whose per-callback timing
+cannot reach into uvloop's C callbacks and would weigh on one side only: the process's CPU per
+phase and the collector's.
+
+Usage: python bench/cpu_ledger.py [--jobs 500] [--rounds 2] [--compare collector|loop]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import signal
@@ -61,7 +67,6 @@ def book_inside_kopfs_worker() -> collections.Counter[str]:
     `process_resource_event`, which does not suspend for these kinds) and, inside that, the
     operator's own code its handlers call (indexing functions, `when` filters, on-event
     hand-offs to the work queue). Timed with the thread's CPU clock, collector included."""
-    import functools
 
     from accelerate_operator import controller, handlers
     from kopf._core.reactor import processing
@@ -102,8 +107,10 @@ def book_inside_kopfs_worker() -> collections.Counter[str]:
     return inside
 
 
-def child(stock: bool) -> int:
-    """The operator with its ledger; SIGUSR1 prints what was spent since the last one."""
+def child(stock: bool, loop: str, keep_ledger: bool) -> int:
+    """The operator with its ledger; SIGUSR1 prints what was spent since the last one. Without
+    the ledger (the loop comparison: uvloop's callbacks are C, out of its reach), only the
+    process's CPU and the collector's."""
     import asyncio.events
     import gc
 
@@ -131,8 +138,11 @@ def child(stock: bool) -> int:
             state["in_callback"] += spent
             ledger[book_of(self)] += spent - (state["gc_in_callback"] - gc_before)
 
-    asyncio.events.Handle._run = timed_run  # the loop's one way into a callback
-    inside = book_inside_kopfs_worker()
+    if keep_ledger:
+        asyncio.events.Handle._run = timed_run  # the loop's one way into a callback
+        inside = book_inside_kopfs_worker()
+    else:
+        inside = collections.Counter()
     gc.callbacks.append(on_collection)
     mark = {"process": time.process_time(), "main": time.thread_time(), "in_callback": 0.0,
             "gc_in_callback": 0.0, "ledger": collections.Counter(), "runs": [0, 0, 0],
@@ -145,7 +155,8 @@ def child(stock: bool) -> int:
         # a collection outside any callback is already in the collector's line
         outside -= (ledger[COLLECTOR] - mark["ledger"][COLLECTOR]) - (
             state["gc_in_callback"] - mark["gc_in_callback"])
-        spent[LOOP] = max(outside, 0.0)
+        if keep_ledger:
+            spent[LOOP] = max(outside, 0.0)
         spent[THREADS] = max((process - mark["process"]) - (main - mark["main"]), 0.0)
         print(json.dumps({
             "cpu": process - mark["process"], "ledger": dict(spent),
@@ -162,14 +173,30 @@ def child(stock: bool) -> int:
     from accelerate_operator.__main__ import main
     if stock:
         heap.settle_garbage_collector = lambda: None
+    if loop == "uvloop":  # as `kopf run` does where uvloop is installed (kopf.run does not)
+        import kopf
+        import uvloop
+        kopf.run = functools.partial(kopf.run, loop=uvloop.new_event_loop())
     return main(["--log-level", "WARNING"])
 
 
-def one_round(cluster, jobs: int, stock: bool) -> dict[str, dict]:
+# What each comparison sets, per variant: the collector stock or settled (heap.py), the event
+# loop, and whether the ledger books every callback (it cannot see into uvloop's).
+COMPARISONS = {
+    "collector": {"stock": {"stock": True, "loop": "asyncio", "ledger": True},
+                  "settled": {"stock": False, "loop": "asyncio", "ledger": True}},
+    "loop": {"asyncio": {"stock": False, "loop": "asyncio", "ledger": False},
+             "uvloop": {"stock": False, "loop": "uvloop", "ledger": False}},
+}
+
+
+def one_round(cluster, jobs: int, variant: dict) -> dict[str, dict]:
     from throughput import create_pending_jobs
 
     env = {**os.environ, "PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}  # as in the image
-    proc = subprocess.Popen([sys.executable, __file__, "--child"] + (["--stock"] if stock else []),
+    proc = subprocess.Popen([sys.executable, __file__, "--child", "--loop", variant["loop"]]
+                            + (["--stock"] if variant["stock"] else [])
+                            + ([] if variant["ledger"] else ["--no-ledger"]),
                             stdout=subprocess.PIPE, text=True, env=env)
 
     def phase() -> dict:
@@ -197,8 +224,9 @@ def print_round(variant: str, phases: dict[str, dict], jobs: int) -> None:
         top = sorted(got["ledger"].items(), key=lambda item: -item[1])
         for book, seconds in top[:8]:
             print(f"      {seconds / jobs * 1e3:6.2f} ms  {book}")
-        rest = sum(seconds for _, seconds in top[8:])
-        print(f"      {rest / jobs * 1e3:6.2f} ms  the rest ({len(top) - 8} more)")
+        if len(top) > 8:
+            rest = sum(seconds for _, seconds in top[8:])
+            print(f"      {rest / jobs * 1e3:6.2f} ms  the rest ({len(top) - 8} more)")
         for book, seconds in sorted(got["inside_kopf_worker"].items()):
             print(f"        {seconds / jobs * 1e3:6.2f} ms  inside kopf's workers: {book}",
                   flush=True)
@@ -208,12 +236,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="collector",
+                        help="collector: stock against settled, with the ledger; loop: asyncio "
+                             "against uvloop, the process's CPU only")
     parser.add_argument("--json", help="append the result as a JSON line to this file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--stock", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--loop", default="asyncio", help=argparse.SUPPRESS)
+    parser.add_argument("--no-ledger", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.stock)
+        return child(args.stock, args.loop, keep_ledger=not args.no_ledger)
 
     from common import Cluster, emit_result, machine_line  # not in the child: its client
 
@@ -221,14 +254,16 @@ def main() -> int:
     namespace, name = DEPLOYMENT
     replicas = cluster.kubectl("-n", namespace, "get", "deployment", name,
                                "-o", "jsonpath={.spec.replicas}").stdout.strip() or "1"
-    print(f"cpu_ledger: {args.jobs} jobs created and deleted per round; {machine_line()}")
+    variants = COMPARISONS[args.compare]
+    print(f"cpu_ledger: {args.jobs} jobs created and deleted per round, {args.compare}: "
+          f"{' against '.join(variants)}; {machine_line()}")
     cluster.kubectl("-n", namespace, "scale", "deployment", name, "--replicas=0")
-    results: dict[str, list[dict]] = {"stock": [], "settled": []}
+    results: dict[str, list[dict]] = {variant: [] for variant in variants}
     try:
         time.sleep(10)  # the chart's replicas stop
         for _ in range(args.rounds):
-            for variant in ("stock", "settled"):
-                phases = one_round(cluster, args.jobs, stock=variant == "stock")
+            for variant, setup in variants.items():
+                phases = one_round(cluster, args.jobs, setup)
                 results[variant].append(phases)
                 print_round(variant, phases, args.jobs)
     finally:
@@ -241,14 +276,15 @@ def main() -> int:
     summary = {variant: {phase: {key: round(median(variant, phase, key), 3)
                                  for key in ("cpu", "gc")} for phase in ("creation", "deletion")}
                for variant in results}
+    before, after = variants
     for phase in ("creation", "deletion"):
-        stock, settled = summary["stock"][phase], summary["settled"][phase]
+        stock, settled = summary[before][phase], summary[after][phase]
         print(f"  median, {phase}: CPU {stock['cpu'] / args.jobs * 1e3:.2f} -> "
               f"{settled['cpu'] / args.jobs * 1e3:.2f} ms per job "
               f"({settled['cpu'] / stock['cpu']:.2f}x), collector "
               f"{stock['gc'] / args.jobs * 1e3:.2f} -> {settled['gc'] / args.jobs * 1e3:.2f} ms "
               f"per job ({settled['gc'] / max(stock['gc'], 1e-9):.2f}x)")
-    emit_result("cpu_ledger", {"jobs": args.jobs, **summary}, args.json)
+    emit_result("cpu_ledger", {"jobs": args.jobs, "compare": args.compare, **summary}, args.json)
     return 0
 
 

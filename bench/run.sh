@@ -16,7 +16,9 @@
 #                                    kind of event-loop callback and the cycle collector cost per
 #                                    job in a burst (bench/cpu_ledger.py, which scales the chart's
 #                                    operator to 0 meanwhile), and kopf's processing of one watch
-#                                    event (bench/kopf_events.py); not in the default set
+#                                    event (bench/kopf_events.py); not in the default set.
+#                                    BENCH_LEDGER_ARGS="--compare loop": asyncio's event loop
+#                                    against uvloop's, on the process's CPU
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
 # BENCH_KUBEFLOW_ARGS, BENCH_LEDGER_ARGS, BENCH_KOPF_EVENTS_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results, one JSON line per

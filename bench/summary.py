@@ -68,6 +68,11 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
             for variant, figures in r["us_per_event"].items():
                 if isinstance(figures, dict):
                     out.append((f"kopf per event, {variant}", figures["invoked"], "us"))
+        elif r["benchmark"] == "cpu_ledger" and r.get("compare") == "loop":
+            for phase in ("creation", "deletion"):
+                asyncio_, uvloop = r["asyncio"][phase], r["uvloop"][phase]
+                out.append((f"operator CPU per job, {phase}, uvloop / asyncio (in-process)",
+                            uvloop["cpu"] / asyncio_["cpu"], "x"))
         elif r["benchmark"] == "cpu_ledger":
             for phase in ("creation", "deletion"):
                 stock, settled = r["stock"][phase], r["settled"][phase]
