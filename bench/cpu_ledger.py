@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import importlib.util
 import json
 import os
 import signal
@@ -247,6 +248,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         return child(args.stock, args.loop, keep_ledger=not args.no_ledger)
+    if args.compare == "loop" and importlib.util.find_spec("uvloop") is None:
+        # Not a project dependency: the operator does not use it (docs/benchmarks.md, "uvloop").
+        sys.exit(f"--compare loop needs uvloop: {sys.executable} -m pip install uvloop")
 
     from common import Cluster, emit_result, machine_line  # not in the child: its client
 
