@@ -282,12 +282,12 @@ def main() -> int:
                for variant in results}
     before, after = variants
     for phase in ("creation", "deletion"):
-        stock, settled = summary[before][phase], summary[after][phase]
-        print(f"  median, {phase}: CPU {stock['cpu'] / args.jobs * 1e3:.2f} -> "
-              f"{settled['cpu'] / args.jobs * 1e3:.2f} ms per job "
-              f"({settled['cpu'] / stock['cpu']:.2f}x), collector "
-              f"{stock['gc'] / args.jobs * 1e3:.2f} -> {settled['gc'] / args.jobs * 1e3:.2f} ms "
-              f"per job ({settled['gc'] / max(stock['gc'], 1e-9):.2f}x)")
+        was, now = summary[before][phase], summary[after][phase]
+        print(f"  median, {phase}: CPU {was['cpu'] / args.jobs * 1e3:.2f} -> "
+              f"{now['cpu'] / args.jobs * 1e3:.2f} ms per job "
+              f"({now['cpu'] / was['cpu']:.2f}x), collector "
+              f"{was['gc'] / args.jobs * 1e3:.2f} -> {now['gc'] / args.jobs * 1e3:.2f} ms "
+              f"per job ({now['gc'] / max(was['gc'], 1e-9):.2f}x)")
     emit_result("cpu_ledger", {"jobs": args.jobs, "compare": args.compare, **summary}, args.json)
     return 0
 
