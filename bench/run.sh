@@ -2,27 +2,19 @@
 # `make bench`: bring the local cluster up with hack/cluster-up.sh (idempotent, seconds when warm:
 # control plane, the two nodes, the operator and trainer images built from this checkout and loaded
 # into the nodes, the operator deployed with its Helm chart), run every benchmark, then print a
-# summary against the targets (docs/benchmarks.md).
+# summary against the targets (docs/performance.md).
 #
 #   bench/run.sh                     everything at full size, the scale curve to 5,000 jobs included
 #                                    (about 45 minutes on 2 loaded cores)
 #   bench/run.sh --quick             smaller runs for development (about 5 minutes)
-#   bench/run.sh startup throughput  only these (startup, throughput, overhead; `writes` runs
-#                                    the API-client experiment of docs/benchmarks.md, finding 5)
+#   bench/run.sh startup throughput  only these (startup, throughput, overhead)
 #   bench/run.sh throughput kubeflow our operator, then Kubeflow's Go training-operator (built
 #                                    once by hack/build-training-operator.sh, run as a host
 #                                    process) on the same burst; not in the default set
-#   bench/run.sh ledger kopf-events  where the operator's CPU goes, on the CPU clock: what each
-#                                    kind of event-loop callback and the cycle collector cost per
-#                                    job in a burst (bench/cpu_ledger.py, which scales the chart's
-#                                    operator to 0 meanwhile), and kopf's processing of one watch
-#                                    event (bench/kopf_events.py); not in the default set.
-#                                    BENCH_LEDGER_ARGS="--compare loop": asyncio's event loop
-#                                    against uvloop's, on the process's CPU
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
-# BENCH_KUBEFLOW_ARGS, BENCH_LEDGER_ARGS, BENCH_KOPF_EVENTS_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results, one JSON line per
-# benchmark, go to $BENCH_JSON (default: a file under /tmp, named at the end).
+# BENCH_KUBEFLOW_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results,
+# one JSON line per benchmark, go to $BENCH_JSON (default: a file under /tmp, named at the end).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -32,8 +24,8 @@ selected=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    startup|throughput|overhead|writes|kubeflow|ledger|kopf-events) selected+=("$arg") ;;
-    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [writes] [kubeflow] [ledger] [kopf-events]" >&2
+    startup|throughput|overhead|kubeflow) selected+=("$arg") ;;
+    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [kubeflow]" >&2
        exit 2 ;;
   esac
 done
@@ -69,10 +61,7 @@ for bench in "${selected[@]}"; do
     startup) "$PY" bench/startup.py $startup_args ${BENCH_STARTUP_ARGS:-} ;;
     throughput) "$PY" bench/throughput.py $throughput_args ${BENCH_THROUGHPUT_ARGS:-} ;;
     overhead) "$PY" bench/overhead.py $overhead_args ${BENCH_OVERHEAD_ARGS:-} ;;
-    writes) "$PY" bench/api_writes.py ${BENCH_WRITES_ARGS:-} ;;
     kubeflow) "$PY" bench/kubeflow_compare.py $kubeflow_args ${BENCH_KUBEFLOW_ARGS:-} ;;
-    kopf-events) "$PY" bench/kopf_events.py ${BENCH_KOPF_EVENTS_ARGS:-} ;;
-    ledger) "$PY" bench/cpu_ledger.py ${BENCH_LEDGER_ARGS:-} ;;
   esac
   echo
 done

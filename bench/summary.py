@@ -63,27 +63,6 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
                     out.append((f"peak RSS {label}", m["operator_peak_rss_mib"], "MiB"))
                     out.append((f"RSS after cleanup {label}", m["operator_rss_after_cleanup_mib"],
                                 "MiB"))
-        elif r["benchmark"] == "kopf_events":
-            out.append(("watch events per job (created, Pending)", r["events_per_job"], ""))
-            for variant, figures in r["us_per_event"].items():
-                if isinstance(figures, dict):
-                    out.append((f"kopf per event, {variant}", figures["invoked"], "us"))
-        elif r["benchmark"] == "cpu_ledger" and r.get("compare") == "loop":
-            for phase in ("creation", "deletion"):
-                asyncio_, uvloop = r["asyncio"][phase], r["uvloop"][phase]
-                out.append((f"operator CPU per job, {phase}, uvloop / asyncio (in-process)",
-                            uvloop["cpu"] / asyncio_["cpu"], "x"))
-        elif r["benchmark"] == "cpu_ledger":
-            for phase in ("creation", "deletion"):
-                stock, settled = r["stock"][phase], r["settled"][phase]
-                out.append((f"operator CPU per job, {phase} (in-process)",
-                            settled["cpu"] / r["jobs"] * 1e3, "ms"))
-                was = stock["gc"] / stock["cpu"]
-                out.append((f"cycle collector's share, {phase}, stock -> settled",
-                            settled["gc"] / settled["cpu"], f"(was {was:.2f})"))
-        elif r["benchmark"] == "api_writes":
-            out.append(("CPU per create, client in threads / aiohttp (finding 5)",
-                        r["cpu_ratio"], "ratio"))
         elif r["benchmark"] == "overhead":
             out.append(("training steps/s, operator / bare", r["steps_ratio_median"], ""))
             out.append(("wall time, operator / bare", r["wall_ratio_median"], "ratio"))

@@ -61,7 +61,6 @@ from common import (
     stop_watchers,
     timed_burst,
     wait_for_cluster,
-    wait_until,
 )
 
 NODES = 2
@@ -90,23 +89,6 @@ def job_body(namespace: str, name: str, mode: str) -> dict:
             "template": {"spec": pod_spec},
         },
     }
-
-
-def create_pending_jobs(cluster: Cluster, prefix: str, jobs: int) -> str:
-    """`jobs` Pending two-node jobs in a new namespace, created by 16 clients, until every pod
-    exists; returns the namespace. For the in-process benchmarks (heap_survivors, cpu_ledger),
-    which time nothing of the burst itself."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from accelerate_trainer.contract import JOB_NAME_LABEL
-
-    namespace = cluster.create_namespace(prefix)
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda i: cluster.create_job(
-            job_body(namespace, f"job-{i:04d}", "pending")), range(jobs)))
-    wait_until(lambda: len(cluster.core.list_namespaced_pod(
-        namespace, label_selector=JOB_NAME_LABEL).items) >= NODES * jobs, 600, "every job's pods")
-    return namespace
 
 
 class Tracker(BurstTracker):

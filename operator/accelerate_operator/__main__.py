@@ -7,39 +7,13 @@ paused, and a paused replica takes over when the active one is gone (the chart r
 from __future__ import annotations
 
 import argparse
-import collections
-import gc
+import getpass
 import logging
 import os
 import random
-import signal
+import socket
 import sys
 import time
-
-
-def log_memory(*_: object) -> None:
-    """`kill -USR2 <pid>`: the RSS, the memory blocks Python's allocator holds for live objects,
-    glibc's heap, and the most numerous live Python objects, in the log, to see what holds memory
-    in a running operator (docs/benchmarks.md, finding 6), then the RSS after the trim the
-    operator makes when jobs go (heap.py): what that leaves above idle is live or fragmented."""
-    from .heap import heap_usage, release_freed_memory
-
-    def rss_kib() -> str:
-        return next((line.split()[1] for line in open("/proc/self/status")
-                     if line.startswith("VmRSS")), "?")
-
-    gc.collect()
-    counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
-    rss = rss_kib()
-    heap = heap_usage()
-    release_freed_memory()
-    logging.getLogger("accelerate_operator").warning(
-        "memory: RSS %s KiB (%s KiB after a trim), %d allocated blocks (%s), glibc heap %s, "
-        "%d objects tracked by gc (and %d frozen at start-up); most numerous: %s", rss,
-        rss_kib(), sys.getallocatedblocks(), os.environ.get("PYTHONMALLOC", "pymalloc"),
-        f"{heap[0] >> 10} KiB in use, {heap[1] >> 10} KiB free" if heap else "unknown",
-        sum(counts.values()), gc.get_freeze_count(),
-        ", ".join(f"{n} {name}" for name, n in counts.most_common(12)))
 
 
 def replica_priority(now_ns: int | None = None) -> int:
@@ -49,6 +23,14 @@ def replica_priority(now_ns: int | None = None) -> int:
     the random last digits keep two replicas started in the same millisecond apart."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     return -(now_ns // 1_000_000) * 1000 + random.randrange(1000)
+
+
+def replica_identity() -> str:
+    """This replica's name in kopf's peering records, as kopf makes it (user@host/time/random),
+    given to kopf so that peering.py can find its own record."""
+    now = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    suffix = "".join(random.choices("abcdefhijklmnopqrstuvwxyz0123456789", k=3))
+    return f"{getpass.getuser()}@{socket.gethostname()}/{now}/{suffix}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,20 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLogger().level))
     # kopf's liveness endpoint (aiohttp) logs every probe at INFO: a line every 5 s per replica.
     logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, logging.getLogger().level))
-    signal.signal(signal.SIGUSR2, log_memory)
-
     import kopf
 
     from . import handlers  # registers the handlers with kopf
 
     handlers.RUNTIME.namespaces = list(namespaces)
-    handlers.RUNTIME.settle_gc = True
+    handlers.RUNTIME.identity = replica_identity()
 
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,
         standalone=args.peering is None,
         peering_name=args.peering,
+        identity=handlers.RUNTIME.identity,
         priority=args.priority if args.priority is not None else replica_priority(),
         liveness_endpoint=(f"http://0.0.0.0:{args.liveness_port}/healthz"
                            if args.liveness_port else None),

@@ -63,8 +63,8 @@ class Applier:
             if refused is not None:
                 return refused
         if actions.status is not None:
-            version = await self.kube.patch_job_status(job.namespace, job.name, actions.status)
-            state.remember_status(actions.status, version)
+            await self.kube.patch_job_status(job.namespace, job.name, actions.status)
+            state.remember_status(actions.status)
             record_status_change(seen.status, merged(seen.status, actions.status),
                                  created_at=_created_at(seen.body) or now, now=now)
         for event in actions.events:
@@ -85,7 +85,6 @@ class Applier:
 
     async def _create_all(self, state: JobState, job: JobSpec,
                           manifests: Sequence[Mapping[str, Any]]) -> str | None:
-        state.expect_created(manifests)
         results = await asyncio.gather(*(self._create(m) for m in manifests),
                                        return_exceptions=True)
         state.record_created([m for m, result in zip(manifests, results, strict=True)

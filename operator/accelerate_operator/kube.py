@@ -1,32 +1,36 @@
 """The only module that talks to the API server for the passes: create-if-absent, delete,
-status patches, events, reads, and one paged list for the index audit. Watching is kopf's; this
-module never watches. Everything else is pure and testable without a cluster.
+status patches, events, reads, and one paged list for the index audit, all through the official
+`kubernetes` client. Watching is kopf's; this module never watches. Everything else is pure and
+testable without a cluster.
 
-Calls are async, on one aiohttp session in the operator's event loop: a create through the
-official client, run in a thread, cost 1.50 ms of CPU against 0.62 ms on aiohttp
-(docs/benchmarks.md, finding 5), and its threads held memory the operator never gave back.
+The client is synchronous: each call runs on a small thread pool of its own, as many threads as
+the client keeps connections, so the event loop never waits on the network. What the client
+brings, this module does not redo: credentials (the service account in a pod, its token re-read
+as the kubelet rotates it; else $KUBECONFIG with exec plugins and token refresh), 429 and 503
+retried after the server's Retry-After (urllib3's `Retry`, the client's transport), TLS.
 
-Credentials are kopf's: the `kopf.ConnectionInfo` its login handler returned (handlers.py), made
-into headers and an SSL context by kopf's own `as_http_headers()` / `as_ssl_context()`. A 401
-logs in again through the same login (a rotated service-account token, an expired exec-plugin
-token) and retries once; a 429 or 503 is retried after the server's Retry-After, as kopf's own
-requests are."""
+Children are created through the client's untyped request path (`ApiClient.param_serialize` and
+`call_api`, what every generated method calls): the typed `create_namespaced_pod` of kubernetes
+>= 35 validates a dict body against its pydantic model and refuses what the API server accepts
+(`cpu: 2` as an int, a field newer than the client)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
 import random
 import string
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
 
-import aiohttp
-from yarl import URL
-
-if TYPE_CHECKING:
-    from kopf import ConnectionInfo
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+from urllib3.util.retry import Retry
 
 from .apierrors import server_message
 from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
@@ -37,27 +41,27 @@ from .status import Event, format_time
 
 log = logging.getLogger("accelerate_operator.kube")
 
-# A node agent that does not answer must not hold a reconcile (or the clock's progress read) long.
+# A node agent that does not answer must not hold a pass long.
 LOG_REQUEST_TIMEOUT = 10
 REQUEST_TIMEOUT = 30
-# As many connections as apply.py has creates in flight (CREATE_PARALLELISM): each TLS connection
-# holds a 256 KiB read buffer (asyncio sslproto), so no more are kept open.
+# Threads (and so connections) for API calls: as many as apply.py has creates in flight.
 CONNECTIONS = 16
-WORKLOADS = "workloads"
+# A 429 or 503 is retried this many times, after the server's Retry-After.
+RETRIES = 3
 _PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
           "Service": "/api/v1/namespaces/{}/services",
           "PodDisruptionBudget": "/apis/policy/v1/namespaces/{}/poddisruptionbudgets",
-          "Pod": "/api/v1/namespaces/{}/pods"}
-APPLY = "application/apply-patch+yaml"
+          "Pod": "/api/v1/namespaces/{}/pods",
+          "Event": "/api/v1/namespaces/{}/events"}
 MERGE = "application/merge-patch+json"
+APPLY = "application/apply-patch+yaml"
 # Lists come in pages: the audit's listing of 10,000 pods is never one 80 MiB response.
 LIST_PAGE = 500
 # A list of names needs no spec: the server sends metadata only (PartialObjectMetadataList).
 METADATA_ONLY = ("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io, "
                  "application/json")
-# A 429 or 503 is retried this many times, after the server's Retry-After (capped).
-RETRIES = 3
-RETRY_AFTER_MAX_SECONDS = 10.0
+PEERING_GROUP, PEERING_VERSION = "kopf.dev", "v1"
+T = TypeVar("T")
 
 
 class Rejected(ValueError):
@@ -65,19 +69,10 @@ class Rejected(ValueError):
     retrying the same manifest cannot succeed."""
 
 
-class ApiError(Exception):
-    """A response other than 2xx. `status`, `reason` and `body` as the official client's
-    ApiException has them, so apierrors.server_message reads both."""
-
-    def __init__(self, status: int, reason: str, body: str):
-        super().__init__(f"({status}) {reason}: {body[:300]}")
-        self.status, self.reason, self.body = status, reason, body
-
-
 class NamespaceTerminating(Exception):
     """The job's namespace is being deleted: the API server creates nothing more in it, and
     every object in it, the job included, is on its way out. The pass ends here (no status
-    write), and the controller runs no pass of that namespace's jobs for a while."""
+    write) and the job is looked at again later."""
 
     def __init__(self, namespace: str):
         super().__init__(f"namespace {namespace} is being terminated")
@@ -88,117 +83,96 @@ class ConfigMapMissing(LookupError):
     """The ConfigMap or key named by spec.accelerateConfigFrom does not exist."""
 
 
-Login = Callable[[], Awaitable["ConnectionInfo"]]
+def client_configuration() -> client.Configuration:
+    """In a pod, its service account; elsewhere the kubeconfig $KUBECONFIG names now (the
+    client's default is read once, when `kubernetes` is first imported)."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
+                                client_configuration=configuration)
+    # Only throttling and an unavailable server are retried (the request was not processed);
+    # a read that timed out is not: a create may have happened.
+    configuration.retries = Retry(total=RETRIES, connect=RETRIES, read=0, status=RETRIES,
+                                  status_forcelist=(429, 503), allowed_methods=None,
+                                  respect_retry_after_header=True, raise_on_status=False,
+                                  backoff_factor=0.5)
+    configuration.connection_pool_maxsize = CONNECTIONS
+    return configuration
+
+
+def _verb(method: str) -> str:
+    return {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update",
+            "DELETE": "delete"}.get(method, "other")
+
+
+def _expected(method: str, status: int | None) -> bool:
+    """Answers the callers treat as a result, not an error: a create that found the object
+    (409), a read, patch or delete of something gone (404)."""
+    return (method == "POST" and status == 409) or (method != "POST" and status == 404)
 
 
 class Kube:
-    """The requests a pass makes, on one aiohttp session opened on first use (it belongs to the
-    running event loop). `login` returns kopf's current ConnectionInfo: called before the first
-    request, and again after a 401."""
+    """The requests a pass makes. `api` defaults to a client configured from the environment
+    (client_configuration)."""
 
-    def __init__(self, login: Login, connections: int = CONNECTIONS):
-        self._login = login
-        self.connections = connections
-        self._info: ConnectionInfo | None = None
-        self._headers_cache: dict[str, str] = {}
-        self._base = URL()  # the API server's URL, set at each login
-        self._session: aiohttp.ClientSession | None = None
-        self._logging_in = asyncio.Lock()
+    def __init__(self, api: client.ApiClient | None = None):
+        self.api = api or client.ApiClient(client_configuration())
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self._threads = ThreadPoolExecutor(CONNECTIONS, thread_name_prefix="kube")
         # Where Kueue's objects are served: its group (another only in tests, which install
-        # Workload CRDs of their own) and the version discover_kueue_version found (v1beta1
-        # until then).
+        # Workload CRDs of their own) and the version discover_kueue_version found.
         self.kueue_group = KUEUE_GROUP
         self.kueue_version = KUEUE_VERSION
 
-    @classmethod
-    def from_connection(cls, info: ConnectionInfo, connections: int = CONNECTIONS) -> Kube:
-        """Fixed credentials (tests, benchmarks): a 401 logs in to the same ones again."""
-        async def login() -> ConnectionInfo:
-            return info
-        return cls(login, connections)
+    async def _run(self, verb: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """One client call, in a thread; a failure other than _expected is counted."""
+        loop = asyncio.get_running_loop()
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
+        try:
+            return await loop.run_in_executor(self._threads, partial(call, *args, **kwargs))
+        except ApiException as error:
+            if not _expected(verb, error.status):
+                record_api_error(_verb(verb), error.status)
+            raise
 
-    # ---- transport ------------------------------------------------------------------------
-    async def _connect(self, again: bool = False) -> aiohttp.ClientSession:
-        """The session, logged in. Concurrent requests share one login: `again` (after a
-        401) logs in anew unless another request already did while this one waited."""
-        stale = self._info
-        if self._info is None or again:
-            async with self._logging_in:
-                if self._info is stale:
-                    self._info = await self._login()
-                    self._base = URL(self._info.server)
-                    self._headers_cache = {"Accept": "application/json",
-                                           **self._info.as_http_headers()}
-                    if self._session is not None:
-                        await self._session.close()
-                        self._session = None
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-                ssl=self._info.as_ssl_context(), limit=self.connections))
-        return self._session
+    def _raw(self, method: str, path: str, body: Any = None, *,
+             query: Mapping[str, Any] | None = None, content_type: str | None = None,
+             accept: str = "application/json", timeout: float = REQUEST_TIMEOUT) -> bytes:
+        """The client's untyped request (module docstring): the response's bytes."""
+        headers = {"Accept": accept, **({"Content-Type": content_type} if content_type
+                                        else {"Content-Type": "application/json"})}
+        request = self.api.param_serialize(
+            method, path, query_params=[(k, v) for k, v in (query or {}).items()
+                                        if v is not None],
+            header_params=headers, body=body, auth_settings=["BearerToken"])
+        response = self.api.call_api(*request, _request_timeout=timeout)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return response.data
 
-    def _url(self, path: str, query: Mapping[str, Any] | None) -> URL:
-        """Built with `URL.build`, the one yarl constructor that keeps no cache. A string URL
-        goes through yarl's `encode_url` cache (128 entries, private to yarl), which after a
-        burst holds the last 128 jobs' URLs and the heap pages under them: 1.7 MiB of the RSS
-        after deletion (docs/benchmarks.md, finding 17)."""
-        base = self._base
-        return URL.build(scheme=base.scheme, authority=base.raw_authority,
-                         path=base.raw_path.rstrip("/") + path,
-                         query={k: v for k, v in query.items() if v is not None}
-                         if query else None)
-
-    async def _request(self, method: str, path: str, body: Any = None, *,
-                       query: Mapping[str, Any] | None = None,
-                       content_type: str = "application/json",
-                       accept: str | None = None,
-                       timeout: float = REQUEST_TIMEOUT) -> str:
-        """The response's text; ApiError for anything but 2xx (after the retries)."""
-        session = await self._connect()
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
-        own = {**({"Content-Type": content_type} if data is not None else {}),
-               **({"Accept": accept} if accept else {})}
-        headers = {**self._headers_cache, **own}
-        logged_in_again = False
-        for attempt in range(RETRIES + 1):
-            async with session.request(
-                    method, self._url(path, query), data=data, headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                # A pod log is the user's bytes: a multi-byte character cut by the runtime (tqdm's
-                # bar at a line split) must not make the whole read fail.
-                text = await response.text(errors="replace")
-                if response.status < 300:
-                    return text
-                error = ApiError(response.status, response.reason or "", text)
-                retry_after = response.headers.get("Retry-After")
-            if error.status == 401 and not logged_in_again:
-                logged_in_again = True
-                session = await self._connect(again=True)
-                headers = {**self._headers_cache, **own}
-                continue
-            if error.status in (429, 503) and attempt < RETRIES:
-                await asyncio.sleep(_retry_delay(retry_after, attempt))
-                continue
-            if not _expected(method, error.status):
-                record_api_error(_VERBS.get(method, "other"), error.status)
-            raise error
-        raise AssertionError("unreachable")
+    async def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        """An untyped request, its JSON answer decoded."""
+        data = await self._run(method, self._raw, method, path, body, **kwargs)
+        return json.loads(data) if data else None
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.api.close)
 
-    # ---- the index audit (controller.py) ---------------------------------------------------
+    # ---- the index audit and peering (controller.py) --------------------------------------
     async def list_names(self, path: str, label_selector: str | None = None
                          ) -> AsyncIterator[tuple[str, str]]:
-        """(namespace, name) of every object of a collection, listed in pages. Metadata only
-        (the API server's PartialObjectMetadataList): a full list of 1,000 pods is mostly specs
-        to download and decode, and this runs in every audit."""
+        """(namespace, name) of every object of a collection, listed in pages, metadata only:
+        a full list of 1,000 pods is mostly specs to download and decode."""
         token = None
         while True:
-            page = json.loads(await self._request(
-                "GET", path, query={"labelSelector": label_selector, "limit": LIST_PAGE,
-                                    "continue": token}, accept=METADATA_ONLY))
+            page = await self.request("GET", path, query={
+                "labelSelector": label_selector, "limit": LIST_PAGE, "continue": token},
+                accept=METADATA_ONLY)
             for item in page.get("items") or []:
                 metadata = item["metadata"]
                 yield metadata.get("namespace") or "", metadata["name"]
@@ -206,19 +180,37 @@ class Kube:
             if not token:
                 return
 
-    async def remove_finalizer(self, body: Mapping[str, Any], finalizer: str) -> None:
-        """Drop `finalizer` from a job, as of the body's resourceVersion (409: the job changed
-        meanwhile, and its next event brings the next try)."""
-        metadata = body["metadata"]
-        kept = [f for f in metadata.get("finalizers") or [] if f != finalizer]
-        try:
-            await self._ignore_gone(
-                "PATCH", self._job_path(metadata["namespace"], metadata["name"]), {"metadata": {
-                    "finalizers": kept, "resourceVersion": metadata.get("resourceVersion")}},
-                content_type=MERGE)
-        except ApiError as error:
-            if error.status != 409:
-                raise
+    async def ensure_peering(self, name: str, namespaces: list[str]) -> None:
+        """kopf's peering object: a ClusterKopfPeering for an operator of every namespace, else
+        a KopfPeering in each one watched. kopf only writes into an existing one; without it a
+        replica that must peer stays paused."""
+        for namespace in namespaces or [None]:
+            kind = "KopfPeering" if namespace else "ClusterKopfPeering"
+            body = {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "kind": kind,
+                    "metadata": {"name": name}}
+            try:
+                if namespace:
+                    await self._run("POST", self.custom.create_namespaced_custom_object,
+                                    PEERING_GROUP, PEERING_VERSION, namespace, "kopfpeerings",
+                                    body)
+                else:
+                    await self._run("POST", self.custom.create_cluster_custom_object,
+                                    PEERING_GROUP, PEERING_VERSION, "clusterkopfpeerings", body)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+
+    async def read_peering(self, name: str, namespaces: list[str]) -> list[dict[str, Any]]:
+        """The status of kopf's peering object(s): one record per replica (peering.py)."""
+        if not namespaces:
+            found = [await self._run("GET", self.custom.get_cluster_custom_object,
+                                     PEERING_GROUP, PEERING_VERSION, "clusterkopfpeerings",
+                                     name)]
+        else:
+            found = [await self._run("GET", self.custom.get_namespaced_custom_object,
+                                     PEERING_GROUP, PEERING_VERSION, namespace, "kopfpeerings",
+                                     name) for namespace in namespaces]
+        return [body.get("status") or {} for body in found]
 
     # ---- children -------------------------------------------------------------------------
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
@@ -229,62 +221,32 @@ class Kube:
         path = (self._workloads_path(namespace, manifest.get("apiVersion"))
                 if manifest["kind"] == "Workload" else _PATHS[manifest["kind"]].format(namespace))
         try:
-            await self._request("POST", path, manifest, query={"fieldManager": FIELD_MANAGER})
-        except ApiError as error:
+            await self._run("POST", self._raw, "POST", path, dict(manifest),
+                            query={"fieldManager": FIELD_MANAGER})
+        except ApiException as error:
             if error.status == 409:
                 return False
-            if error.status == 404 and manifest["kind"] == "Workload":
-                raise Rejected(
-                    f"the API server refused Workload {manifest['metadata']['name']}: it serves "
-                    f"no {manifest.get('apiVersion')} Workloads; install Kueue (v0.14 to v0.20), "
-                    "or remove the job's label kueue.x-k8s.io/queue-name"
-                ) from None
-            message = server_message(error)
-            if error.status == 403 and "being terminated" in message:
-                raise NamespaceTerminating(namespace) from None
-            if error.status in (400, 403, 422):
-                raise Rejected(
-                    f"the API server refused {manifest['kind']} {manifest['metadata']['name']}: "
-                    f"{message}"
-                ) from None
-            raise
+            raise _refusal(manifest, error) from None
         return True
-
-    async def ensure_peering(self, name: str, namespaces: list[str]) -> None:
-        """kopf's peering object: a ClusterKopfPeering for an operator of every namespace, else
-        a KopfPeering in each one watched. kopf only writes into an existing one; without it a
-        replica that must peer stays paused."""
-        body = {"apiVersion": "kopf.dev/v1", "metadata": {"name": name}}
-        paths = ([f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings" for ns in namespaces]
-                 or ["/apis/kopf.dev/v1/clusterkopfpeerings"])
-        for path in paths:
-            kind = "ClusterKopfPeering" if "clusterkopfpeerings" in path else "KopfPeering"
-            try:
-                await self._request("POST", path, {**body, "kind": kind})
-            except ApiError as error:
-                if error.status != 409:
-                    raise
-
-    @staticmethod
-    def _job_path(namespace: str, name: str) -> str:
-        return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
 
     def _workloads_path(self, namespace: str, api_version: str | None = None) -> str:
         """Workloads in the version of `api_version` (a manifest's), else the discovered one."""
         version = (api_version or "").rpartition("/")[2] or self.kueue_version
-        return f"/apis/{self.kueue_group}/{version}/namespaces/{namespace}/{WORKLOADS}"
+        return f"/apis/{self.kueue_group}/{version}/namespaces/{namespace}/workloads"
 
-    def _workload_path(self, namespace: str, name: str) -> str:
-        return f"{self._workloads_path(namespace)}/{name}"
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        await _ignore_gone(self._run("DELETE", self.core.delete_namespaced_pod, name, namespace,
+                                     _preload_content=False))
 
+    # ---- Kueue ----------------------------------------------------------------------------
     async def discover_kueue_version(self) -> str | None:
         """The Workload version to read and write, from the API group's discovery document
         (`GET /apis/kueue.x-k8s.io`): v1beta2 when served, else v1beta1 (kueue.py
         choose_kueue_version); None when Kueue is not installed (the default stays). Kept in
         `kueue_version` for every Workload path; called once at start."""
         try:
-            group = json.loads(await self._request("GET", f"/apis/{self.kueue_group}"))
-        except ApiError as error:
+            group = await self.request("GET", f"/apis/{self.kueue_group}")
+        except ApiException as error:
             if error.status == 404:
                 return None
             raise
@@ -293,191 +255,164 @@ class Kube:
             self.kueue_version = version
         return version
 
-    async def patch_workload_status(self, namespace: str, name: str,
-                                    patch: Mapping[str, Any]) -> None:
-        """A JSON merge patch of the Workload's status (the quota release): it carries the
-        resourceVersion read, so a Workload changed meanwhile answers 409 and its watch event
-        brings the next pass, which plans again. Fields it does not name stay as they are."""
+    async def _patch_workload(self, namespace: str, name: str, body: Mapping[str, Any],
+                              subresource: str, **query: Any) -> None:
+        """A patch of a Workload, or of its status. A 409 (it changed since the read the
+        patch carries) is logged: its watch event brings the next pass, which plans again."""
+        call = (self.custom.patch_namespaced_custom_object_status if subresource == "status"
+                else self.custom.patch_namespaced_custom_object)
         try:
-            await self._ignore_gone("PATCH", self._workload_path(namespace, name) + "/status",
-                                    dict(patch), query={"fieldManager": FIELD_MANAGER},
-                                    content_type=MERGE)
-        except ApiError as error:
+            await _ignore_gone(self._run("PATCH", call, self.kueue_group, self.kueue_version,
+                                         namespace, "workloads", name, dict(body), **query))
+        except ApiException as error:
             if error.status != 409:
                 raise
             log.info("workload %s/%s changed meanwhile: %s", namespace, name,
                      server_message(error))
 
+    async def patch_workload_status(self, namespace: str, name: str,
+                                    patch: Mapping[str, Any]) -> None:
+        """A JSON merge patch of the Workload's status (the quota release), carrying the
+        resourceVersion read. Fields it does not name stay as they are."""
+        await self._patch_workload(namespace, name, patch, "status",
+                                   field_manager=FIELD_MANAGER, _content_type=MERGE)
+
     async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """A merge patch of the Workload's spec (spec.active)."""
-        await self._ignore_gone("PATCH", self._workload_path(namespace, name), dict(patch),
-                                query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
+        await self._patch_workload(namespace, name, patch, "spec",
+                                   field_manager=FIELD_MANAGER, _content_type=MERGE)
 
     async def apply_workload_status(self, namespace: str, name: str, body: Mapping[str, Any],
                                     manager: str) -> None:
         """A server-side apply of the operator's own Workload conditions (PodsReady,
-        Finished) under `manager`, one of the operator's own field managers, forced: those
-        conditions are the operator's to set. A 409 is logged; the next pass plans again."""
-        try:
-            await self._ignore_gone("PATCH", self._workload_path(namespace, name) + "/status",
-                                    dict(body), query={"fieldManager": manager, "force": "true"},
-                                    content_type=APPLY)
-        except ApiError as error:
-            if error.status != 409:
-                raise
-            log.info("workload %s/%s changed meanwhile: %s", namespace, name,
-                     server_message(error))
+        Finished) under `manager`, forced: those conditions are the operator's to set."""
+        await self._patch_workload(namespace, name, body, "status", field_manager=manager,
+                                   force=True, _content_type=APPLY)
 
     async def read_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
         """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass), or None."""
-        try:
-            return json.loads(await self._request(
-                "GET", f"/apis/{self.kueue_group}/{self.kueue_version}/{plural}/{name}"))
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
+        return await _ignore_gone(self._run("GET", self.custom.get_cluster_custom_object,
+                                            self.kueue_group, self.kueue_version, plural, name))
 
-    async def _ignore_gone(self, method: str, path: str, body: Any = None,
-                           **kwargs: Any) -> str | None:
-        """A write to an object that may be gone meanwhile (a pod deleted, a job and its
-        Workload deleted): 404 is nothing to do. The response's text, None when gone."""
-        try:
-            return await self._request(method, path, body, **kwargs)
-        except ApiError as error:
-            if error.status != 404:
-                raise
-            return None
-
-    async def delete_pod(self, namespace: str, name: str) -> None:
-        await self._ignore_gone("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
-
+    # ---- reads ------------------------------------------------------------------------------
     async def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
                            previous: bool = False, container: str | None = None,
                            limit_bytes: int | None = None, timestamps: bool = False) -> str:
         """The last `tail_lines` lines of a pod's log (or, with tail_lines None, its first
         `limit_bytes` bytes), each line led by the time the runtime logged it with
         `timestamps`; "" when the pod (or its log) is gone or has not started (400: the
-        container is still waiting)."""
+        container is still waiting). A multi-byte character cut by the runtime (tqdm's bar at
+        a line split) must not fail the whole read: the bytes are decoded leniently."""
+        options = {"container": container, "tail_lines": tail_lines, "previous": previous,
+                   "limit_bytes": limit_bytes, "timestamps": timestamps}
         try:
-            return await self._request(
-                "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log",
-                query={"container": container, "tailLines": tail_lines, "limitBytes": limit_bytes,
-                       "previous": "true" if previous else None,
-                       "timestamps": "true" if timestamps else None},
-                timeout=LOG_REQUEST_TIMEOUT)
-        except ApiError as error:
+            response = await self._run(
+                "GET", self.core.read_namespaced_pod_log, name, namespace,
+                _preload_content=False, _request_timeout=LOG_REQUEST_TIMEOUT,
+                **{k: v for k, v in options.items() if v not in (None, False)})
+        except ApiException as error:
             if error.status in (400, 404):
                 return ""
             raise
-        except asyncio.TimeoutError:
-            raise ApiError(504, "timed out reading the log", "") from None
+        except HTTPError as error:  # the node agent did not answer in time
+            raise ApiException(status=504, reason=f"reading the log failed: {error}") from None
+        return response.data.decode("utf-8", errors="replace")
 
     async def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
         """The accelerate YAML under `key` and every other key of the ConfigMap (the files
         shipped beside it)."""
-        configmap = await self._read_configmap(namespace, name, key)
-        data = configmap.get("data") or {}
-        return ConfigSource(name=name, key=key, text=data[key], files=dict(data),
-                            binary_files=dict(configmap.get("binaryData") or {}))
-
-    async def _read_configmap(self, namespace: str, name: str, key: str) -> dict[str, Any]:
         try:
-            configmap = json.loads(await self._request(
-                "GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}"))
-        except ApiError as error:
+            response = await self._run("GET", self.core.read_namespaced_config_map, name,
+                                       namespace, _preload_content=False)
+        except ApiException as error:
             if error.status == 404:
                 raise ConfigMapMissing(
                     f"spec.accelerateConfigFrom.configMapKeyRef names ConfigMap {name!r}, which "
                     f"does not exist in namespace {namespace!r}; create it with "
-                    f"`kubectl create configmap "
-                    f"{name} --from-file=<accelerate config>`"
+                    f"`kubectl create configmap {name} --from-file=<accelerate config>`"
                 ) from None
             raise
+        configmap = json.loads(response.data)
         data = configmap.get("data") or {}
         if key not in data:
             raise ConfigMapMissing(
                 f"ConfigMap {name!r} has no key {key!r} "
                 f"(it has: {', '.join(sorted(data)) or 'none'}); "
-                "fix spec.accelerateConfigFrom.configMapKeyRef.key"
-            )
-        return configmap
+                "fix spec.accelerateConfigFrom.configMapKeyRef.key")
+        return ConfigSource(name=name, key=key, text=data[key], files=dict(data),
+                            binary_files=dict(configmap.get("binaryData") or {}))
 
     # ---- the job ----------------------------------------------------------------------------
     async def patch_job_status(self, namespace: str, name: str,
-                               status: Mapping[str, Any]) -> str | None:
-        """The job's resourceVersion after the write (its watch event is this write's echo), or
-        None: a job deleted meanwhile has nothing to report on."""
-        text = await self._ignore_gone(
-            "PATCH", self._job_path(namespace, name) + "/status", {"status": dict(status)},
-            query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
-        return None if text is None else json.loads(text)["metadata"].get("resourceVersion")
+                               status: Mapping[str, Any]) -> None:
+        """A merge patch of the job's status; a job deleted meanwhile has nothing to report."""
+        await _ignore_gone(self._run(
+            "PATCH", self.custom.patch_namespaced_custom_object_status, GROUP, VERSION,
+            namespace, PLURAL, name, {"status": dict(status)}, field_manager=FIELD_MANAGER,
+            _content_type=MERGE, _preload_content=False))
 
     async def job_exists(self, namespace: str, name: str, uid: str) -> bool:
         """Whether the job (this one: not another of the same name) still exists, as the API
         server knows it now, not as a watch has told so far."""
-        try:
-            body = json.loads(await self._request("GET", self._job_path(namespace, name)))
-        except ApiError as error:
-            if error.status == 404:
-                return False
-            raise
-        return body["metadata"].get("uid") == uid and not body["metadata"].get(
-            "deletionTimestamp")
+        body = await _ignore_gone(self._run("GET", self.custom.get_namespaced_custom_object,
+                                            GROUP, VERSION, namespace, PLURAL, name))
+        return body is not None and body["metadata"].get("uid") == uid and not body[
+            "metadata"].get("deletionTimestamp")
 
     async def delete_job(self, namespace: str, name: str) -> None:
-        await self._ignore_gone("DELETE", self._job_path(namespace, name),
-                                {"propagationPolicy": "Background"})
+        await _ignore_gone(self._run("DELETE", self.custom.delete_namespaced_custom_object,
+                                     GROUP, VERSION, namespace, PLURAL, name,
+                                     propagation_policy="Background"))
 
     async def post_event(self, job: Mapping[str, Any], event: Event, now) -> None:
-        """Events are best effort: failing to post one must not fail the reconcile."""
+        """Events are best effort: failing to post one must not fail the pass."""
         metadata = job["metadata"]
-        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=10))
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{metadata['name']}.{suffix}",
-                         "namespace": metadata["namespace"]},
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": KIND,
-                "name": metadata["name"],
-                "namespace": metadata["namespace"],
-                "uid": metadata.get("uid"),
-            },
-            "type": event.type,
-            "reason": event.reason,
-            "message": event.message[:1024],
-            "firstTimestamp": format_time(now),
-            "lastTimestamp": format_time(now),
-            "count": 1,
-            "source": {"component": FIELD_MANAGER},
-            "reportingComponent": FIELD_MANAGER,
-        }
         try:
-            await self._request("POST", f"/api/v1/namespaces/{metadata['namespace']}/events",
-                                body)
-        except (ApiError, aiohttp.ClientError, asyncio.TimeoutError) as error:
-            detail = server_message(error) if isinstance(error, ApiError) else repr(error)
+            await self._run("POST", self._raw, "POST", _PATHS["Event"].format(
+                metadata["namespace"]), build_event(metadata, event, now))
+        except (ApiException, HTTPError) as error:
+            detail = server_message(error) if isinstance(error, ApiException) else repr(error)
             log.warning("could not post event %s on %s: %s", event.reason, metadata["name"],
                         detail)
 
 
-_VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update",
-          "DELETE": "delete"}
+def build_event(metadata: Mapping[str, Any], event: Event, now) -> dict[str, Any]:
+    """A core/v1 Event about the job (what `kubectl describe` lists)."""
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=10))
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{metadata['name']}.{suffix}",
+                     "namespace": metadata["namespace"]},
+        "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                           "name": metadata["name"], "namespace": metadata["namespace"],
+                           "uid": metadata.get("uid")},
+        "type": event.type, "reason": event.reason, "message": event.message[:1024],
+        "firstTimestamp": format_time(now), "lastTimestamp": format_time(now), "count": 1,
+        "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+    }
 
 
-def _expected(method: str, status: int) -> bool:
-    """Answers the callers treat as a result, not an error: a create that found the object
-    (409), a read or delete of something gone (404)."""
-    return (method == "POST" and status == 409) or (method in ("GET", "DELETE", "PATCH")
-                                                    and status == 404)
-
-
-def _retry_delay(retry_after: str | None, attempt: int) -> float:
-    """The server's Retry-After (seconds), else 1, 2, 4 s; never more than the cap."""
+async def _ignore_gone(call: Any) -> Any:
+    """A call on an object that may be gone meanwhile: 404 is nothing to do (None)."""
     try:
-        delay = float(retry_after) if retry_after else 2.0 ** attempt
-    except ValueError:  # an HTTP date: not worth parsing for a few seconds
-        delay = 2.0 ** attempt
-    return min(max(delay, 0.0), RETRY_AFTER_MAX_SECONDS)
+        return await call
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        return None
+
+
+def _refusal(manifest: Mapping[str, Any], error: ApiException) -> Exception:
+    """What a refused create means for the pass: a namespace being deleted, a refusal for
+    good (the job fails with the server's reason), or an error to retry."""
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
+    if error.status == 404 and kind == "Workload":
+        return Rejected(f"the API server refused Workload {name}: it serves no "
+                        f"{manifest.get('apiVersion')} Workloads; install Kueue (v0.14 to "
+                        "v0.20), or remove the job's label kueue.x-k8s.io/queue-name")
+    message = server_message(error)
+    if error.status == 403 and "being terminated" in message:
+        return NamespaceTerminating(manifest["metadata"]["namespace"])
+    if error.status in (400, 403, 422):
+        return Rejected(f"the API server refused {kind} {name}: {message}")
+    return error

@@ -14,9 +14,7 @@ Where the runtime calls what (the operator's runtime wires these; nothing here s
     record_status_change(old, merged(old, patch), created_at, now)               after each
         accepted status patch;
     record_api_error(verb, code)                                                 where an API call
-        fails;
-    record_watch_restart(kind)                                                   where a watch is
-        started again.
+        fails.
 
 Exported, all prefixed `accelerate_operator_`:
 
@@ -26,7 +24,6 @@ Exported, all prefixed `accelerate_operator_`:
     job_seconds_to_first_step      histogram  creation -> first progress step > 0
     pass_duration_seconds          histogram  one reconcile pass of one job
     api_errors_total{verb,code}    counter    API requests that failed
-    watch_restarts_total{kind}     counter    watches started again (expired, dropped, 410)
 
 The label values are bounded (phases and verbs are fixed sets, reasons and codes are checked), so
 no label can grow without end. No API calls here.
@@ -78,8 +75,6 @@ class Metrics:
         self.api_errors = Counter(f"{prefix}api_errors", "API requests that failed, by verb "
                                   "and HTTP status code (0: no answer)", ["verb", "code"],
                                   registry=self.registry)
-        self.watch_restarts = Counter(f"{prefix}watch_restarts", "Watches started again, by "
-                                      "the kind watched", ["kind"], registry=self.registry)
 
 
 class _JobsByPhase:
@@ -153,15 +148,12 @@ def compute_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] 
 
 def merged(status: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> dict[str, Any]:
     """`status` with a JSON merge patch (RFC 7386, as the operator writes status) applied: the
-    `new` that record_status_change wants. Pure. JSON objects are dicts here (json.loads and
-    our own patches): `isinstance(value, Mapping)` would put every str, int and list type it
-    is asked about into the negative cache of each Mapping ABC in the process, about 300 weak
-    references allocated in the first burst's heap pages (docs/benchmarks.md, finding 17)."""
+    `new` that record_status_change wants. Pure."""
     result = dict(status or {})
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
-        elif isinstance(value, dict) and isinstance(result.get(key), dict):
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
             result[key] = merged(result[key], value)
         else:
             result[key] = value
@@ -215,11 +207,6 @@ def record_api_error(verb: str, code: int | None, metrics: Metrics = METRICS) ->
     verb = verb.lower() if verb.lower() in VERBS else "other"
     label = str(code) if isinstance(code, int) and 100 <= code <= 599 else "0"
     metrics.api_errors.labels(verb, label).inc()
-
-
-def record_watch_restart(kind: str, metrics: Metrics = METRICS) -> None:
-    """A watch that ended and was started again (the kind in the plural: pods, acceleratejobs)."""
-    metrics.watch_restarts.labels(kind if re.fullmatch(r"[a-z.]{1,63}", kind) else "other").inc()
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0",  # noqa: S104 (scraped from the pod IP)

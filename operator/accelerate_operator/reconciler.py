@@ -80,7 +80,6 @@ class Reconciler:
         if job is None:
             return None
         seen = await observe(self.kube, state, body, job, pods, children, queue, self.clock())
-        state.plan_from(pods)
         now = utcnow()
         actions = plan_pass(seen, now)
         refused = await self.applier.apply(state, seen, actions, now)

@@ -14,7 +14,7 @@ from typing import Any
 from accelerate_trainer.contract import ATTEMPT_LABEL, NODE_INDEX_LABEL
 
 from .constants import PENDING
-from .status import PodState, read_pod_state
+from .status import PodState
 
 # How long an object this operator created counts as existing when no index shows it yet.
 IN_FLIGHT_SECONDS = 30.0
@@ -33,28 +33,20 @@ class JobState:
 
     - `written`: the last status this operator wrote. kopf's view of the job may lag behind our
       own writes, and planning from a stale attempt number would recreate a group just deleted.
-    - `in_flight`: children and pods created that the indexes do not show yet. Without them a pod
-      event arriving first would plan those pods again (a 409 each) and patch the status twice
-      (docs/benchmarks.md, finding 2). An entry goes when a pass finds the object in an index,
-      when the object's DELETED event comes, when the job moves to another attempt, or after
-      IN_FLIGHT_SECONDS.
-    - `planned_pods`: the pod states the last pass planned from (what it decides from:
-      PodState.decisive), and those of the pods it created as they first show (Pending). A pod
-      event whose state is among them changes nothing a pass decides, and runs no pass (a
-      created pod's ADDED event, a Pending pod's scheduling condition, its IP, kubelet
-      heartbeats).
-    - `written_version`: the job's resourceVersion after our last status write. The job's watch
-      event of that version is the write's echo: the pass that wrote it planned from everything
-      else it shows (any other change is another version, with its own event), so it runs none.
+    - `in_flight`: children and pods created that the indexes do not show yet (controller-
+      runtime's "expectations"). Without them a pass run before the indexes catch up would
+      plan those pods again (a 409 each) and write the status twice. An entry goes when a
+      pass finds the object in an index, when the object's DELETED event comes, when the job
+      moves to another attempt, or after IN_FLIGHT_SECONDS.
     - `next_progress_read`: when a running job's progress is next due (observe.py).
     - `last_activity`, `last_step`: what rank 0's log last showed of the current attempt.
+    - `check_exists`: a deletion asked for the next pass (controller.py, the grace check).
+    - `failures`: passes failed in a row (the ReconcileFailing Warning).
     """
 
     uid: str
     written: dict[str, Any] | None = None
     in_flight: dict[tuple[str, str], _Created] = field(default_factory=dict)
-    planned_pods: frozenset[PodState] = frozenset()
-    written_version: str | None = None
     # When rank 0's log is next due to be read (the operator's monotonic clock), and whether the
     # last read failed (it is then tried again soon, even after the job finished).
     next_progress_read: float = 0.0
@@ -64,6 +56,8 @@ class JobState:
     activity_attempt: int = -1
     last_activity: datetime | None = None
     last_step: int | None = None
+    check_exists: bool = False
+    failures: int = 0
 
     def latest_status(self, status: Mapping[str, Any]) -> dict[str, Any]:
         """The job's status as of our last write, unless the server already shows a newer one."""
@@ -72,30 +66,8 @@ class JobState:
             return {**dict(status), **written}
         return dict(status)
 
-    def remember_status(self, status: Mapping[str, Any], version: str | None = None) -> None:
+    def remember_status(self, status: Mapping[str, Any]) -> None:
         self.written = {**(self.written or {}), **status}
-        self.written_version = version
-
-    def is_echo(self, body: Mapping[str, Any]) -> bool:
-        """Whether a job event is our own last status write coming back (`written_version`)."""
-        version = body["metadata"].get("resourceVersion")
-        return version is not None and version == self.written_version
-
-    def plan_from(self, pods: Iterable[PodState]) -> None:
-        """A pass plans from these pods (what it decides from of each: PodState.decisive)."""
-        self.planned_pods = frozenset(p.decisive() for p in pods)
-
-    def planned(self, pod: PodState) -> bool:
-        """Whether the last pass planned from this pod's state, as far as it decides."""
-        return pod.decisive() in self.planned_pods
-
-    def expect_created(self, manifests: Iterable[Mapping[str, Any]]) -> None:
-        """Before creating: the pods as they will first show (Pending) join `planned_pods`, so
-        that their ADDED events, which may come before the creation's own responses, run no
-        pass. A pod the server refuses never shows: its entry matches no event."""
-        pods = {read_pod_state(m).decisive() for m in manifests if m["kind"] == "Pod"}
-        if pods:
-            self.planned_pods = self.planned_pods | pods
 
     def record_created(self, manifests: Iterable[Mapping[str, Any]], now: float) -> None:
         for manifest in manifests:
@@ -107,10 +79,9 @@ class JobState:
 
     def gone(self, kind: str, metadata: Mapping[str, Any]) -> None:
         """An object's DELETED event: it was there, so it is no longer in flight. Without this,
-        one deleted before any pass saw it in the indexes (a pass runs only for events that
-        change what it reads) would count as existing until IN_FLIGHT_SECONDS had passed, and
-        its recreation wait that long. A pod of an earlier attempt (the same name) leaves the
-        new one's entry alone."""
+        one deleted before any pass saw it in the indexes would count as existing until
+        IN_FLIGHT_SECONDS had passed, and its recreation wait that long. A pod of an earlier
+        attempt (the same name) leaves the new one's entry alone."""
         created = self.in_flight.get((kind, metadata["name"]))
         attempt = (metadata.get("labels") or {}).get(ATTEMPT_LABEL)
         if created is not None and (created.attempt is None or attempt is None

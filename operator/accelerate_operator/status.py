@@ -258,10 +258,7 @@ def format_time(moment: datetime) -> str:
 
 
 def parse_time(text: str | None) -> datetime | None:
-    """An RFC 3339 time (the API server's and ours end in Z), as UTC without tzinfo.
-    fromisoformat, not strptime: strptime imports its module and builds its regexes at the
-    first call, during the first burst of jobs, where those long-lived objects pin pages of
-    the burst's heap (docs/benchmarks.md, finding 17); it is also 2.7x slower."""
+    """An RFC 3339 time (the API server's and ours end in Z), as UTC without tzinfo."""
     if not text:
         return None
     return _naive(datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text))

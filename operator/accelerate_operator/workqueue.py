@@ -8,10 +8,10 @@ semantics, which kopf does not offer for a key made of several objects (a job an
 - `add_after(key, seconds)`: "requeue after", for what time alone changes (a deadline, a TTL,
   the next progress read); only the earliest request per key is kept.
 - A pass that raises is retried with a per-key backoff (1 s doubling to 60 s), reset by the next
-  pass that succeeds; `on_failure(key, failures_in_a_row, error)`, when given, hears of each.
+  pass that succeeds.
 - `forget(key)`: the job is gone; nothing about it stays queued.
-- `paused`: while kopf's peering has paused this operator (a standby), no pass runs: queued
-  keys wait, and the resumed operator's re-list adds every job again anyway.
+- `paused`: while another replica is active (peering.py), no pass runs: queued keys wait, and
+  the resumed operator's re-list adds every job again anyway.
 
 Time-driven passes live here, not in kopf timers: kopf's timers and daemons put a finalizer on
 every job, and a finalizer blocks deleting jobs while the operator is down."""
@@ -30,16 +30,12 @@ BACKOFF_MAX_SECONDS = 60.0
 
 # A pass: given the key, returns when time alone will next change it (seconds), or None.
 Pass = Callable[[Hashable], Awaitable[float | None]]
-# Told of a pass that raised: the key, its failures in a row, the error.
-OnFailure = Callable[[Hashable, int, Exception], Awaitable[None]]
 
 
 class WorkQueue:
     def __init__(self, run_pass: Pass, workers: int = 32,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_failure: OnFailure | None = None):
+                 clock: Callable[[], float] = time.monotonic):
         self._run_pass, self._workers, self._clock = run_pass, workers, clock
-        self._on_failure = on_failure
         self._ready: asyncio.Queue[Hashable] = asyncio.Queue()
         self._queued: set[Hashable] = set()      # in _ready, not yet taken by a worker
         self._running: set[Hashable] = set()     # a worker runs its pass now
@@ -113,11 +109,6 @@ class WorkQueue:
                 log.warning("pass of %s failed (%d in a row), retrying in %.0f s: %r", key,
                             failures, delay, error, exc_info=failures == 1)
                 self.add_after(key, delay)
-                if self._on_failure is not None:
-                    try:
-                        await self._on_failure(key, failures, error)
-                    except Exception:  # noqa: BLE001 - telling of a failure never stops a worker
-                        log.exception("reporting the failed pass of %s failed", key)
             else:
                 self._failures.pop(key, None)
                 if requeue_after is not None:

@@ -1,4 +1,5 @@
-"""kube.py against the real API server where its reading of the answer decides what a pass does.
+"""kube.py (the official client) against the real API server where its reading of the answer
+decides what a pass does.
 The audit's listing (Kube.list_names): metadata only, in pages, filtered by the label selector.
 The audit is what finds an object deleted while kopf's watch was down (a 410 re-list forgets no
 deletion), so a wrong or empty list here would hide ghosts. A create in a namespace being
@@ -10,8 +11,7 @@ import asyncio
 import json
 
 import pytest
-from accelerate_operator.handlers import kube_from_environment
-from accelerate_operator.kube import METADATA_ONLY, NamespaceTerminating
+from accelerate_operator.kube import METADATA_ONLY, Kube, NamespaceTerminating
 
 from devtools.cluster import kubectl
 
@@ -35,11 +35,11 @@ def test_the_audit_lists_names_from_metadata_only_pages(kubeconfig, namespace, m
     path = f"/api/v1/namespaces/{namespace}/configmaps"
 
     async def scenario():
-        kube = kube_from_environment()
+        kube = Kube()
         try:
             names = [item async for item in kube.list_names(path, LABEL)]
-            page = json.loads(await kube._request("GET", path, query={"labelSelector": LABEL},
-                                                  accept=METADATA_ONLY))
+            page = await kube.request("GET", path, query={"labelSelector": LABEL},
+                                      accept=METADATA_ONLY)
             return names, page
         finally:
             await kube.close()
@@ -60,7 +60,7 @@ def test_a_create_in_a_namespace_being_deleted_is_told_apart(kubeconfig, namespa
     kubectl("delete", "namespace", namespace, "--wait=false", kubeconfig=kubeconfig)
 
     async def scenario():
-        kube = kube_from_environment()
+        kube = Kube()
         try:
             with pytest.raises(NamespaceTerminating) as refused:
                 await kube.create_if_absent(configmap("new", namespace, {LABEL: "llm"}))

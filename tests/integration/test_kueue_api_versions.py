@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 from accelerate_operator.api import parse_job
-from accelerate_operator.handlers import kube_from_environment
+from accelerate_operator.kube import Kube
 from accelerate_operator.kueue import (
     build_active_patch,
     build_condition_apply,
@@ -68,7 +68,7 @@ def test_workload_writes_are_accepted_in_the_served_version(kueue_group: str, na
     expected = RELEASES[release][0]
 
     async def scenario() -> None:
-        kube = kube_from_environment()
+        kube = Kube()
         kube.kueue_group = kueue_group
         try:
             # Discovery can lag the CRD's Established by a moment.
@@ -87,13 +87,13 @@ def test_workload_writes_are_accepted_in_the_served_version(kueue_group: str, na
             name = workload["metadata"]["name"]
             assert await kube.create_if_absent(workload)
             assert not await kube.create_if_absent(workload)  # idempotent
-            path = kube._workload_path(namespace, name)
-            stored = json.loads(await kube._request("GET", path))
+            path = f"{kube._workloads_path(namespace)}/{name}"
+            stored = await kube.request("GET", path)
             assert stored["spec"] == workload["spec"]  # nothing pruned in this version
             assert read_priority_class(stored) == "high"
 
             await kube.patch_workload(namespace, name, build_active_patch(False))
-            stored = json.loads(await kube._request("GET", path))
+            stored = await kube.request("GET", path)
             assert stored["spec"]["active"] is False
             assert stored["metadata"]["annotations"] == {
                 "accelerate-operator.io/requested-active": "false"}
@@ -107,22 +107,22 @@ def test_workload_writes_are_accepted_in_the_served_version(kueue_group: str, na
                 "conditions": [condition("QuotaReserved", "True", "QuotaReserved"),
                                condition("Admitted", "True", "Admitted"),
                                condition("Evicted", "True", "Preempted", "preempted")]}}
-            await kube._request("PATCH", path + "/status", kueue,
+            await kube.request("PATCH", path + "/status", kueue,
                                 content_type="application/merge-patch+json",
                                 query={"fieldManager": "kueue-admission"})
-            evicted = json.loads(await kube._request("GET", path))
+            evicted = await kube.request("GET", path)
 
             # A release built from a read that is stale by now changes nothing (409).
-            await kube._request("PATCH", path, {"metadata": {"labels": {"touched": "yes"}}},
+            await kube.request("PATCH", path, {"metadata": {"labels": {"touched": "yes"}}},
                                 content_type="application/merge-patch+json")
             await kube.patch_workload_status(namespace, name,
                                              build_quota_release(evicted, LATER))
-            stored = json.loads(await kube._request("GET", path))
+            stored = await kube.request("GET", path)
             assert stored["status"]["admission"]["clusterQueue"] == "cq"
 
             await kube.patch_workload_status(namespace, name,
                                              build_quota_release(stored, LATER))
-            released = json.loads(await kube._request("GET", path))
+            released = await kube.request("GET", path)
             assert "admission" not in released["status"]
             assert released["status"]["admissionChecks"][0]["name"] == "prov"
             reasons = {c["type"]: (c["status"], c["reason"])
@@ -135,7 +135,7 @@ def test_workload_writes_are_accepted_in_the_served_version(kueue_group: str, na
             await kube.apply_workload_status(namespace, name, build_condition_apply(
                 released, "PodsReady", False, "WaitForStart",
                 "Not all pods are ready or succeeded", LATER), "accelerate-operator-PodsReady")
-            stored = json.loads(await kube._request("GET", path))
+            stored = await kube.request("GET", path)
             assert ("False", "WaitForStart") in {
                 (c["status"], c["reason"]) for c in stored["status"]["conditions"]
                 if c["type"] == "PodsReady"}

@@ -417,5 +417,5 @@ def test_grafana_dashboard_ships_as_a_sidecar_labelled_configmap_of_every_metric
                      "accelerate_operator_job_seconds_to_running",
                      "accelerate_operator_job_seconds_to_first_step",
                      "accelerate_operator_pass_duration_seconds",
-                     "accelerate_operator_api_errors", "accelerate_operator_watch_restarts"}
+                     "accelerate_operator_api_errors"}
     assert all(name in exprs for name in names), exprs

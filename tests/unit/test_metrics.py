@@ -19,7 +19,6 @@ from accelerate_operator.metrics import (
     observe_pass,
     record_api_error,
     record_status_change,
-    record_watch_restart,
     restart_reason,
     set_jobs_by_phase,
     start_metrics_server,
@@ -115,21 +114,17 @@ def test_jobs_by_phase_can_be_counted_at_scrape_time_from_the_runtimes_store():
             sample(metrics, "accelerate_operator_jobs", phase="Succeeded")) == (1, 1)
 
 
-def test_pass_api_error_and_watch_restart_calls():
+def test_pass_and_api_error_calls():
     metrics = Metrics()
     observe_pass(0.003, metrics)
     observe_pass(-1, metrics)  # a clock step backwards is not a negative duration
     record_api_error("PATCH", 409, metrics)
     record_api_error("patch", 409, metrics)
     record_api_error("frobnicate", None, metrics)
-    record_watch_restart("pods", metrics)
-    record_watch_restart("Bad Kind!", metrics)
     assert sample(metrics, "accelerate_operator_pass_duration_seconds_count") == 2
     assert sample(metrics, "accelerate_operator_pass_duration_seconds_sum") == 0.003
     assert sample(metrics, "accelerate_operator_api_errors_total", verb="patch", code="409") == 2
     assert sample(metrics, "accelerate_operator_api_errors_total", verb="other", code="0") == 1
-    assert sample(metrics, "accelerate_operator_watch_restarts_total", kind="pods") == 1
-    assert sample(metrics, "accelerate_operator_watch_restarts_total", kind="other") == 1
 
 
 def test_the_endpoint_serves_the_metrics_over_http():
@@ -149,8 +144,8 @@ def test_the_endpoint_serves_the_metrics_over_http():
     assert {"accelerate_operator_jobs", "accelerate_operator_restarts",
             "accelerate_operator_job_seconds_to_running",
             "accelerate_operator_job_seconds_to_first_step",
-            "accelerate_operator_pass_duration_seconds", "accelerate_operator_api_errors",
-            "accelerate_operator_watch_restarts"} <= set(families)
+            "accelerate_operator_pass_duration_seconds",
+            "accelerate_operator_api_errors"} <= set(families)
     errors = [s for s in families["accelerate_operator_api_errors"].samples
               if s.name.endswith("_total")]
     assert [(s.labels, s.value) for s in errors] == [({"verb": "get", "code": "500"}, 1.0)]
