@@ -33,7 +33,7 @@ def replica_identity() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}/{now}/{suffix}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accelerate-operator", description=__doc__)
     parser.add_argument("-n", "--namespace", action="append", default=[],
                         help="watch only this namespace (repeatable); default: every namespace")
@@ -49,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
                              "wins)")
     parser.add_argument("--log-level",
                         default=os.environ.get("ACCELERATE_OPERATOR_LOG_LEVEL", "INFO"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     namespaces = args.namespace or [
         ns for ns in os.environ.get("ACCELERATE_OPERATOR_NAMESPACES", "").split(",") if ns
     ]

@@ -188,25 +188,27 @@ def _active_write(workload: WorkloadView, wants_active: bool) -> bool | None:
     return wants_active
 
 
-def read_pod_state(pod: Mapping[str, Any]) -> PodState:
-    """Summarise a Pod manifest: phase, readiness, and the trainer's exit code and message."""
-    metadata = pod.get("metadata", {})
-    labels = metadata.get("labels") or {}
-    status = pod.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
+def _terminated(status: Mapping[str, Any]) -> tuple[dict[str, int | None], int | None,
+                                                    str | None, str | None]:
+    """Each ended container's exit code by name, and the exit code, reason and message that
+    speak for the pod: a failed container's before a succeeded one's."""
+    ended: dict[str, int | None] = {}
     exit_code = reason = message = None
-    ended: dict[str, int | None] = {}  # container name -> exit code, for each one that ended
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated")
         if terminated is not None:
             ended[container.get("name")] = terminated.get("exitCode")
         if terminated and (exit_code is None or terminated.get("exitCode", 0) != 0):
             exit_code = terminated.get("exitCode")
-            reason = terminated.get("reason")
-            message = terminated.get("message")
+            reason, message = terminated.get("reason"), terminated.get("message")
+    return ended, exit_code, reason, message
+
+
+def _disruption(status: Mapping[str, Any], reason: str | None, message: str | None
+                ) -> tuple[str | None, str | None, str | None]:
+    """(disruption, reason, message): a DisruptionTarget condition, why a pod cannot be
+    scheduled (what a Stalled group that never started names), or the reason set on the pod
+    itself (Evicted, DeadlineExceeded, NodeLost...)."""
     disruption = None
     for condition in status.get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
@@ -214,13 +216,23 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
             message = condition.get("message") or message
         elif (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
               and reason is None):
-            # Unschedulable, and why: what a Stalled group that never started names.
             reason, message = condition.get("reason"), condition.get("message")
-    if status.get("reason"):  # Evicted, DeadlineExceeded, NodeLost... set on the pod itself
-        reason = status["reason"]
-        message = status.get("message") or message
+    if status.get("reason"):
+        reason, message = status["reason"], status.get("message") or message
         if disruption is None and reason in NODE_DISRUPTION_REASONS:
             disruption = reason
+    return disruption, reason, message
+
+
+def read_pod_state(pod: Mapping[str, Any]) -> PodState:
+    """Summarise a Pod manifest: phase, readiness, and the trainer's exit code and message."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or [])
+    ended, exit_code, reason, message = _terminated(status)
+    disruption, reason, message = _disruption(status, reason, message)
     return PodState(
         name=metadata.get("name", ""),
         index=int(labels.get(NODE_INDEX_LABEL, -1)),
@@ -483,44 +495,59 @@ class _Pass:
     def queue_gate(self) -> Plan | None:
         """A queued job's group runs only while Kueue admits its Workload. Returns the Plan when
         the queue decides the pass (the group must not run), None when it may run."""
-        queue, out = self.queue, self.out
-        workload = queue.workload
+        workload = self.queue.workload
         recorded = dict(self.status.get("queue") or {})
-        out.status["queue"] = {
-            "name": queue.name,
+        self.out.status["queue"] = self._queue_status(workload, recorded)
+        admitted = workload is not None and workload.admitted and workload.evicted is None
+        if admitted and not self.job.run_policy.suspend:
+            self._admitted(workload)
+            return None
+        self._stop_group(workload, recorded)
+        if self.job.run_policy.suspend:
+            return self.suspend()
+        self.out.counts([p for p in self.pods if p.attempt == self.attempt])
+        self._queued_phase(workload)
+        return self.done(delete=[p.name for p in self.pods if not p.deleting])
+
+    def _queue_status(self, workload: WorkloadView | None, recorded: Mapping[str, Any]
+                      ) -> dict[str, Any]:
+        return {
+            "name": self.queue.name,
             **({"workload": workload.name} if workload else {}),
             **({"clusterQueue": workload.cluster_queue} if workload and workload.cluster_queue
                else {}),
             **({"flavors": list(workload.flavors)} if workload and workload.flavors else {}),
             **({"evictions": recorded["evictions"]} if "evictions" in recorded else {}),
         }
-        admitted = workload is not None and workload.admitted and workload.evicted is None
-        if admitted and not self.job.run_policy.suspend:
-            if out.previous_phase == QUEUED:
-                flavors = ", ".join(workload.flavors) or "no flavor"
-                message = (f"Kueue admitted workload {workload.name} in ClusterQueue "
-                           f"{workload.cluster_queue} ({flavors}): starting all "
-                           f"{self.job.num_nodes} node(s)")
-                out.condition(QUEUED, False, "Admitted", message)
-                out.events.append(Event("Normal", "Admitted", message))
-                out.status["phase"] = out.previous_phase = PENDING
-            return None
-        # The group must not run: stop every pod. Pods of the current attempt still running
-        # make this a new attempt (the next group restarts from the last checkpoint), and no
-        # restart is counted.
+
+    def _admitted(self, workload: WorkloadView) -> None:
+        out = self.out
+        if out.previous_phase != QUEUED:
+            return
+        flavors = ", ".join(workload.flavors) or "no flavor"
+        message = (f"Kueue admitted workload {workload.name} in ClusterQueue "
+                   f"{workload.cluster_queue} ({flavors}): starting all "
+                   f"{self.job.num_nodes} node(s)")
+        out.condition(QUEUED, False, "Admitted", message)
+        out.events.append(Event("Normal", "Admitted", message))
+        out.status["phase"] = out.previous_phase = PENDING
+
+    def _stop_group(self, workload: WorkloadView | None, recorded: Mapping[str, Any]) -> None:
+        """The group must not run: stop every pod. Pods of the current attempt still running
+        make this a new attempt (the next group restarts from the last checkpoint), and no
+        restart is counted. The quota goes back once no pod holds its node's resources: a pod
+        still terminating (saving a checkpoint in its grace period) does, and the next admitted
+        group must not share the nodes with it."""
         current = [p for p in self.pods if p.attempt == self.attempt]
         if any(not p.deleting and not p.finished for p in current):
             self.attempt += 1
             if workload is not None and workload.evicted is not None:
-                out.status["queue"]["evictions"] = int(recorded.get("evictions") or 0) + 1
-        # The quota goes back once no pod holds its node's resources: a pod still terminating
-        # (saving a checkpoint in its grace period) does, and the next admitted group must not
-        # share the nodes with it.
+                self.out.status["queue"]["evictions"] = int(recorded.get("evictions") or 0) + 1
         holding = [p for p in self.pods if not p.finished]
         self.release = bool(workload and workload.evicted and workload.reserved and not holding)
-        if self.job.run_policy.suspend:
-            return self.suspend()
-        out.counts([p for p in self.pods if p.attempt == self.attempt])
+
+    def _queued_phase(self, workload: WorkloadView | None) -> None:
+        out, queue = self.out, self.queue
         if workload is not None and workload.deactivated is not None:
             self._held_by_kueue(workload)
         elif workload is not None and workload.evicted is not None:
@@ -540,7 +567,6 @@ class _Pass:
             out.phase(QUEUED, pending.reason if pending else "Pending",
                       f"waiting for Kueue to admit workload {workload.name} in LocalQueue "
                       f"{queue.name}" + (f": {pending.message}" if pending else ""))
-        return self.done(delete=[p.name for p in self.pods if not p.deleting])
 
     def _held_by_kueue(self, workload: WorkloadView) -> None:
         """Kueue deactivated the Workload (requeuing limit, maximum execution time, a rejected
