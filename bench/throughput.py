@@ -247,9 +247,9 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str, jobs: int | Non
 
 def settled_rss(operator: OperatorProcess, idle_mib: float, within_mib: float = 10.0,
                 wait_s: float = 75.0) -> float:
-    """The RSS once the operator has handed back what the deleted jobs used: polled until it is
-    within `within_mib` of idle, for at most `wait_s` (the operator trims its heap for a minute
-    after its jobs stop going: controller.TRIMS_AFTER_SETTLING)."""
+    """The RSS once the operator has let go of what the deleted jobs used: polled until it is
+    within `within_mib` of idle, for at most `wait_s` (kopf's workers and the deletions' last
+    events end a while after the jobs)."""
     deadline = time.monotonic() + wait_s
     rss = operator.rss_mib()
     while rss > idle_mib + within_mib and time.monotonic() < deadline:
