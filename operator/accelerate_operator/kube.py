@@ -140,7 +140,8 @@ class Kube:
 
     def _raw(self, method: str, path: str, body: Any = None, *,
              query: Mapping[str, Any] | None = None, content_type: str | None = None,
-             accept: str = "application/json", timeout: float = REQUEST_TIMEOUT) -> bytes:
+             accept: str = "application/json",
+             _request_timeout: float = REQUEST_TIMEOUT) -> bytes:
         """The client's untyped request (module docstring): the response's bytes."""
         headers = {"Accept": accept, **({"Content-Type": content_type} if content_type
                                         else {"Content-Type": "application/json"})}
@@ -148,7 +149,7 @@ class Kube:
             method, path, query_params=[(k, v) for k, v in (query or {}).items()
                                         if v is not None],
             header_params=headers, body=body, auth_settings=["BearerToken"])
-        response = self.api.call_api(*request, _request_timeout=timeout)
+        response = self.api.call_api(*request, _request_timeout=_request_timeout)
         response.read()
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(http_resp=response, body=None, data=None)
