@@ -17,6 +17,8 @@ from devtools.cluster import ROOT, kubectl, wait_for
 from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator, get_json
 
 EXAMPLE = ROOT / "examples" / "cpu-ddp.yaml"
+# What the operator (peering.py, not kopf) logs when this replica starts running passes.
+RESUMED = "running passes: this replica is active"
 
 
 def log_time(line: str) -> float:
@@ -56,7 +58,7 @@ def test_the_standby_operator_takes_over_while_a_job_trains_and_nothing_is_made_
         text = kubectl("-n", OPERATOR_NAMESPACE, "logs", standby, "--timestamps",
                        kubeconfig=kubeconfig).stdout
         return next((line for line in text.splitlines()
-                     if "Resuming operations" in line and log_time(line) >= deleted_at - 1),
+                     if RESUMED in line and log_time(line) >= deleted_at - 1),
                     None)
 
     line = wait_for(resumed_line, timeout=120, interval=0.5,
