@@ -44,6 +44,12 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
+def _job_key(job: Mapping[str, Any]) -> tuple[str, str]:
+    """How jobs are sorted and told apart across namespaces."""
+    metadata = job["metadata"]
+    return metadata.get("namespace") or "", metadata["name"]
+
+
 def true_condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") == type_ and condition.get("status") == "True":
@@ -82,15 +88,22 @@ class AccelerateJobClient:
         return self._job_call("read", name, self.requests.custom.get_namespaced_custom_object,
                               name)
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        """The namespace's jobs sorted by name; with `all_namespaces`, every namespace's, sorted
+        by namespace then name (`kubectl get -A`)."""
         missing_crd = AccelerateJobError(
             "the AccelerateJob CRD is not installed in this cluster; install the operator with "
             "its Helm chart (charts/accelerate-operator)")
-        result = self.requests.call("list AccelerateJobs",
-                                    self.requests.custom.list_namespaced_custom_object,
-                                    GROUP, VERSION, self.namespace, PLURAL,
+        result = self.requests.call("list AccelerateJobs", *self._list_call(all_namespaces),
                                     errors={404: missing_crd})
-        return sorted(result.get("items") or [], key=lambda job: job["metadata"]["name"])
+        return sorted(result.get("items") or [], key=_job_key)
+
+    def _list_call(self, all_namespaces: bool) -> tuple[Any, ...]:
+        """The list function and its arguments, for one namespace or all of them."""
+        if all_namespaces:
+            return self.requests.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL
+        return (self.requests.custom.list_namespaced_custom_object, GROUP, VERSION,
+                self.namespace, PLURAL)
 
     def progress(self, name: str) -> dict[str, Any] | None:
         """status.progress (step, totalSteps, loss, eta...), or None before rank 0 reports."""
@@ -264,31 +277,29 @@ class AccelerateJobClient:
                 version = job["metadata"].get("resourceVersion")
                 yield job
 
-    def watch_all(self) -> Iterator[list[dict[str, Any]]]:
-        """Every job of the namespace, sorted by name: the list now, then again after each
-        change the API server sends (one watch on the namespace's jobs)."""
+    def watch_all(self, all_namespaces: bool = False) -> Iterator[list[dict[str, Any]]]:
+        """Every job of the namespace (with `all_namespaces`, of every namespace), sorted as
+        `list` sorts them: the list now, then again after each change the API server sends (one
+        watch on the jobs)."""
+        call = self._list_call(all_namespaces)
         while True:
-            result = self.requests.call("list AccelerateJobs",
-                                        self.requests.custom.list_namespaced_custom_object,
-                                        GROUP, VERSION, self.namespace, PLURAL)
-            jobs = {j["metadata"]["name"]: j for j in result.get("items") or []}
+            result = self.requests.call("list AccelerateJobs", *call)
+            jobs = {_job_key(j): j for j in result.get("items") or []}
             version = (result.get("metadata") or {}).get("resourceVersion")
-            yield [jobs[n] for n in sorted(jobs)]
+            yield [jobs[key] for key in sorted(jobs)]
             try:
                 while True:
                     for kind, body in self.requests.watch(
-                            "watch AccelerateJobs",
-                            self.requests.custom.list_namespaced_custom_object, GROUP, VERSION,
-                            self.namespace, PLURAL, resource_version=version,
+                            "watch AccelerateJobs", *call, resource_version=version,
                             timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True):
                         version = (body.get("metadata") or {}).get("resourceVersion") or version
                         if kind == "DELETED":
-                            jobs.pop(body["metadata"]["name"], None)
+                            jobs.pop(_job_key(body), None)
                         elif kind in ("ADDED", "MODIFIED"):
-                            jobs[body["metadata"]["name"]] = body
+                            jobs[_job_key(body)] = body
                         else:
                             continue
-                        yield [jobs[n] for n in sorted(jobs)]
+                        yield [jobs[key] for key in sorted(jobs)]
             except WatchExpired:
                 continue  # list again
 
