@@ -85,6 +85,7 @@ class AccelerateJobClient:
     # ---- jobs -----------------------------------------------------------------------------
 
     def get(self, name: str) -> dict[str, Any]:
+        """The job as the API server has it (spec and status); JobNotFound if there is none."""
         return self._job_call("read", name, self.requests.custom.get_namespaced_custom_object,
                               name)
 
