@@ -24,6 +24,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
+from itertools import cycle
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,10 @@ HELP_WIDTH = "100"  # argparse wraps help at $COLUMNS: fixed, so the page is the
 
 def cell(text: Any) -> str:
     """Text for one Markdown table cell: one line, pipes escaped, no raw HTML."""
-    text = " ".join(str(text).split())
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    parts = " ".join(str(text).split()).replace("|", "\\|").split("`")
+    # `<name>` in a code span is shown as written; outside one it would be an HTML tag
+    return "`".join(part if odd else part.replace("<", "&lt;").replace(">", "&gt;")
+                    for odd, part in zip(cycle((False, True)), parts))
 
 
 # ---- the CRD ---------------------------------------------------------------------------------

@@ -112,6 +112,15 @@ def _add_submit(commands: Any, connection: argparse.ArgumentParser, prog: str) -
     submit.add_argument("-o", "--output", choices=("yaml", "json"), default=None,
                         help="print the objects (the created ones, or with --dry-run the ones "
                              "that would be)")
+    _add_submit_code(submit)
+    submit.add_argument("script", metavar="SCRIPT",
+                        help="the training script on this machine (with --in-image: in the "
+                             "image)")
+    submit.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="the script's arguments")
+
+
+def _add_submit_code(submit: argparse.ArgumentParser) -> None:
     code = submit.add_argument_group("code")
     code.add_argument("--workdir", metavar="DIR",
                       help="ship this folder (at most about 1 MiB compressed; .gitignore and "
@@ -122,11 +131,6 @@ def _add_submit(commands: Any, connection: argparse.ArgumentParser, prog: str) -
     code.add_argument("--in-image", action="store_true",
                       help="SCRIPT is a path inside the image (--in-image /opt/.../train.py): "
                            "ship nothing of it")
-    submit.add_argument("script", metavar="SCRIPT",
-                        help="the training script on this machine (with --in-image: in the "
-                             "image)")
-    submit.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="the script's arguments")
 
 
 def _add_status_and_logs(commands: Any, connection: argparse.ArgumentParser) -> None:

@@ -135,20 +135,10 @@ class AccelerateJobClient:
             submission = build_submission(body, config_yaml, self.namespace, config_files, code)
         except ConfigError as error:
             raise InvalidConfig(str(error)) from None
-        body, configmap = submission.job, submission.config
+        configmap = submission.config
         self._refuse_existing(name)
         dry = "All" if dry_run else None
-        created_configmap = configmap is not None and self._put_configmap(configmap, dry)
-        try:
-            created = self.requests.call(
-                f"create AccelerateJob {name}",
-                self.requests.custom.create_namespaced_custom_object,
-                GROUP, VERSION, self.namespace, PLURAL, body, field_validation="Strict",
-                dry_run=dry, failure=f"the API server rejected AccelerateJob {name}")
-        except AccelerateJobError:
-            if created_configmap and not dry_run:
-                self._delete_configmap(configmap["metadata"]["name"])
-            raise
+        created = self._create_with_config(name, submission.job, configmap, dry)
         if configmap is not None and not dry_run:
             self._adopt_configmap(configmap["metadata"]["name"], created)
         if submission.code is not None:
@@ -156,6 +146,22 @@ class AccelerateJobClient:
                         else submission.code)
             self._ship_code(name, manifest, dry)
         return created
+
+    def _create_with_config(self, name: str, body: dict[str, Any],
+                            configmap: dict[str, Any] | None, dry: str | None) -> dict[str, Any]:
+        """The config's ConfigMap, then the job; the ConfigMap is deleted again when the server
+        refuses the job."""
+        created_configmap = configmap is not None and self._put_configmap(configmap, dry)
+        try:
+            return self.requests.call(
+                f"create AccelerateJob {name}",
+                self.requests.custom.create_namespaced_custom_object,
+                GROUP, VERSION, self.namespace, PLURAL, body, field_validation="Strict",
+                dry_run=dry, failure=f"the API server rejected AccelerateJob {name}")
+        except AccelerateJobError:
+            if created_configmap and dry is None:
+                self._delete_configmap(configmap["metadata"]["name"])
+            raise
 
     def _ship_code(self, name: str, manifest: dict[str, Any], dry: str | None) -> None:
         """Create the code's ConfigMap, born owned by the created job: at no moment does it
