@@ -197,11 +197,27 @@ def _doc(obj: Any) -> str:
     return inspect.cleandoc(obj.__doc__ or "")
 
 
+class _Annotation:
+    """An annotation shown as written (with `from __future__ import annotations` they are
+    strings, which inspect would quote)."""
+
+    def __init__(self, text: Any):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text if isinstance(self.text, str) else inspect.formatannotation(self.text)
+
+
 def _signature(name: str, obj: Callable[..., Any]) -> str:
     signature = inspect.signature(obj)
-    parameters = [p for p in signature.parameters.values() if p.name != "self"]
-    text = str(signature.replace(parameters=parameters)).replace("'", "")
-    return f"```python\n{name}{text}\n```"
+    empty = inspect.Parameter.empty
+    parameters = [p.replace(annotation=p.annotation if p.annotation is empty
+                            else _Annotation(p.annotation))
+                  for p in signature.parameters.values() if p.name != "self"]
+    returns = signature.return_annotation
+    signature = signature.replace(parameters=parameters, return_annotation=returns
+                                  if returns is empty else _Annotation(returns))
+    return f"```python\n{name}{signature}\n```"
 
 
 def _members(cls: type) -> Iterator[tuple[str, Any]]:
