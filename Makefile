@@ -47,24 +47,30 @@ cluster-down: ## Stop the local cluster (keeps the built binaries)
 	hack/local-cluster.sh down
 
 .PHONY: lint
-lint: ## ruff, the layering contracts, helm lint, actionlint, the chart/CRD drift and version checks
+lint: ## ruff, the layering contracts, helm lint, actionlint, the drift and version checks, the docs site (strict)
 	$(PY) -m ruff check operator trainer tests examples bench hack devtools
 	$(VENV)/bin/lint-imports
-	hack/sync-chart-crd.sh --check
-	hack/check-version.sh >/dev/null
+	$(MAKE) --no-print-directory verify
+	$(MAKE) --no-print-directory docs
 	tools=$$(hack/install-tools.sh | tail -n1); \
 	$$tools/helm lint --strict charts/accelerate-operator; \
 	if [[ -x $$tools/actionlint ]]; then $$tools/actionlint; \
 	else echo "lint: actionlint skipped (hack/install-tools.sh needs Go to build it)" >&2; fi
 
 .PHONY: manifests
-manifests: ## Regenerate the chart's CRD from crds/
+manifests: ## Regenerate the chart's CRD from crds/ and the docs' reference pages (docs/reference/)
 	hack/sync-chart-crd.sh
+	$(PY) hack/docs_reference.py
 
 .PHONY: verify
 verify: ## Fail when generated files drift from their sources, or the chart's version from pyproject.toml's
 	hack/sync-chart-crd.sh --check
+	$(PY) hack/docs_reference.py --check
 	hack/check-version.sh >/dev/null
+
+.PHONY: docs
+docs: ## Build the docs site into site/ in strict mode (a broken link or a page left out fails); offline
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
 
 .PHONY: images
 images: ## Build the operator and trainer images, and load them into the local cluster's nodes if it runs

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
 from accelerate_operator.constants import CONDITION_TYPES, FINISHED_PHASES, SUCCEEDED
 from accelerate_trainer.config import ConfigError
 from rich.console import Console, Group
@@ -29,7 +30,15 @@ from rich.text import Text
 
 from .code import CodeArchive, pack_code
 from .errors import AccelerateJobError, InvalidConfig
-from .render import dump, jobs_table, render_status, render_table, status_view, summarize
+from .render import (
+    dump,
+    dump_data,
+    jobs_table,
+    render_status,
+    render_table,
+    status_view,
+    summarize,
+)
 from .request import context_namespace
 from .submission import build_job, build_submission, files_named_by
 
@@ -103,6 +112,15 @@ def _add_submit(commands: Any, connection: argparse.ArgumentParser, prog: str) -
     submit.add_argument("-o", "--output", choices=("yaml", "json"), default=None,
                         help="print the objects (the created ones, or with --dry-run the ones "
                              "that would be)")
+    _add_submit_code(submit)
+    submit.add_argument("script", metavar="SCRIPT",
+                        help="the training script on this machine (with --in-image: in the "
+                             "image)")
+    submit.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="the script's arguments")
+
+
+def _add_submit_code(submit: argparse.ArgumentParser) -> None:
     code = submit.add_argument_group("code")
     code.add_argument("--workdir", metavar="DIR",
                       help="ship this folder (at most about 1 MiB compressed; .gitignore and "
@@ -113,11 +131,6 @@ def _add_submit(commands: Any, connection: argparse.ArgumentParser, prog: str) -
     code.add_argument("--in-image", action="store_true",
                       help="SCRIPT is a path inside the image (--in-image /opt/.../train.py): "
                            "ship nothing of it")
-    submit.add_argument("script", metavar="SCRIPT",
-                        help="the training script on this machine (with --in-image: in the "
-                             "image)")
-    submit.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="the script's arguments")
 
 
 def _add_status_and_logs(commands: Any, connection: argparse.ArgumentParser) -> None:
@@ -127,7 +140,9 @@ def _add_status_and_logs(commands: Any, connection: argparse.ArgumentParser) -> 
     status.add_argument("-w", "--watch", action="store_true",
                         help="keep a live progress bar until the job finishes (a watch on the "
                              "job: it changes as the status does)")
-    status.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    status.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",
+                        help="text (default), or the summary as json or yaml, for scripts "
+                             "(with -w: one JSON line per change; yaml: one document each)")
 
     logs = commands.add_parser("logs", parents=[connection],
                                help="a node's log; --attempt N: the log before restart N+1")
@@ -157,17 +172,31 @@ def _add_wait_delete_list(commands: Any, connection: argparse.ArgumentParser) ->
                                  help="delete a job with its pods and ConfigMaps")
     delete.add_argument("name", metavar="NAME")
 
-    listing = commands.add_parser("list", parents=[connection], help="the jobs of a namespace")
-    listing.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    listing = commands.add_parser("list", parents=[connection, _listing_options()],
+                                  help="the jobs of a namespace (-A: of every namespace)")
+    listing.add_argument("-o", "--output", choices=("text", "wide", "json", "yaml"),
+                         default="text",
+                         help="text (default); wide adds TOPOLOGY, PORT, COUNTED, ATTEMPT, "
+                              "QUEUE and ACCELERATE; json or yaml print the jobs' summaries")
     listing.add_argument("-w", "--watch", action="store_true",
                          help="keep the table live, as `top` does")
 
-    commands.add_parser("top", parents=[connection],
-                        help="every job's phase, progress and ETA, live (Ctrl-C to stop)",
-                        description="Like `kubectl get ajob -w`, but one table kept up to date "
-                        "in place, with progress bars: a watch on the namespace's jobs redraws "
-                        "it as their status changes. Without a terminal, the table is printed "
-                        "again after each change.")
+    top = commands.add_parser(
+        "top", parents=[connection, _listing_options()],
+        help="every job's phase, progress and ETA, live (Ctrl-C to stop)",
+        description="Like `kubectl get ajob -w`, but one table kept up to date in place, with "
+        "progress bars: a watch on the namespace's jobs redraws it as their status changes. "
+        "Without a terminal, the table is printed again after each change.")
+    top.add_argument("-o", "--output", choices=("text", "wide"), default="text",
+                     help="wide adds the columns `list -o wide` adds")
+
+
+def _listing_options() -> argparse.ArgumentParser:
+    listing = argparse.ArgumentParser(add_help=False)
+    listing.add_argument("-A", "--all-namespaces", action="store_true",
+                         help="the jobs of every namespace, with a NAMESPACE column (needs "
+                              "cluster-wide list and watch on acceleratejobs)")
+    return listing
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -329,12 +358,21 @@ def _finished(job: dict[str, Any]) -> int | None:
     return None
 
 
+def _status_text(job: dict[str, Any], output: str, watching: bool) -> str:
+    """One state of the job as `status` prints it; watching, JSON takes one line per state and
+    YAML one document."""
+    if output == "json":
+        return json.dumps(summarize(job), indent=None if watching else 2)
+    if output == "yaml":
+        return ("---\n" if watching else "") + yaml.dump(
+            summarize(job), sort_keys=False).rstrip("\n")
+    return render_status(job)
+
+
 def cmd_status(args: argparse.Namespace, term: Terminal) -> int:
     client = _client(args)
     if not args.watch:
-        job = client.get(args.name)
-        term.out.write((json.dumps(summarize(job), indent=2) if args.output == "json"
-                        else render_status(job)) + "\n")
+        term.out.write(_status_text(client.get(args.name), args.output, False) + "\n")
         return 0
     console = _console(term)
     if args.output == "text" and console.is_terminal:
@@ -346,7 +384,7 @@ def cmd_status(args: argparse.Namespace, term: Terminal) -> int:
         return 0
     shown = None
     for job in client.watch(args.name):
-        text = json.dumps(summarize(job)) if args.output == "json" else render_status(job)
+        text = _status_text(job, args.output, True)
         if text != shown:
             if shown is not None and args.output == "text":
                 term.out.write("\n")
@@ -358,23 +396,29 @@ def cmd_status(args: argparse.Namespace, term: Terminal) -> int:
     return 0
 
 
+def _where(client: Any, all_namespaces: bool) -> str:
+    return "every namespace" if all_namespaces else f"namespace {client.namespace}"
+
+
 def cmd_top(args: argparse.Namespace, term: Terminal) -> int:
     client = _client(args)
     console = _console(term)
-    title = f"AccelerateJobs in namespace {client.namespace}"
+    shape = {"namespaces": args.all_namespaces, "wide": args.output == "wide"}
+    jobs_now = client.watch_all(all_namespaces=args.all_namespaces)
     if console.is_terminal:
         latest: list[list[dict[str, Any]]] = [[]]
 
         def view() -> Group:  # redrawn every second, so AGE moves between events
-            return Group(Text(title, style="bold"),
-                         jobs_table(latest[0], datetime.now(timezone.utc), bars=True))
+            return Group(Text(f"AccelerateJobs in {_where(client, args.all_namespaces)}",
+                              style="bold"),
+                         jobs_table(latest[0], datetime.now(timezone.utc), bars=True, **shape))
         with Live(get_renderable=view, console=console, refresh_per_second=1):
-            for jobs in client.watch_all():
+            for jobs in jobs_now:
                 latest[0] = jobs
         return 0
     shown = None
-    for jobs in client.watch_all():
-        text = render_table(jobs, datetime.now(timezone.utc), bars=True)
+    for jobs in jobs_now:
+        text = render_table(jobs, datetime.now(timezone.utc), bars=True, **shape)
         if text != shown:
             term.out.write(("\n" if shown is not None else "") + text + "\n")
             term.out.flush()
@@ -416,15 +460,20 @@ def cmd_delete(args: argparse.Namespace, term: Terminal) -> int:
 
 def cmd_list(args: argparse.Namespace, term: Terminal) -> int:
     if args.watch:
+        if args.output in ("json", "yaml"):
+            raise CommandError("list -w draws a table: use -o text or -o wide with it, or "
+                               "`status NAME -w -o json` to follow one job as JSON")
         return cmd_top(args, term)
     client = _client(args)
-    jobs = client.list()
-    if args.output == "json":
-        term.out.write(json.dumps([summarize(job) for job in jobs], indent=2) + "\n")
+    jobs = client.list(all_namespaces=args.all_namespaces)
+    if args.output in ("json", "yaml"):
+        dump_data([summarize(job) for job in jobs], args.output, term.out)
     elif not jobs:
-        term.err.write(f"no AccelerateJobs in namespace {client.namespace}\n")
+        term.err.write(f"no AccelerateJobs in {_where(client, args.all_namespaces)}\n")
     else:
-        term.out.write(render_table(jobs, datetime.now(timezone.utc)) + "\n")
+        term.out.write(render_table(jobs, datetime.now(timezone.utc),
+                                    namespaces=args.all_namespaces,
+                                    wide=args.output == "wide") + "\n")
     return 0
 
 

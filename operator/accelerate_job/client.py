@@ -44,6 +44,12 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
+def _job_key(job: Mapping[str, Any]) -> tuple[str, str]:
+    """How jobs are sorted and told apart across namespaces."""
+    metadata = job["metadata"]
+    return metadata.get("namespace") or "", metadata["name"]
+
+
 def true_condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") == type_ and condition.get("status") == "True":
@@ -79,18 +85,26 @@ class AccelerateJobClient:
     # ---- jobs -----------------------------------------------------------------------------
 
     def get(self, name: str) -> dict[str, Any]:
+        """The job as the API server has it (spec and status); JobNotFound if there is none."""
         return self._job_call("read", name, self.requests.custom.get_namespaced_custom_object,
                               name)
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        """The namespace's jobs sorted by name; with `all_namespaces`, every namespace's, sorted
+        by namespace then name (`kubectl get -A`)."""
         missing_crd = AccelerateJobError(
             "the AccelerateJob CRD is not installed in this cluster; install the operator with "
             "its Helm chart (charts/accelerate-operator)")
-        result = self.requests.call("list AccelerateJobs",
-                                    self.requests.custom.list_namespaced_custom_object,
-                                    GROUP, VERSION, self.namespace, PLURAL,
+        result = self.requests.call("list AccelerateJobs", *self._list_call(all_namespaces),
                                     errors={404: missing_crd})
-        return sorted(result.get("items") or [], key=lambda job: job["metadata"]["name"])
+        return sorted(result.get("items") or [], key=_job_key)
+
+    def _list_call(self, all_namespaces: bool) -> tuple[Any, ...]:
+        """The list function and its arguments, for one namespace or all of them."""
+        if all_namespaces:
+            return self.requests.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL
+        return (self.requests.custom.list_namespaced_custom_object, GROUP, VERSION,
+                self.namespace, PLURAL)
 
     def progress(self, name: str) -> dict[str, Any] | None:
         """status.progress (step, totalSteps, loss, eta...), or None before rank 0 reports."""
@@ -121,20 +135,10 @@ class AccelerateJobClient:
             submission = build_submission(body, config_yaml, self.namespace, config_files, code)
         except ConfigError as error:
             raise InvalidConfig(str(error)) from None
-        body, configmap = submission.job, submission.config
+        configmap = submission.config
         self._refuse_existing(name)
         dry = "All" if dry_run else None
-        created_configmap = configmap is not None and self._put_configmap(configmap, dry)
-        try:
-            created = self.requests.call(
-                f"create AccelerateJob {name}",
-                self.requests.custom.create_namespaced_custom_object,
-                GROUP, VERSION, self.namespace, PLURAL, body, field_validation="Strict",
-                dry_run=dry, failure=f"the API server rejected AccelerateJob {name}")
-        except AccelerateJobError:
-            if created_configmap and not dry_run:
-                self._delete_configmap(configmap["metadata"]["name"])
-            raise
+        created = self._create_with_config(name, submission.job, configmap, dry)
         if configmap is not None and not dry_run:
             self._adopt_configmap(configmap["metadata"]["name"], created)
         if submission.code is not None:
@@ -142,6 +146,22 @@ class AccelerateJobClient:
                         else submission.code)
             self._ship_code(name, manifest, dry)
         return created
+
+    def _create_with_config(self, name: str, body: dict[str, Any],
+                            configmap: dict[str, Any] | None, dry: str | None) -> dict[str, Any]:
+        """The config's ConfigMap, then the job; the ConfigMap is deleted again when the server
+        refuses the job."""
+        created_configmap = configmap is not None and self._put_configmap(configmap, dry)
+        try:
+            return self.requests.call(
+                f"create AccelerateJob {name}",
+                self.requests.custom.create_namespaced_custom_object,
+                GROUP, VERSION, self.namespace, PLURAL, body, field_validation="Strict",
+                dry_run=dry, failure=f"the API server rejected AccelerateJob {name}")
+        except AccelerateJobError:
+            if created_configmap and dry is None:
+                self._delete_configmap(configmap["metadata"]["name"])
+            raise
 
     def _ship_code(self, name: str, manifest: dict[str, Any], dry: str | None) -> None:
         """Create the code's ConfigMap, born owned by the created job: at no moment does it
@@ -264,31 +284,29 @@ class AccelerateJobClient:
                 version = job["metadata"].get("resourceVersion")
                 yield job
 
-    def watch_all(self) -> Iterator[list[dict[str, Any]]]:
-        """Every job of the namespace, sorted by name: the list now, then again after each
-        change the API server sends (one watch on the namespace's jobs)."""
+    def watch_all(self, all_namespaces: bool = False) -> Iterator[list[dict[str, Any]]]:
+        """Every job of the namespace (with `all_namespaces`, of every namespace), sorted as
+        `list` sorts them: the list now, then again after each change the API server sends (one
+        watch on the jobs)."""
+        call = self._list_call(all_namespaces)
         while True:
-            result = self.requests.call("list AccelerateJobs",
-                                        self.requests.custom.list_namespaced_custom_object,
-                                        GROUP, VERSION, self.namespace, PLURAL)
-            jobs = {j["metadata"]["name"]: j for j in result.get("items") or []}
+            result = self.requests.call("list AccelerateJobs", *call)
+            jobs = {_job_key(j): j for j in result.get("items") or []}
             version = (result.get("metadata") or {}).get("resourceVersion")
-            yield [jobs[n] for n in sorted(jobs)]
+            yield [jobs[key] for key in sorted(jobs)]
             try:
                 while True:
                     for kind, body in self.requests.watch(
-                            "watch AccelerateJobs",
-                            self.requests.custom.list_namespaced_custom_object, GROUP, VERSION,
-                            self.namespace, PLURAL, resource_version=version,
+                            "watch AccelerateJobs", *call, resource_version=version,
                             timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True):
                         version = (body.get("metadata") or {}).get("resourceVersion") or version
                         if kind == "DELETED":
-                            jobs.pop(body["metadata"]["name"], None)
+                            jobs.pop(_job_key(body), None)
                         elif kind in ("ADDED", "MODIFIED"):
-                            jobs[body["metadata"]["name"]] = body
+                            jobs[_job_key(body)] = body
                         else:
                             continue
-                        yield [jobs[n] for n in sorted(jobs)]
+                        yield [jobs[key] for key in sorted(jobs)]
             except WatchExpired:
                 continue  # list again
 

@@ -16,11 +16,11 @@ class InvalidConfig(AccelerateJobError):
 
 
 class JobNotFound(AccelerateJobError):
-    pass
+    """No job of that name in the namespace, or it was deleted while being watched."""
 
 
 class JobFailed(AccelerateJobError):
-    """The job reached Failed while waiting for another condition."""
+    """The job reached Failed while waiting for another condition; `.job` is the job then."""
 
     def __init__(self, message: str, job: Mapping[str, Any]):
         super().__init__(message)
@@ -28,4 +28,4 @@ class JobFailed(AccelerateJobError):
 
 
 class WaitTimeout(AccelerateJobError, TimeoutError):
-    pass
+    """`wait` gave up; the message says where the job stood (phase, progress)."""

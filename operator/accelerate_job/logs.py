@@ -122,80 +122,8 @@ class LogReader:
                        for index, text in zip(nodes, texts, strict=True))
 
     def _follow(self, job: Job, nodes: list[int], prefix: bool) -> Iterator[str]:
-        """Follow the logs of `nodes` through restarts, driven by watches, never by polling:
-        one watch on the job's pods (by label) starts a follow stream for each pod of a wanted
-        node once it has started, the replacement of a later attempt included; one watch on the
-        job says when it has finished. A stream blocks, so each runs in a thread of its own and
-        its lines reach the caller through one queue, whichever pod they are from. Ends once the
-        job has finished and every stream has ended."""
-        name = job["metadata"]["name"]
-        wanted = set(nodes)
-        out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=10000)
-        followed: set[str] = set()  # pod uids already streamed
-        seen_node: set[int] = set()
-        pods_listed = threading.Event()
-
-        def follow(pod: str, index: int, attempt: str) -> None:
-            try:
-                if index in seen_node:
-                    out.put(("line", (index, f"--- {pod} restarted (attempt {attempt}) ---")))
-                seen_node.add(index)
-                for line in self._stream(pod, _container(job)):
-                    out.put(("line", (index, line)))
-            except AccelerateJobError as error:
-                out.put(("line", (index, f"error: {error}")))
-            finally:
-                out.put(("ended", pod))
-
-        def watch_pods() -> None:
-            try:
-                for pod in self._watch(self.requests.core.list_namespaced_pod, "pods",
-                                       label_selector=f"{JOB_NAME_LABEL}={name}"):
-                    if pod is None:
-                        pods_listed.set()
-                        continue
-                    metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
-                    index = _pod_index(name, metadata.get("name", ""))
-                    if (index in wanted and metadata.get("uid") not in followed
-                            and status.get("phase") not in (None, "Pending")):
-                        followed.add(metadata["uid"])
-                        attempt = (metadata.get("labels") or {}).get(ATTEMPT_LABEL, "?")
-                        out.put(("started", metadata["name"]))
-                        threading.Thread(target=follow, args=(metadata["name"], index, attempt),
-                                         daemon=True).start()
-            except AccelerateJobError as error:
-                out.put(("error", error))
-
-        def watch_job() -> None:
-            try:
-                for body in self._watch(self.requests.custom.list_namespaced_custom_object,
-                                        "AccelerateJobs", GROUP, VERSION, PLURAL,
-                                        field_selector=f"metadata.name={name}"):
-                    if body is not None and (
-                            (body.get("status") or {}).get("phase") in FINISHED_PHASES):
-                        # the pods that exist now have had their streams started first
-                        pods_listed.wait()
-                        out.put(("finished", None))
-                        return
-            except AccelerateJobError as error:
-                out.put(("error", error))
-
-        for target in (watch_pods, watch_job):
-            threading.Thread(target=target, daemon=True).start()
-        streaming, finished = 0, False
-        while not (finished and streaming == 0):
-            kind, value = out.get()
-            if kind == "line":
-                index, line = value
-                yield f"[node {index}] {line}" if prefix else line
-            elif kind == "started":
-                streaming += 1
-            elif kind == "ended":
-                streaming -= 1
-            elif kind == "finished":
-                finished = True
-            elif kind == "error":
-                raise value
+        """Follow the logs of `nodes` through restarts, driven by watches (_Follower)."""
+        return _Follower(self, job, nodes, prefix).lines()
 
     def _watch(self, list_fn: Callable[..., Any], what: str, *args: Any,
                **selectors: Any) -> Iterator[dict[str, Any] | None]:
@@ -233,6 +161,91 @@ class LogReader:
                     404: AccelerateJobError(f"pod {pod} is gone")})
         for _, line in lines:
             yield line
+
+
+class _Follower:
+    """Follows a job's logs through restarts, never by polling: one watch on the job's pods (by
+    label) starts a follow stream for each pod of a wanted node once it has started, the
+    replacement of a later attempt included; one watch on the job says when it has finished. A
+    stream blocks, so each runs in a thread of its own and its lines reach the caller through
+    one queue, whichever pod they are from. Ends once the job has finished and every stream
+    has ended."""
+
+    def __init__(self, reader: LogReader, job: Job, nodes: list[int], prefix: bool):
+        self.reader, self.job, self.prefix = reader, job, prefix
+        self.name = job["metadata"]["name"]
+        self.wanted = set(nodes)
+        self.out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=10000)
+        self.followed: set[str] = set()  # pod uids already streamed
+        self.seen_node: set[int] = set()
+        self.pods_listed = threading.Event()
+
+    def lines(self) -> Iterator[str]:
+        for target in (self._watch_pods, self._watch_job):
+            threading.Thread(target=target, daemon=True).start()
+        streaming, finished = 0, False
+        while not (finished and streaming == 0):
+            kind, value = self.out.get()
+            if kind == "line":
+                index, line = value
+                yield f"[node {index}] {line}" if self.prefix else line
+            elif kind == "started":
+                streaming += 1
+            elif kind == "ended":
+                streaming -= 1
+            elif kind == "finished":
+                finished = True
+            elif kind == "error":
+                raise value
+
+    def _stream_pod(self, pod: str, index: int, attempt: str) -> None:
+        try:
+            if index in self.seen_node:
+                self.out.put(("line", (index, f"--- {pod} restarted (attempt {attempt}) ---")))
+            self.seen_node.add(index)
+            for line in self.reader._stream(pod, _container(self.job)):
+                self.out.put(("line", (index, line)))
+        except AccelerateJobError as error:
+            self.out.put(("line", (index, f"error: {error}")))
+        finally:
+            self.out.put(("ended", pod))
+
+    def _start_if_wanted(self, pod: Mapping[str, Any]) -> None:
+        """A stream for a pod of a wanted node, once it has started and if not streamed yet."""
+        metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+        index = _pod_index(self.name, metadata.get("name", ""))
+        if (index in self.wanted and metadata.get("uid") not in self.followed
+                and status.get("phase") not in (None, "Pending")):
+            self.followed.add(metadata["uid"])
+            attempt = (metadata.get("labels") or {}).get(ATTEMPT_LABEL, "?")
+            self.out.put(("started", metadata["name"]))
+            threading.Thread(target=self._stream_pod, args=(metadata["name"], index, attempt),
+                             daemon=True).start()
+
+    def _watch_pods(self) -> None:
+        try:
+            for pod in self.reader._watch(self.reader.requests.core.list_namespaced_pod, "pods",
+                                          label_selector=f"{JOB_NAME_LABEL}={self.name}"):
+                if pod is None:
+                    self.pods_listed.set()
+                else:
+                    self._start_if_wanted(pod)
+        except AccelerateJobError as error:
+            self.out.put(("error", error))
+
+    def _watch_job(self) -> None:
+        try:
+            for body in self.reader._watch(
+                    self.reader.requests.custom.list_namespaced_custom_object, "AccelerateJobs",
+                    GROUP, VERSION, PLURAL, field_selector=f"metadata.name={self.name}"):
+                if body is not None and (
+                        (body.get("status") or {}).get("phase") in FINISHED_PHASES):
+                    # the pods that exist now have had their streams started first
+                    self.pods_listed.wait()
+                    self.out.put(("finished", None))
+                    return
+        except AccelerateJobError as error:
+            self.out.put(("error", error))
 
 
 def _pod_index(job_name: str, pod: str) -> int:

@@ -93,6 +93,8 @@ def _age(timestamp: str | None, now: datetime) -> str:
 PHASE_STYLES = {"Pending": "dim", "Queued": "cyan", "Running": "green", "Restarting": "yellow",
                 "Suspended": "magenta", "Succeeded": "bold green", "Failed": "bold red"}
 COLUMNS = ("NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE")
+# `-o wide` adds what `kubectl get ajob -o wide` adds, and the attempt.
+WIDE_COLUMNS = ("TOPOLOGY", "PORT", "COUNTED", "ATTEMPT", "QUEUE", "ACCELERATE")
 
 
 def _bar(progress: Mapping[str, Any], width: int) -> RenderableType:
@@ -103,26 +105,42 @@ def _bar(progress: Mapping[str, Any], width: int) -> RenderableType:
                        width=width)
 
 
-def jobs_table(jobs: Sequence[Mapping[str, Any]], now: datetime, *,
-               bars: bool = False) -> Table:
+def _wide_cells(job: Mapping[str, Any]) -> list[str]:
+    status = job.get("status") or {}
+    topology = status.get("topology") or {}
+    versions = (status.get("trainer") or {}).get("versions") or {}
+    values = (topology.get("summary"), topology.get("masterPort"), status.get("restartsCounted"),
+              status.get("attempt"), (status.get("queue") or {}).get("name"),
+              versions.get("accelerate"))
+    return ["-" if value is None else str(value) for value in values]
+
+
+def _row(job: Mapping[str, Any], now: datetime, bars: bool, namespaces: bool,
+         wide: bool) -> list[RenderableType]:
+    s = summarize(job)
+    progress = s["progress"] or {}
+    cells: list[RenderableType] = [s["namespace"] or "-"] if namespaces else []
+    cells += [s["name"], Text(s["phase"], style=PHASE_STYLES.get(s["phase"], "")),
+              s["readyNodes"] or "-", str(s["restarts"])]
+    if bars:
+        cells.append(_bar(progress, 20))
+    cells += [progress.get("summary") or "-", progress.get("eta") or "-",
+              _age(job["metadata"].get("creationTimestamp"), now)]
+    return cells + (_wide_cells(job) if wide else [])
+
+
+def jobs_table(jobs: Sequence[Mapping[str, Any]], now: datetime, *, bars: bool = False,
+               namespaces: bool = False, wide: bool = False) -> Table:
     """The jobs as `kubectl get ajob` shows them; with `bars`, a progress bar beside PROGRESS
-    (`top`)."""
+    (`top`); with `namespaces`, a NAMESPACE column first (`-A`); with `wide`, WIDE_COLUMNS."""
     table = Table(box=None, pad_edge=False, padding=(0, 3, 0, 0), header_style="bold")
-    for column in COLUMNS:
+    columns = (("NAMESPACE",) if namespaces else ()) + COLUMNS + (WIDE_COLUMNS if wide else ())
+    for column in columns:
         table.add_column(column, no_wrap=True)
         if bars and column == "PROGRESS":
             table.add_column("", no_wrap=True)
     for job in jobs:
-        s = summarize(job)
-        progress = s["progress"] or {}
-        cells: list[RenderableType] = [
-            s["name"], Text(s["phase"], style=PHASE_STYLES.get(s["phase"], "")),
-            s["readyNodes"] or "-", str(s["restarts"])]
-        if bars:
-            cells.append(_bar(progress, 20))
-        cells += [progress.get("summary") or "-", progress.get("eta") or "-",
-                  _age(job["metadata"].get("creationTimestamp"), now)]
-        table.add_row(*cells)
+        table.add_row(*_row(job, now, bars, namespaces, wide))
     return table
 
 
@@ -154,11 +172,13 @@ def to_text(renderable: RenderableType, width: int = 200) -> str:
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
-def render_table(jobs: Sequence[Mapping[str, Any]], now: datetime, *, bars: bool = False) -> str:
-    return to_text(jobs_table(jobs, now, bars=bars))
+def render_table(jobs: Sequence[Mapping[str, Any]], now: datetime, *, bars: bool = False,
+                 namespaces: bool = False, wide: bool = False) -> str:
+    return to_text(jobs_table(jobs, now, bars=bars, namespaces=namespaces, wide=wide))
 
 
 def dump(objects: Sequence[Mapping[str, Any]], output: str, out: TextIO) -> None:
+    """Kubernetes objects as kubectl prints them: YAML documents, or JSON (a List of several)."""
     if output == "json":
         out.write(json.dumps(objects[0] if len(objects) == 1 else
                              {"apiVersion": "v1", "kind": "List", "items": list(objects)},
@@ -178,3 +198,11 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 
 
 _BlockDumper.add_representer(str, _represent_str)
+
+
+def dump_data(data: Any, output: str, out: TextIO) -> None:
+    """Summaries (`status`, `list`) as JSON or as one YAML document."""
+    if output == "json":
+        out.write(json.dumps(data, indent=2) + "\n")
+    else:
+        out.write(yaml.dump(data, Dumper=_BlockDumper, sort_keys=False))

@@ -211,6 +211,28 @@ def test_top_shows_every_job_live_as_it_is_created_and_changes(kubeconfig, ns):
         cli.stop()
 
 
+def test_list_and_top_with_a_see_the_jobs_of_every_namespace(kubeconfig, ns):
+    other = create_namespace(kubeconfig, prefix="cli-watch-other")
+    try:
+        create_job(kubeconfig, ns, "gamma")
+        create_job(kubeconfig, other, "gamma")
+        listing = Cli(kubeconfig, ns, "list", "-A", "-o", "wide")
+        assert listing.exit_code() == 0, listing.stderr()
+        rows = [line.split() for line in iter(lambda: listing.lines.get(timeout=10), None)]
+        assert rows[0][:2] == ["NAMESPACE", "NAME"] and "TOPOLOGY" in rows[0]
+        assert [ns, "gamma"] in [row[:2] for row in rows] and [other, "gamma"] in [
+            row[:2] for row in rows]
+        cli = Cli(kubeconfig, ns, "top", "-A")
+        try:
+            cli.expect(f"{other}")
+            set_status(kubeconfig, other, "gamma", phase="Running", progress=progress(30))
+            cli.expect("30/40 (75%)")
+        finally:
+            cli.stop()
+    finally:
+        delete_namespace(kubeconfig, other)
+
+
 def create_pod(kubeconfig: str, namespace: str, job: str, index: int, attempt: int,
                script: str) -> None:
     pod = {"apiVersion": "v1", "kind": "Pod",

@@ -208,7 +208,8 @@ class FakeClient:
         yield self.get(name)
         yield from self.versions
 
-    def watch_all(self):
+    def watch_all(self, all_namespaces=False):
+        self.all_namespaces = all_namespaces
         yield self.list()
         for version in self.versions:
             self.jobs[version["metadata"]["name"]] = version
@@ -220,7 +221,8 @@ class FakeClient:
                               "`accelerate-job list`")
         return self.jobs[name]
 
-    def list(self):
+    def list(self, all_namespaces=False):
+        self.all_namespaces = all_namespaces
         return [self.jobs[name] for name in sorted(self.jobs)]
 
     def wait(self, name, condition, timeout):
@@ -304,6 +306,61 @@ def test_list_is_a_table_like_kubectl_get(fake):
     assert row.split()[:7] == ["llm", "Running", "2/2", "1", "12/40", "(30%)", "1m20s"]
 
 
+def in_namespace(body, namespace, name=None):
+    metadata = {**body["metadata"], "namespace": namespace,
+                "name": name or body["metadata"]["name"]}
+    return {**body, "metadata": metadata}
+
+
+def test_list_all_namespaces_puts_the_namespace_first_as_kubectl_does(fake):
+    client = fake(FakeClient([in_namespace(job(progress=PROGRESS), "team-a"),
+                              in_namespace(job(phase="Queued"), "team-b", "bert")]))
+    code, out, _ = run("list", "-A")
+    header, *rows = out.splitlines()
+    assert code == 0 and client.all_namespaces is True
+    assert header.split() == ["NAMESPACE", *render.COLUMNS]
+    assert [row.split()[:3] for row in rows] == [["team-b", "bert", "Queued"],
+                                                 ["team-a", "llm", "Running"]]
+    assert run("list", "--all-namespaces")[1] == out
+
+
+def test_list_wide_adds_topology_port_counted_attempt_queue_and_accelerate(fake):
+    fake(FakeClient([job(progress=PROGRESS, restartsCounted=0,
+                         topology={"summary": "2x2", "masterPort": 29500},
+                         trainer={"versions": {"accelerate": "1.15.0"}})]))
+    code, out, _ = run("list", "-o", "wide")
+    header, row = out.splitlines()
+    assert header.split() == [*render.COLUMNS, *render.WIDE_COLUMNS]
+    assert row.split()[-6:] == ["2x2", "29500", "0", "1", "-", "1.15.0"]
+
+
+def test_list_and_status_print_yaml_for_scripts(fake):
+    fake(FakeClient([job(progress=PROGRESS)]))
+    code, out, _ = run("list", "-o", "yaml")
+    assert code == 0 and [item["name"] for item in yaml.safe_load(out)] == ["llm"]
+    code, out, _ = run("status", "llm", "-o", "yaml")
+    assert yaml.safe_load(out) == render.summarize(job(progress=PROGRESS))
+
+
+def test_status_watch_as_yaml_prints_one_document_per_change(fake):
+    later = job(phase="Succeeded", progress={**PROGRESS, "step": 40, "summary": "40/40 (100%)"})
+    fake(FakeClient([job(progress=PROGRESS)], versions=[later]))
+    code, out, _ = run("status", "llm", "-w", "-o", "yaml")
+    assert code == 0
+    assert [d["phase"] for d in yaml.safe_load_all(out)] == ["Running", "Succeeded"]
+
+
+def test_list_watch_as_json_is_refused_saying_what_works(fake):
+    fake(FakeClient([job()]))
+    code, out, err = run("list", "-w", "-o", "json")
+    assert (code, out) == (1, "") and "use -o text or -o wide" in err
+
+
+def test_top_watches_every_namespace_with_a():
+    args = cli.build_parser().parse_args(["top", "-A", "-o", "wide"])
+    assert (args.all_namespaces, args.output) == (True, "wide")
+
+
 def test_wait_for_a_failed_job_exits_1_with_the_reason(fake):
     fake(FakeClient(error=JobFailed("AccelerateJob llm failed (BackoffLimitExceeded): boom", {})))
     assert run("wait", "llm") == (1, "", "error: AccelerateJob llm failed "
@@ -338,11 +395,16 @@ class FakeCustom:
     def __init__(self, bodies):
         self.bodies = list(bodies)
         self.watches = []
+        self.cluster_lists = []
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         if not self.bodies:
             raise ApiException(status=404, reason="Not Found")
         return self.bodies[0]
+
+    def list_cluster_custom_object(self, group, version, plural, **kwargs):
+        self.cluster_lists.append(kwargs)
+        return {"metadata": {"resourceVersion": "7"}, "items": list(self.bodies)}
 
     def list_namespaced_custom_object(self, group, version, namespace, plural, **kwargs):
         assert kwargs["watch"] and kwargs["_preload_content"] is False
@@ -405,6 +467,27 @@ def test_watch_reads_the_job_again_when_its_version_expired():
     c.requests.custom.list_namespaced_custom_object = lambda *a, **k: answers.pop(0)
     phases = [j["status"]["phase"] for _, j in zip(range(3), c.watch("llm"), strict=False)]
     assert phases == ["Running", "Running", "Succeeded"]
+
+
+def test_list_of_every_namespace_asks_the_cluster_and_sorts_by_namespace():
+    jobs = [in_namespace(job(), "b"), in_namespace(job(), "a", "zeta"), in_namespace(job(), "a")]
+    c = client(jobs)
+    assert [(j["metadata"]["namespace"], j["metadata"]["name"])
+            for j in c.list(all_namespaces=True)] == [("a", "llm"), ("a", "zeta"), ("b", "llm")]
+    assert len(c.requests.custom.cluster_lists) == 1
+
+
+def test_watch_of_every_namespace_tells_same_named_jobs_apart():
+    c = client([in_namespace(job(), "a")])
+    events = [("ADDED", in_namespace(job(phase="Queued"), "b")),
+              ("MODIFIED", in_namespace(job(phase="Succeeded"), "a"))]
+    c.requests.custom.list_cluster_custom_object = lambda *a, **k: (
+        WatchResponse(events) if k.get("watch") else
+        {"metadata": {"resourceVersion": "1"}, "items": [in_namespace(job(), "a")]})
+    states = [[(j["metadata"]["namespace"], j["status"]["phase"]) for j in jobs]
+              for _, jobs in zip(range(3), c.watch_all(all_namespaces=True), strict=False)]
+    assert states == [[("a", "Running")], [("a", "Running"), ("b", "Queued")],
+                      [("a", "Succeeded"), ("b", "Queued")]]
 
 
 def test_wait_raises_job_failed_with_the_condition_message():

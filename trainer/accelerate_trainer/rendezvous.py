@@ -4,8 +4,8 @@ crash because the master's DNS name does not resolve yet.
 Only the name: a worker does not wait for the master's port to listen. torch's store client
 retries a refused connection until its rendezvous timeout, so `accelerate launch` can start on
 every node at once. Waiting for the port here made each worker import torch only after the
-master had imported it and opened the port, seconds added to every start (docs/benchmarks.md,
-finding 7)."""
+master had imported it and opened the port, seconds added to every start (docs/performance.md,
+"The trainer's start")."""
 
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 distributed types and precisions, its FSDP names, and its version.
 
 They are read from accelerate itself, and importing accelerate imports torch: seconds on every
-pod's start, spent again by `accelerate launch` right after (docs/benchmarks.md, finding 7). So
-the image snapshots them when it is built (`python -m accelerate_trainer.schema --write PATH`),
-and a pod reads the snapshot when it was taken from the accelerate it has, and imports accelerate
-only when it was not (a user's image that upgraded accelerate, or has no snapshot)."""
+pod's start, spent again by `accelerate launch` right after (docs/performance.md, "The trainer's
+start"). So the image snapshots them when it is built (`python -m accelerate_trainer.schema
+--write PATH`), and a pod reads the snapshot when it was taken from the accelerate it has, and
+imports accelerate only when it was not (a user's image that upgraded accelerate, or has no
+snapshot)."""
 
 from __future__ import annotations
 
