@@ -1,4 +1,4 @@
-"""Print the benchmarks' headline numbers against the targets of docs/benchmarks.md, from the JSON
+"""Print the benchmarks' headline numbers against the targets of docs/performance.md, from the JSON
 lines the benchmarks append to $BENCH_JSON. Usage: python bench/summary.py RESULTS.jsonl"""
 
 from __future__ import annotations

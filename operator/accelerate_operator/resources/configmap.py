@@ -202,8 +202,8 @@ def _place_files(job: JobSpec, user_config: Mapping[str, Any], rendered: dict[st
 
 
 # libyaml's emitter, PyYAML's C binding (in its wheels; the pure-Python one where it is missing):
-# 0.06-0.08 ms per config against 0.3-0.6 ms, at every job's creation (docs/benchmarks.md, "Where
-# the CPU goes, on the CPU clock"). The same text for every config of tests/accelerate_corpus;
+# 0.06-0.08 ms per config against 0.3-0.6 ms, at every job's creation (docs/performance.md, "What
+# the investigations found"). The same text for every config of tests/accelerate_corpus;
 # only the folding of long quoted strings can differ, and it reads back the same.
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
