@@ -33,12 +33,11 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
-from kubernetes.client.exceptions import ApiException
 
 from .apierrors import server_message
 from .apply import utcnow
 from .constants import KIND
-from .kube import Kube, NamespaceTerminating
+from .kube import ApiException, Kube, NamespaceTerminating
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
 from .metrics import observe_pass
 from .reconciler import Reconciler

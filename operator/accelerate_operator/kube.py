@@ -61,6 +61,7 @@ LIST_PAGE = 500
 METADATA_ONLY = ("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io, "
                  "application/json")
 PEERING_GROUP, PEERING_VERSION = "kopf.dev", "v1"
+__all__ = ["ApiException", "ConfigMapMissing", "Kube", "NamespaceTerminating", "Rejected"]
 T = TypeVar("T")
 
 
