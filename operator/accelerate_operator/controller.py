@@ -139,11 +139,19 @@ def job_key(kind: str, metadata: Mapping[str, Any]) -> JobKey | None:
     return owning_job(metadata)
 
 
-def event_matters(kind: str, event_type: str | None) -> bool:
-    """Whether an event (not a deletion) must run its job's pass, from the event alone. A job,
-    pod or Workload event always does: the queue merges them, and a pass with nothing to
-    change makes no API call. A ConfigMap, Service or PDB created or changed does not (the
-    pass that created it knows); listed (type None, kopf listed again) it does."""
+def event_matters(kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
+    """Whether an event (not a deletion) must run its job's pass, from the event alone.
+    - A job: created, listed, or its spec changed since a pass last planned from it (its
+      generation is not the status's observedGeneration), as controller-runtime's
+      GenerationChangedPredicate: the echo of our own status write runs none.
+    - A pod or Workload: always; the queue merges a burst of them, and a pass with nothing to
+      change makes no API call.
+    - A ConfigMap, Service or PDB: only listed (type None, kopf listed again); created or
+      changed, it runs none (the pass that created it knows)."""
+    if kind == KIND:
+        status = body.get("status") or {}
+        return (event_type != "MODIFIED"
+                or body["metadata"].get("generation") != status.get("observedGeneration"))
     return kind not in _CREATED_ONLY or event_type is None
 
 
@@ -181,7 +189,7 @@ class Controller:
             self.forget(key)
         elif is_deletion(kind, event_type, metadata):
             self.after_deletion(key, kind, event_type, metadata)
-        elif event_matters(kind, event_type):
+        elif event_matters(kind, event_type, body):
             self.queue.add(key)
 
     def after_deletion(self, key: JobKey, kind: str, event_type: str | None,

@@ -1,0 +1,49 @@
+"""Which events run a job's pass, decided from the event alone (controller.py): the job's own
+events unless they are the echo of a status write, every pod event, a child's deletion after
+the grace check. The operator runs these under kopf in tests/integration."""
+
+from __future__ import annotations
+
+from accelerate_operator.controller import event_matters, is_deletion, job_key
+
+
+def job(generation: int, observed: int | None) -> dict:
+    status = {} if observed is None else {"observedGeneration": observed}
+    return {"metadata": {"name": "llm", "namespace": "ml", "generation": generation},
+            "status": status}
+
+
+def test_a_job_runs_its_pass_when_created_listed_or_its_spec_changed():
+    assert event_matters("AccelerateJob", "ADDED", job(1, None))
+    assert event_matters("AccelerateJob", None, job(3, 3))  # listed: at start-up, after a 410
+    assert event_matters("AccelerateJob", "MODIFIED", job(2, 1))  # e.g. spec.runPolicy.suspend
+    assert event_matters("AccelerateJob", "MODIFIED", job(1, None))
+
+
+def test_the_echo_of_a_status_write_runs_no_pass():
+    assert not event_matters("AccelerateJob", "MODIFIED", job(4, 4))
+
+
+def test_every_pod_and_workload_event_runs_the_pass_but_a_child_created_does_not():
+    for event_type in ("ADDED", "MODIFIED", None):
+        assert event_matters("Pod", event_type, {"metadata": {}})
+        assert event_matters("Workload", event_type, {"metadata": {}})
+    for kind in ("ConfigMap", "Service", "PodDisruptionBudget"):
+        assert not event_matters(kind, "ADDED", {"metadata": {}})
+        assert not event_matters(kind, "MODIFIED", {"metadata": {}})
+        assert event_matters(kind, None, {"metadata": {}})
+
+
+def test_a_child_deleted_or_being_deleted_waits_for_the_grace_check():
+    assert is_deletion("Pod", "DELETED", {"name": "llm-0"})
+    assert is_deletion("Pod", "MODIFIED", {"name": "llm-0", "deletionTimestamp": "2026-11-25T"})
+    assert is_deletion("Service", "DELETED", {"name": "llm"})
+    assert not is_deletion("Pod", "MODIFIED", {"name": "llm-0"})
+    assert not is_deletion("AccelerateJob", "DELETED", {"name": "llm"})  # forgotten instead
+
+
+def test_an_event_belongs_to_the_job_itself_or_to_the_job_named_by_its_label():
+    assert job_key("AccelerateJob", {"name": "llm", "namespace": "ml"}) == ("ml", "llm")
+    labels = {"accelerate-operator.io/job-name": "llm"}
+    assert job_key("Pod", {"name": "llm-0", "namespace": "ml", "labels": labels}) == ("ml", "llm")
+    assert job_key("Pod", {"name": "other", "namespace": "ml"}) is None
