@@ -50,8 +50,9 @@ log = logging.getLogger("accelerate_operator")
 DELETION_GRACE_SECONDS = 1.0
 AUDIT_SECONDS = 300.0
 AUDIT_DELAY_SECONDS = 5.0
-# A job whose namespace is being deleted is looked at again after this long (nothing can be
-# created there; a deletion held up by a finalizer costs a refused create a minute per job).
+# A job whose namespace is being deleted runs no pass for this long (nothing can be created
+# there: the namespace controller deletes the pods and children before the jobs, and each of
+# their deletions would otherwise run a pass that is refused again).
 TERMINATING_NAMESPACE_SECONDS = 60.0
 # kubectl apply keeps a full copy of the object in this annotation; nothing here reads it.
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -260,6 +261,9 @@ class Controller:
             return None
         uid = body["metadata"]["uid"]
         state = self.states.get(key, uid)
+        waiting = state.terminating_until - self.clock()
+        if waiting > 0:
+            return waiting  # the namespace is being deleted: nothing can be created there
         if state.check_exists:
             state.check_exists = False
             if not await self.kube.job_exists(key[0], key[1], uid):
@@ -281,6 +285,7 @@ class Controller:
                                                     self.queue_of(key, uid))
         except NamespaceTerminating:
             log.info("namespace %s is being deleted: job %s waits", key[0], key[1])
+            state.terminating_until = self.clock() + TERMINATING_NAMESPACE_SECONDS
             return TERMINATING_NAMESPACE_SECONDS
         except Exception as error:
             state.failures += 1

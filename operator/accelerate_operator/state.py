@@ -42,6 +42,8 @@ class JobState:
     - `last_activity`, `last_step`: what rank 0's log last showed of the current attempt.
     - `check_exists`: a deletion asked for the next pass (controller.py, the grace check).
     - `failures`: passes failed in a row (the ReconcileFailing Warning).
+    - `terminating_until`: no pass before this (the operator's clock): the namespace refused a
+      create for being deleted.
     """
 
     uid: str
@@ -58,6 +60,7 @@ class JobState:
     last_step: int | None = None
     check_exists: bool = False
     failures: int = 0
+    terminating_until: float = 0.0
 
     def latest_status(self, status: Mapping[str, Any]) -> dict[str, Any]:
         """The job's status as of our last write, unless the server already shows a newer one."""
