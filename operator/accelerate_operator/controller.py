@@ -1,7 +1,8 @@
 """What kopf's handlers (handlers.py) hand their events to, and the one straight path from an
 event to a job's pass, as a controller-runtime reader expects:
 
-    on_event (does the event matter? decided here, from the event alone)
+    hands_over (does the event matter? decided here, from the event alone; kopf's `when=`)
+      -> on_event
       -> the work queue (workqueue.py: a job's events merge, one pass per job at a time,
          "requeue after" for what time alone changes, backoff for a pass that failed)
       -> reconcile (reads kopf's indexes) -> Reconciler.reconcile (reconciler.py)
@@ -36,7 +37,7 @@ from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 
 from .apierrors import server_message
 from .apply import utcnow
-from .constants import KIND
+from .constants import KIND, PENDING
 from .kube import ApiException, Kube, NamespaceTerminating
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
 from .metrics import observe_pass
@@ -145,7 +146,9 @@ def event_matters(kind: str, event_type: str | None, body: Mapping[str, Any]) ->
     - A job: created, listed, or its spec changed since a pass last planned from it (its
       generation is not the status's observedGeneration), as controller-runtime's
       GenerationChangedPredicate: the echo of our own status write runs none.
-    - A pod or Workload: always; the queue merges a burst of them, and a pass with nothing to
+    - A pod: unless it is ADDED just as it was created (unscheduled, no condition): its creator,
+      a pass, knows it already; what happens to it next runs the pass. Listed, it always does.
+    - A Workload: always. The queue merges a burst of events, and a pass with nothing to
       change makes no API call.
     - A ConfigMap, Service or PDB: only listed (type None, kopf listed again); created or
       changed, it runs none (the pass that created it knows)."""
@@ -153,7 +156,24 @@ def event_matters(kind: str, event_type: str | None, body: Mapping[str, Any]) ->
         status = body.get("status") or {}
         return (event_type != "MODIFIED"
                 or body["metadata"].get("generation") != status.get("observedGeneration"))
+    if kind == "Pod" and event_type == "ADDED":
+        return not _as_created(body)
     return kind not in _CREATED_ONLY or event_type is None
+
+
+def _as_created(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return (not (pod.get("spec") or {}).get("nodeName") and not status.get("conditions")
+            and status.get("phase", PENDING) == PENDING)
+
+
+def hands_over(kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
+    """Whether an event reaches the controller at all: the one decision, used by kopf as its
+    `when=` filter (handlers.py), so kopf invokes no handler for an event that changes nothing.
+    A job deleted, a child deleted or being deleted, or an event that matters."""
+    metadata = body["metadata"]
+    return ((kind == KIND and event_type == "DELETED") or is_deletion(kind, event_type, metadata)
+            or event_matters(kind, event_type, body))
 
 
 def is_deletion(kind: str, event_type: str | None, metadata: Mapping[str, Any]) -> bool:
@@ -178,9 +198,9 @@ class Controller:
 
     # ---- events (from handlers.py) ------------------------------------------------------------
     def on_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """Level-triggered: an event only says which job to look at; the pass starts from what
-        is there. A deleted job is forgotten; a deleted child runs its job's pass after the
-        grace check."""
+        """An event kopf handed over (hands_over). Level-triggered: it only says which job to
+        look at; the pass starts from what is there. A deleted job is forgotten; a deleted child
+        runs its job's pass after the grace check."""
         metadata = body["metadata"]
         key = job_key(kind, metadata)
         if key is None:
@@ -190,7 +210,7 @@ class Controller:
             self.forget(key)
         elif is_deletion(kind, event_type, metadata):
             self.after_deletion(key, kind, event_type, metadata)
-        elif event_matters(kind, event_type, body):
+        else:
             self.queue.add(key)
 
     def after_deletion(self, key: JobKey, kind: str, event_type: str | None,

@@ -6,8 +6,8 @@ queue runs the job's pass.
 - Indexes (`@kopf.index`): the jobs, their pods (as PodState), Services, rendered ConfigMaps,
   PodDisruptionBudgets and, with the Kueue integration, Workloads, each by (namespace, job
   name).
-- Event handlers (`@kopf.on.event`): hand the event to the controller, which decides whether it
-  matters and queues the job.
+- Event handlers (`@kopf.on.event`): hand the event to the controller; kopf's `when=` filter is
+  the controller's one rule of which events matter (controller.hands_over).
 - Start-up: settings, and the controller started with the indexes; cleanup stops it; the probe
   answers kopf's liveness endpoint (`--liveness`).
 
@@ -35,6 +35,7 @@ from .controller import (
     SERVICE_SELECTOR,
     WORKLOAD_SELECTOR,
     Controller,
+    hands_over,
     lean_job,
     lean_workload,
     owner_uid,
@@ -175,6 +176,13 @@ async def probe(**_: Any) -> dict[str, Any]:
             "paused": controller.queue.paused, "passes": controller.queue.passes}
 
 
+def _hands_over(kind: str):
+    """kopf's `when=` filter for one kind: kopf invokes no handler for an event it rejects."""
+    def when(type: str | None, body: kopf.Body, **_: Any) -> bool:  # noqa: A002
+        return hands_over(kind, type, body)
+    return when
+
+
 # ---- indexes: what a pass reads, by (namespace, job name) ---------------------------------------
 @kopf.index(GROUP, PLURAL, id="job_bodies")
 async def job_bodies(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict:
@@ -211,38 +219,43 @@ if KUEUE_ENABLED:
         key = owning_job(meta)
         return {key: (owner_uid(meta), lean_workload(body))} if key else None
 
-    @kopf.on.event(KUEUE_GROUP, "workloads", id="workload_events")
+    @kopf.on.event(KUEUE_GROUP, "workloads", id="workload_events",
+                   when=_hands_over("Workload"))
     async def workload_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
         if RUNTIME.controller is not None:
             RUNTIME.controller.on_event("Workload", type, body)
 
 
-# ---- events: the controller decides whether the job's pass runs --------------------------------
-@kopf.on.event(GROUP, PLURAL, id="job_events")
+# ---- events: handed to the controller, filtered by its one rule (_hands_over) --------------------
+@kopf.on.event(GROUP, PLURAL, id="job_events", when=_hands_over("AccelerateJob"))
 async def job_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
     if RUNTIME.controller is not None:
         RUNTIME.controller.on_event("AccelerateJob", type, body)
 
 
-@kopf.on.event("v1", "pods", id="pod_events")
+@kopf.on.event("v1", "pods", id="pod_events",
+               when=_hands_over("Pod"))
 async def pod_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
     if RUNTIME.controller is not None:
         RUNTIME.controller.on_event("Pod", type, body)
 
 
-@kopf.on.event("v1", "services", id="service_events")
+@kopf.on.event("v1", "services", id="service_events",
+               when=_hands_over("Service"))
 async def service_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
     if RUNTIME.controller is not None:
         RUNTIME.controller.on_event("Service", type, body)
 
 
-@kopf.on.event("policy", "poddisruptionbudgets", id="pdb_events")
+@kopf.on.event("policy", "poddisruptionbudgets", id="pdb_events",
+               when=_hands_over("PodDisruptionBudget"))
 async def pdb_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
     if RUNTIME.controller is not None:
         RUNTIME.controller.on_event("PodDisruptionBudget", type, body)
 
 
-@kopf.on.event("v1", "configmaps", id="configmap_events")
+@kopf.on.event("v1", "configmaps", id="configmap_events",
+               when=_hands_over("ConfigMap"))
 async def configmap_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
     if RUNTIME.controller is not None:
         RUNTIME.controller.on_event("ConfigMap", type, body)

@@ -1,6 +1,6 @@
 """Which events run a job's pass, decided from the event alone (controller.py): the job's own
-events unless they are the echo of a status write, every pod event, a child's deletion after
-the grace check. The operator runs these under kopf in tests/integration."""
+events unless they are the echo of a status write, a pod's once something happened to it, a
+child's deletion after the grace check. The operator runs these under kopf in tests/integration."""
 
 from __future__ import annotations
 
@@ -24,9 +24,21 @@ def test_the_echo_of_a_status_write_runs_no_pass():
     assert not event_matters("AccelerateJob", "MODIFIED", job(4, 4))
 
 
-def test_every_pod_and_workload_event_runs_the_pass_but_a_child_created_does_not():
+def test_a_pod_runs_the_pass_once_something_happened_to_it():
+    created = {"metadata": {}, "spec": {}, "status": {"phase": "Pending"}}
+    scheduled = {"metadata": {}, "spec": {"nodeName": "n1"}, "status": {"phase": "Pending"}}
+    unschedulable = {"metadata": {}, "spec": {}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+    assert not event_matters("Pod", "ADDED", created)  # its creator, a pass, knows it
+    assert event_matters("Pod", None, created)  # listed: at start-up, after a 410
+    assert event_matters("Pod", "MODIFIED", created)
+    for body in (scheduled, unschedulable):
+        assert event_matters("Pod", "ADDED", body)
+        assert event_matters("Pod", "MODIFIED", body)
+
+
+def test_every_workload_event_runs_the_pass_but_a_child_created_does_not():
     for event_type in ("ADDED", "MODIFIED", None):
-        assert event_matters("Pod", event_type, {"metadata": {}})
         assert event_matters("Workload", event_type, {"metadata": {}})
     for kind in ("ConfigMap", "Service", "PodDisruptionBudget"):
         assert not event_matters(kind, "ADDED", {"metadata": {}})
@@ -47,3 +59,16 @@ def test_an_event_belongs_to_the_job_itself_or_to_the_job_named_by_its_label():
     labels = {"accelerate-operator.io/job-name": "llm"}
     assert job_key("Pod", {"name": "llm-0", "namespace": "ml", "labels": labels}) == ("ml", "llm")
     assert job_key("Pod", {"name": "other", "namespace": "ml"}) is None
+
+
+def test_kopf_hands_over_deletions_and_events_that_matter_only():
+    from accelerate_operator.controller import hands_over
+    labels = {"accelerate-operator.io/job-name": "llm"}
+    service = {"metadata": {"name": "llm", "namespace": "ml", "labels": labels}}
+    assert hands_over("AccelerateJob", "DELETED", job(4, 4))
+    assert not hands_over("AccelerateJob", "MODIFIED", job(4, 4))
+    assert hands_over("Service", "DELETED", service)
+    assert not hands_over("Service", "ADDED", service)
+    being_deleted = {"metadata": {**service["metadata"], "deletionTimestamp": "2026-11-25T"},
+                     "spec": {}, "status": {"phase": "Pending"}}
+    assert hands_over("Pod", "MODIFIED", being_deleted)
