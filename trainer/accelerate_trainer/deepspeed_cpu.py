@@ -6,8 +6,8 @@ user rehearse a DeepSpeed job on a CPU cluster before paying for GPUs. Two ways 
 silence, which this module turns into errors:
 
 - without `InitProcessGroupKwargs(backend="gloo")` in the script, accelerate picks no backend for
-  DeepSpeed on a CPU (state.py `_prepare_backend`), so every rank believes it is alone
-  (`distributed_type` NO, one process): unsynchronised ranks;
+  DeepSpeed on a CPU (state.py `_prepare_backend`), so every rank believes it is alone (one
+  process; `distributed_type` still DEEPSPEED): unsynchronised ranks;
 - with `use_cpu` / `ACCELERATE_USE_CPU`, a DeepSpeed config trains plain DDP (MULTI_CPU).
 
 So the trainer lets a DEEPSPEED config launch on a pod whose torch sees no GPU only when the
@@ -71,20 +71,22 @@ def check_accelerator(accelerator: Any, environ: Mapping[str, str] | None = None
     if want_type and got_type != want_type:
         raise DistributedMismatch(
             f"the job launched {want_type} but accelerate set up {got_type} in rank "
-            f"{accelerator.process_index}: {_hint(want_type, got_type)}"
+            f"{accelerator.process_index}: {_hint(want_type, got_type, got_size)}"
         )
     if want_size and got_size != int(want_size):
         raise DistributedMismatch(
             f"the job launched world size {want_size} but rank {accelerator.process_index} "
-            f"sees {got_size}: the ranks would train unsynchronised. {_hint(want_type, got_type)}"
+            f"sees {got_size}: the ranks would train unsynchronised. "
+            f"{_hint(want_type, got_type, got_size)}"
         )
 
 
-def _hint(want: str | None, got: str) -> str:
-    if want == "DEEPSPEED" and got == "NO":
-        return (f"on CPU pods accelerate picks no backend for DeepSpeed; build the accelerator "
-                f"as {GLOO_LINE} ({DOCS})")
+def _hint(want: str | None, got: str, size: int) -> str:
+    # Without a backend, accelerate 1.15 still says DEEPSPEED (the plugin is there), alone.
+    if want == "DEEPSPEED" and got in ("NO", "DEEPSPEED") and size == 1:
+        return (f"On pods without GPUs accelerate picks no backend for DeepSpeed; build the "
+                f"accelerator as {GLOO_LINE} ({DOCS})")
     if want == "DEEPSPEED" and got == "MULTI_CPU":
         return ("use_cpu / ACCELERATE_USE_CPU turns DeepSpeed into plain DDP; remove it and set "
                 f"{ENV_DEEPSPEED_ON_CPU}=1 instead ({DOCS})")
-    return "check the accelerate config and the script's Accelerator arguments"
+    return "Check the accelerate config and the script's Accelerator arguments"
