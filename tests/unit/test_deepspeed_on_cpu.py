@@ -4,6 +4,9 @@ something else (a real Accelerator included)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +24,7 @@ from accelerate_trainer.deepspeed_cpu import (
 )
 
 CONFIG = Path(__file__).parent / "deepspeed_on_cpu" / "accelerate.yaml"
+TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 EXPECT_4 = {ENV_EXPECTED_DISTRIBUTED_TYPE: "DEEPSPEED", ENV_EXPECTED_WORLD_SIZE: "4"}
 
 
@@ -107,3 +111,26 @@ def test_a_real_accelerator_alone_in_a_deepspeed_launch_fails(monkeypatch):
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         PartialState._reset_state()
+
+
+ALONE_SCRIPT = """\
+from accelerate import Accelerator
+
+Accelerator(cpu=True)  # never checked by the script itself
+print("TRAINED")
+"""
+
+
+@pytest.mark.parametrize(("expect", "code"), [(EXPECT_4, 1), ({}, 0)])
+def test_a_rank_that_trained_alone_without_checking_fails_at_its_end(tmp_path, expect, code):
+    """fast_exit makes the check for a script that did not: the rank exits 1, not 0."""
+    (tmp_path / "alone.py").write_text(ALONE_SCRIPT)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", ENV_EXPECTED_WORLD_SIZE,
+                        ENV_EXPECTED_DISTRIBUTED_TYPE)}
+    env.update(expect, PYTHONPATH=os.pathsep.join([str(TRAINER), env.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-m", "accelerate_trainer.fast_exit", "alone.py"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == code, result.stderr[-2000:]
+    assert "TRAINED" in result.stdout
+    assert ("checked after the script returned" in result.stderr) == bool(expect)

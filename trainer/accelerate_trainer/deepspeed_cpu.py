@@ -13,12 +13,14 @@ silence, which this module turns into errors:
 So the trainer lets a DEEPSPEED config launch on a pod whose torch sees no GPU only when the
 container sets ENV_DEEPSPEED_ON_CPU, and it tells every rank what it must find
 (ENV_EXPECTED_DISTRIBUTED_TYPE, ENV_EXPECTED_WORLD_SIZE); `check_accelerator` compares. Pure but
-for reading the env; imports neither accelerate nor torch (the accelerator is passed in).
+for reading the env; imports neither accelerate nor torch (the accelerator is passed in, or found
+among the modules the script already imported: `check_finished_rank`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,6 +81,23 @@ def check_accelerator(accelerator: Any, environ: Mapping[str, str] | None = None
             f"sees {got_size}: the ranks would train unsynchronised. "
             f"{_hint(want_type, got_type, got_size)}"
         )
+
+
+def check_finished_rank(environ: Mapping[str, str] | None = None) -> str | None:
+    """The same comparison, made by fast_exit after a rank's script returned 0, over the
+    Accelerator the script built: a script that never called check_accelerator, whose ranks each
+    trained alone, then fails instead of succeeding. The message, or None (nothing to check: no
+    expectation, or no Accelerator built)."""
+    environ = os.environ if environ is None else environ
+    state = sys.modules.get("accelerate.state")  # never imported here: only what the script did
+    if ENV_EXPECTED_WORLD_SIZE not in environ or state is None or not state.is_initialized():
+        return None
+    try:
+        check_accelerator(state.AcceleratorState(), environ)
+    except DistributedMismatch as error:
+        return f"{error} (checked after the script returned; call check_accelerator right " \
+               "after building the Accelerator to stop before training)"
+    return None
 
 
 def _hint(want: str | None, got: str, size: int) -> str:
