@@ -20,6 +20,7 @@ The lines below are a contract: the tests (and people reading pod logs) parse th
   STOPPED checkpoint=<path>                              rank 0, saved on SIGTERM, then exit 83
   HANGING rank=<r> step=<n>                              the rank --hang-at-step blocks
   STEP step=<n> loss=<float> epoch=<e>            rank 0, step 1, every --log-every, and the last
+  SHARD ... / SLICES ...        with --report-shards under DeepSpeed ZeRO (zero_shards.py)
   FINAL rank=<r> param_checksum=<float, 8 decimals> steps=<n>              every rank, at the end
   TRAINING_DONE steps=<n> first_loss=<f> last_loss=<f>                     rank 0, at the end
 `loss` is the mean over the step's accumulated micro-batches and over all ranks; `first_loss` is
@@ -40,6 +41,7 @@ from accelerate import Accelerator
 from accelerate.utils import (
     DataLoaderConfiguration,
     DistributedType,
+    InitProcessGroupKwargs,
     ProjectConfiguration,
     broadcast_object_list,
     set_seed,
@@ -50,6 +52,7 @@ from accelerate_trainer.checkpoints import (
     save_checkpoint,
     stop_on_signal,
 )
+from accelerate_trainer.deepspeed_cpu import DistributedMismatch, check_accelerator
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
@@ -115,6 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             "wait in their next collective (a stall)")
     debug.add_argument("--sleep-per-step", type=float, default=0.0,
                        help="seconds to sleep after each optimizer step")
+    debug.add_argument("--report-shards", action="store_true",
+                       help="under DeepSpeed ZeRO, print what each rank holds (SHARD and SLICES "
+                            "lines, zero_shards.py) at the end")
 
     args = parser.parse_args(argv)
     if args.dataset and not args.model_name_or_path:
@@ -208,6 +214,13 @@ def collate(rows):
 def param_checksum(accelerator: Accelerator, model) -> float:
     """The sum of every parameter, the same on all ranks when they hold the same model. Sharded
     models (FSDP, DeepSpeed) are gathered first and rank 0's sum is shared with the others."""
+    if getattr(model, "zero_optimization_stage", lambda: 0)() == 3:
+        # DeepSpeed's ZeRO-3 engine: get_state_dict would need stage3_gather_16bit_weights_on_
+        # model_save in the JSON, so gather the partitions here (a collective too).
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            return sum(p.detach().double().sum().item() for p in model.parameters())
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         state = accelerator.get_state_dict(model)  # a collective: every rank calls it
         total = [sum(t.double().sum().item() for t in (state or {}).values()
@@ -269,9 +282,20 @@ def describe_setup(accelerator: Accelerator) -> str:
         text += f" fsdp_sharding={state.fsdp_plugin.sharding_strategy}"
     return text
 
+def process_group_kwargs() -> list:
+    """DeepSpeed on a machine without GPUs: accelerate picks no backend for it, so every rank
+    would believe it is alone. gloo is the one that works (docs/deepspeed-on-cpu.md); on GPUs
+    accelerate's own choice (nccl) stays."""
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if deepspeed and not torch.cuda.is_available():
+        return [InitProcessGroupKwargs(backend="gloo")]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     accelerator = Accelerator(
+        kwargs_handlers=process_group_kwargs(),
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         project_config=ProjectConfiguration(
             project_dir=args.checkpoint_dir,
@@ -289,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         f"RANK_INFO rank={accelerator.process_index} local_rank={accelerator.local_process_index} "
         f"world_size={accelerator.num_processes} node_rank={os.environ.get('NODE_RANK', '0')}"
     )
+    try:  # the distributed_type and world size the trainer launched, or fail in every rank
+        check_accelerator(accelerator)
+    except DistributedMismatch as error:
+        raise SystemExit(f"error: {error}") from None
     if accelerator.gradient_accumulation_steps != args.gradient_accumulation_steps:
         # accelerate lets $ACCELERATE_GRADIENT_ACCUMULATION_STEPS (set from a DeepSpeed config's
         # gradient_accumulation_steps) win over the value passed to Accelerator().
@@ -413,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
             state.epoch += 1
             state.batch_in_epoch = 0
 
+    if args.report_shards and accelerator.distributed_type == DistributedType.DEEPSPEED:
+        from zero_shards import report_shards  # beside this script (in the image too)
+
+        report_shards(accelerator, model, emit)
     checksum = param_checksum(accelerator, model)
     emit(f"FINAL rank={accelerator.process_index} param_checksum={checksum:.8f} steps={state.step}")
     print_main(

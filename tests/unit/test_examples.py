@@ -12,6 +12,7 @@ from accelerate_operator.resources.pods import build_pod
 from accelerate_trainer.__main__ import validate
 from accelerate_trainer.command import build_launch_plan
 from accelerate_trainer.config import parse_accelerate_yaml
+from accelerate_trainer.deepspeed_cpu import deepspeed_on_cpu_requested
 from accelerate_trainer.topology import parse_topology
 
 from devtools.examples import EXAMPLES_DIR, load_example, user_config
@@ -24,15 +25,17 @@ load = load_example
 def test_example_renders_and_passes_the_trainers_validation_on_every_node(path: Path):
     body, configmaps = load(path)
     job = parse_job(body)
-    rendered = render_accelerate_config(job, user_config(body, configmaps))
+    rendered = render_accelerate_config(job, user_config(body, configmaps), job.config_files)
     config_text = build_configmap(job, rendered)["data"]["config.yaml"]
     config = parse_accelerate_yaml(config_text)
-    gpus = None if config.get("use_cpu") else job.nproc_per_node
     for index in range(job.num_nodes):
         pod = build_pod(job, index, attempt=0)
         env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
         topology = parse_topology(env)
-        validate(topology, config, visible_gpus=gpus)
+        # A CPU example's pods see no GPU (the DeepSpeed rehearsal's included); a GPU one's do.
+        rehearsal = deepspeed_on_cpu_requested(env)
+        gpus = None if config.get("use_cpu") else 0 if rehearsal else job.nproc_per_node
+        validate(topology, config, visible_gpus=gpus, deepspeed_on_cpu=rehearsal)
         plan = build_launch_plan(topology, config, pod["spec"]["containers"][0]["args"])
         assert plan.argv[plan.argv.index("--machine_rank") + 1] == str(index)
         assert plan.argv[plan.argv.index("--num_processes") + 1] == str(job.world_size)

@@ -109,7 +109,9 @@ def test_deepspeed_multinode_job_gets_the_standard_launcher():
         "--deepspeed_multinode_launcher", "standard",
         "train.py",
     )
-    assert plan.env == {}
+    # What each rank must find (accelerate_trainer.deepspeed_cpu.check_accelerator).
+    assert plan.env == {"ACCELERATE_TRAINER_EXPECTED_DISTRIBUTED_TYPE": "DEEPSPEED",
+                        "ACCELERATE_TRAINER_EXPECTED_WORLD_SIZE": "16"}
 
 
 def test_deepspeed_on_one_machine_needs_no_multinode_launcher():

@@ -213,24 +213,7 @@ def test_no_distribution_with_several_processes_is_rejected():
 
 
 # ---- main(): exit 78 with the reason in the termination log -----------------------------------
-
-
-@pytest.fixture
-def termination_log(tmp_path, monkeypatch):
-    path = tmp_path / "termination-log"
-    monkeypatch.setattr(trainer_main, "TERMINATION_LOG", path)
-    return path
-
-
-@pytest.fixture
-def no_exec(monkeypatch):
-    """Record what main() would exec instead of replacing the test process."""
-    calls = []
-    monkeypatch.setattr(trainer_main.os, "execvpe", lambda *args: calls.append(args))
-    # no exec, so no launcher for the progress relay to end with: test_kubeflow_relay.py starts it
-    monkeypatch.setattr(trainer_main, "start_relay", lambda environ, node_rank: {})
-    monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda: 0)
-    return calls
+# (the termination_log and no_exec fixtures are in conftest.py)
 
 
 def job_env(config_file: Path, **extra: str) -> dict[str, str]:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from . import deepspeed_cpu
 from .checkpoints import find_resume_checkpoint
 from .command import build_launch_plan
 from .config import (
@@ -95,7 +96,9 @@ def read_deepspeed_json(config: Mapping, config_file: str) -> tuple[dict | None,
 
 def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None,
              deepspeed_json: Mapping | None = None,
-             deepspeed_source: str = "the DeepSpeed config") -> None:
+             deepspeed_source: str = "the DeepSpeed config",
+             deepspeed_on_cpu: bool = False) -> None:
+    """`deepspeed_on_cpu`: the container opted into DeepSpeed without GPUs (deepspeed_cpu.py)."""
     schema = load_schema()  # the image's snapshot: no accelerate (and torch) import here
     check_against_accelerate_schema(config, schema)
     check_job_fits(config, num_nodes=topology.num_nodes, num_processes=topology.world_size,
@@ -110,6 +113,10 @@ def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None,
             "nvidia.com/gpu"
         )
     if visible_gpus is not None and not is_cpu_job(config) and dtype != "NO":
+        if visible_gpus == 0 and dtype == "DEEPSPEED":
+            if not deepspeed_on_cpu:
+                raise ConfigError(deepspeed_cpu.refusal_message())
+            return  # the opted-in CPU rehearsal: one process per --num_processes, over gloo
         if visible_gpus == 0:
             needs = OTHER_ACCELERATORS.get(dtype, "GPUs")
             raise ConfigError(
@@ -203,7 +210,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         # Importing torch only to count GPUs costs seconds on every CPU job's start.
         gpus = None if is_cpu_job(config) else count_visible_gpus()
         validate(topology, config, visible_gpus=gpus, deepspeed_json=deepspeed_json,
-                 deepspeed_source=deepspeed_source)
+                 deepspeed_source=deepspeed_source,
+                 deepspeed_on_cpu=deepspeed_cpu.deepspeed_on_cpu_requested(environ))
         # Values accelerate would drop on this pod's real hardware: refused, or said here.
         for warning in check_in_pod(config, nproc_per_node=topology.nproc_per_node,
                                     hardware=probe_hardware(config, gpus=gpus)):

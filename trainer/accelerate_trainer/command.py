@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import distributed_type, is_cpu_job
+from .deepspeed_cpu import build_expectation_env
 from .topology import Topology
 
 FAST_EXIT_MODULE = "accelerate_trainer.fast_exit"
@@ -64,6 +65,8 @@ def build_launch_plan(
         argv.append("--same_network")
     if distributed_type(config) == "DEEPSPEED" and topology.num_nodes > 1:
         argv += ["--deepspeed_multinode_launcher", "standard"]
+    # Each rank can check that accelerate set up what was launched (deepspeed_cpu.py).
+    env.update(build_expectation_env(distributed_type(config), topology.world_size))
     if resume_from:
         env["ACCELERATE_RESUME_FROM"] = resume_from
     if fast_exit_python:

@@ -21,6 +21,7 @@ import yaml
 
 from .deepspeed_checks import FILE_KEY as DEEPSPEED_FILE_KEY
 from .deepspeed_checks import check_deepspeed
+from .deepspeed_cpu import ENV_DEEPSPEED_ON_CPU
 from .errors import ConfigError
 from .fsdp_checks import FsdpNames, check_fsdp
 from .schema import AccelerateSchema
@@ -108,6 +109,9 @@ def check_distribution(config: Mapping[str, Any], *, num_nodes: int, num_process
         raise ConfigError(
             f"use_cpu: true with distributed_type {dtype} would quietly train plain DDP on CPU "
             f"({dtype} needs GPUs); remove use_cpu or use MULTI_CPU"
+            + (f". To rehearse DeepSpeed on CPU pods, remove use_cpu and set the env "
+               f"{ENV_DEEPSPEED_ON_CPU}=1 on the trainer container (docs/deepspeed-on-cpu.md)"
+               if dtype == "DEEPSPEED" else "")
         )
     if dtype == "DEEPSPEED" and num_nodes > 1:
         launcher = (config.get("deepspeed_config") or {}).get(

@@ -16,7 +16,8 @@ does not promise either: __del__ of objects still alive at exit, module teardown
 destructors (the script's own globals may be finalized earlier: runpy's __main__ is a temporary
 module, dropped when the script returns). A KeyboardInterrupt keeps Python's own path (it ends
 the process by SIGINT). ACCELERATE_TRAINER_FAST_EXIT=0 on the container launches without this
-module.
+module. A rank whose script returned 0 after building an Accelerator other than the one the
+trainer launched (deepspeed_cpu.check_finished_rank) exits 1 instead.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import runpy
 import sys
 import threading
 from collections.abc import Sequence
+
+from .deepspeed_cpu import check_finished_rank
 
 # Set to 0 (or false/no/off) on the container for a plain `accelerate launch`.
 ENV_FAST_EXIT = "ACCELERATE_TRAINER_FAST_EXIT"
@@ -120,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     code = run_program(argv)
+    mismatch = check_finished_rank() if code == 0 else None
+    if mismatch:  # a rank that trained something other than the job launched did not succeed
+        print(f"error: {mismatch}", file=sys.stderr)
+        code = 1
     finish_like_python()
     os._exit(code & 0xFF)
 
