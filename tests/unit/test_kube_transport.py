@@ -165,3 +165,30 @@ def test_urls_keep_the_servers_path_and_encode_each_query_value_once():
     assert seen == [("/k8s/clusters/c-1/api/v1/pods", {"labelSelector": selector, "limit": "500"}),
                     ("/k8s/clusters/c-1/api/v1/pods",
                      {"labelSelector": selector, "limit": "500", "continue": token})]
+
+
+def test_a_log_with_a_cut_multibyte_character_is_read_not_refused():
+    """A pod log is the user's bytes: tqdm's bar (U+2588, three bytes) cut by the container
+    runtime made aiohttp's strict decoding refuse every read of rank 0's log, so PROGRESS
+    stopped in an e2e run while the job trained on. The read keeps the rest of the log."""
+    from aiohttp.test_utils import TestServer
+
+    body = ("100%|\u2588\u2588".encode() + b"\xe2\x96" + b"| 2997/3000\n"
+            + b'ACCELERATE_PROGRESS {"step": 3000, "total_steps": 3000}\n')
+
+    async def log(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="text/plain")
+
+    async def go() -> str:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/ml/pods/llm-0/log", log)
+        async with TestServer(app) as server:
+            kube = Kube.from_connection(kopf.ConnectionInfo(server=str(server.make_url(""))))
+            try:
+                return await kube.read_pod_log("ml", "llm-0", 2000)
+            finally:
+                await kube.close()
+
+    text = asyncio.run(go())
+    assert text.endswith('ACCELERATE_PROGRESS {"step": 3000, "total_steps": 3000}\n')
+    assert "\ufffd" in text  # the cut character, replaced
