@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.timeout(600)]
 IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
 NAME = "hf-trainer"
 MAX_STEPS = 3000
-JOB = (JobBuilder(NAME).for_server().nodes(2).procs(2)
+JOB = (JobBuilder(NAME).for_server().nodes(2).procs(2).unset("masterPort")
        .config(compute_environment="LOCAL_MACHINE", distributed_type="MULTI_CPU", use_cpu=True,
                mixed_precision="no")
        .run_policy(backoffLimit=0, cleanPodPolicy="None")
