@@ -93,8 +93,13 @@ def client_configuration() -> client.Configuration:
     except config.ConfigException:
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
                                 client_configuration=configuration)
-    # Only throttling and an unavailable server are retried (the request was not processed);
-    # a read that timed out is not: a create may have happened.
+    return with_retries(configuration)
+
+
+def with_retries(configuration: client.Configuration) -> client.Configuration:
+    """Only throttling and an unavailable server are retried, after the server's Retry-After
+    (the request was not processed); a read that timed out is not: a create may have
+    happened."""
     configuration.retries = Retry(total=RETRIES, connect=RETRIES, read=0, status=RETRIES,
                                   status_forcelist=(429, 503), allowed_methods=None,
                                   respect_retry_after_header=True, raise_on_status=False,

@@ -21,6 +21,7 @@ import yaml
 
 from devtools.cluster import kubectl, wait_for
 from tests.helpers.corpus import CORPUS, CORPUS_TABLE, DEEPSPEED_JSONS, TEMPLATES
+from tests.helpers.jobs import JobBuilder
 from tests.helpers.training import IMAGE_TRAIN_SCRIPT
 
 pytestmark = pytest.mark.timeout(900)
@@ -41,26 +42,13 @@ def job_name(relative: str) -> str:
 
 
 def corpus_job(name: str, key: str, **spec) -> dict:
-    return {
-        "apiVersion": "accelerate-operator.io/v1alpha1",
-        "kind": "AccelerateJob",
-        "metadata": {"name": name},
-        "spec": {
-            "accelerateConfigFrom": {"configMapKeyRef": {"name": CONFIGMAP, "key": key}},
-            "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
-            "template": {"spec": {"terminationGracePeriodSeconds": 1, "containers": [{
-                "name": "trainer",
-                "image": IMAGE,
-                "command": ["accelerate-trainer"],
-                "args": [str(IMAGE_TRAIN_SCRIPT), "--max-steps=2", "--log-every=1"],
-                "env": [{"name": "HF_HUB_OFFLINE", "value": "1"},
-                        {"name": "HF_DATASETS_OFFLINE", "value": "1"},
-                        {"name": "OMP_NUM_THREADS", "value": "1"}],
-                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
-            }]}},
-            **spec,
-        },
-    }
+    return (JobBuilder(name).for_server().config_from(CONFIGMAP, key)
+            .unset("numNodes", "numProcPerNode", "masterPort")
+            .run_policy(backoffLimit=0, cleanPodPolicy="None").grace(1)
+            .image(IMAGE).args(str(IMAGE_TRAIN_SCRIPT), "--max-steps=2", "--log-every=1")
+            .env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+            .container(resources={"requests": {"cpu": "10m", "memory": "64Mi"}})
+            .spec(**spec).build())
 
 
 def multi_node_on_cpu() -> str:

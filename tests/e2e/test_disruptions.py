@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from devtools.cluster import ROOT, kubectl, kubectl_binary
-from tests.helpers.jobs import apply_job, condition, phase_is, wait_for_job
+from tests.helpers.jobs import JobBuilder, apply_job, condition, phase_is, wait_for_job
 
 JOB_NAME_LABEL = "accelerate-operator.io/job-name"
 
@@ -25,16 +25,11 @@ JOB_NAME_LABEL = "accelerate-operator.io/job-name"
 def checkpointed_job(name: str, host_dir: Path, *args: str) -> dict:
     """The CPU example with a checkpoint folder both nodes share (the local nodes share the
     host's disk, as pods share an NFS volume), writable by the image's non-root user."""
-    body = copy.deepcopy(yaml.safe_load((ROOT / "examples" / "cpu-ddp.yaml").read_text()))
-    body["metadata"] = {"name": name}
-    spec = body["spec"]
-    spec["runPolicy"] = {"backoffLimit": 1, "cleanPodPolicy": "None"}
-    spec["checkpoint"] = {"volumeName": "checkpoints", "mountPath": "/checkpoints"}
-    pod = spec["template"]["spec"]
-    pod["volumes"].append({"name": "checkpoints",
-                           "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"}})
-    pod["containers"][0]["args"] = ["/opt/accelerate/examples/train.py", *args]
-    return body
+    return (JobBuilder.from_example(name).run_policy(backoffLimit=1, cleanPodPolicy="None")
+            .checkpoint("checkpoints", "/checkpoints")
+            .volume(name="checkpoints",
+                    hostPath={"path": str(host_dir), "type": "DirectoryOrCreate"})
+            .args("/opt/accelerate/examples/train.py", *args).build())
 
 
 def shared_dir() -> Path:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import pytest
 
 from devtools.cluster import kubectl, wait_for
+from tests.helpers.jobs import JobBuilder
 from tests.helpers.training import IMAGE_TRAIN_SCRIPT
 
 pytestmark = pytest.mark.timeout(900)
@@ -91,29 +92,13 @@ CASES = {
 
 
 def job(name: str, case: Case) -> dict:
-    container = {
-        "name": "trainer",
-        "image": IMAGE,
-        "command": ["accelerate-trainer"],
-        "args": [str(IMAGE_TRAIN_SCRIPT), "--max-steps=2", "--log-every=1"],
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"},
-                {"name": "HF_DATASETS_OFFLINE", "value": "1"},
-                {"name": "OMP_NUM_THREADS", "value": "1"}],
-        "resources": case.resources or {"requests": {"cpu": "10m", "memory": "64Mi"}},
-    }
-    return {
-        "apiVersion": "accelerate-operator.io/v1alpha1",
-        "kind": "AccelerateJob",
-        "metadata": {"name": name},
-        "spec": {
-            "numNodes": 1,
-            "numProcPerNode": case.procs,
-            "accelerateConfig": case.config,
-            "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "None"},
-            "template": {"spec": {"terminationGracePeriodSeconds": 1,
-                                  "containers": [container]}},
-        },
-    }
+    return (JobBuilder(name).for_server().nodes(1).procs(case.procs).config(**case.config)
+            .unset("masterPort").run_policy(backoffLimit=0, cleanPodPolicy="None").grace(1)
+            .image(IMAGE).args(str(IMAGE_TRAIN_SCRIPT), "--max-steps=2", "--log-every=1")
+            .env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+            .container(resources=case.resources
+                       or {"requests": {"cpu": "10m", "memory": "64Mi"}})
+            .build())
 
 
 def status_of(kubeconfig: str, namespace: str, name: str) -> dict:

@@ -9,7 +9,6 @@ Skipped, saying why, where Kueue cannot be had (hack/build-kueue.sh exit code 3)
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -21,11 +20,17 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-import yaml
 from accelerate_operator.kueue import choose_kueue_version
 
 from devtools.cluster import ROOT, kubectl, wait_for
-from tests.helpers.jobs import apply_job, condition, get_job, phase_is, wait_for_job
+from tests.helpers.jobs import (
+    JobBuilder,
+    apply_job,
+    condition,
+    get_job,
+    phase_is,
+    wait_for_job,
+)
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -111,23 +116,17 @@ def queue(kueue: str, namespace: str) -> Iterator[str]:
 def queued_job(name: str, queue: str, *, nodes: int = 2, steps: int = 20,
                priority: str | None = None, checkpoint_dir: str | None = None,
                sleep_per_step: float = 0.0) -> dict:
-    body = copy.deepcopy(yaml.safe_load((ROOT / "examples" / "cpu-ddp.yaml").read_text()))
-    body["metadata"] = {"name": name, "labels": {QUEUE_LABEL: queue}}
+    job = (JobBuilder.from_example(name).queue(queue).nodes(nodes).procs(1)
+           .run_policy(backoffLimit=0, cleanPodPolicy="None"))
     if priority:
-        body["metadata"]["labels"][PRIORITY_LABEL] = priority
-    spec = body["spec"]
-    spec["numNodes"], spec["numProcPerNode"] = nodes, 1
-    spec["runPolicy"] = {"backoffLimit": 0, "cleanPodPolicy": "None"}
-    trainer = spec["template"]["spec"]["containers"][0]
-    trainer["args"] = ["/opt/accelerate/examples/train.py", f"--max-steps={steps}",
-                       "--log-every=1", f"--sleep-per-step={sleep_per_step}"]
+        job.labels(**{PRIORITY_LABEL: priority})
+    args = ["/opt/accelerate/examples/train.py", f"--max-steps={steps}", "--log-every=1",
+            f"--sleep-per-step={sleep_per_step}"]
     if checkpoint_dir:
-        spec["checkpoint"] = {"volumeName": "checkpoints", "mountPath": "/checkpoints"}
-        spec["template"]["spec"]["volumes"].append(
-            {"name": "checkpoints", "hostPath": {"path": checkpoint_dir,
-                                                 "type": "DirectoryOrCreate"}})
-        trainer["args"].append(f"--checkpoint-every={CHECKPOINT_EVERY}")
-    return body
+        job.checkpoint("checkpoints", "/checkpoints").volume(
+            name="checkpoints", hostPath={"path": checkpoint_dir, "type": "DirectoryOrCreate"})
+        args.append(f"--checkpoint-every={CHECKPOINT_EVERY}")
+    return job.args(*args).build()
 
 
 def pods_of(kubeconfig: str, namespace: str, job: str) -> list[str]:

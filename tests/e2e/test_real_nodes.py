@@ -5,7 +5,6 @@ killer turning into a whole-group restart."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -14,30 +13,21 @@ import subprocess
 from datetime import datetime
 
 import pytest
-import yaml
 
 from devtools.cluster import ROOT, kubectl, kubectl_binary, kubectl_json, wait_for
 from devtools.images import TRAINER_CPU_IMAGE
-from tests.helpers.jobs import apply_job, condition, phase_is, wait_for_job
+from tests.helpers.jobs import JobBuilder, apply_job, condition, phase_is, wait_for_job
 
 HOLD_MASTER_SECONDS = 15
 
 
 def example_job(name: str, *args: str) -> dict:
-    body = copy.deepcopy(yaml.safe_load((ROOT / "examples" / "cpu-ddp.yaml").read_text()))
-    body["metadata"] = {"name": name}
-    body["spec"]["template"]["spec"]["containers"][0]["args"] = [
-        "/opt/accelerate/examples/train.py", *args]
-    return body
+    return JobBuilder.from_example(name).args("/opt/accelerate/examples/train.py", *args).build()
 
 
 def command_job(name: str, script: str, **container: object) -> dict:
     """The example's pod template (image, security context, volumes) running a Python snippet."""
-    body = example_job(name)
-    trainer = body["spec"]["template"]["spec"]["containers"][0]
-    trainer.update(command=["python3", "-c", script], args=[], **container)
-    body["spec"]["numProcPerNode"] = 1
-    return body
+    return JobBuilder.from_example(name).procs(1).command(script).container(**container).build()
 
 
 def started_at(pod: dict, container: str) -> datetime:

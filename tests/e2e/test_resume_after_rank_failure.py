@@ -4,39 +4,28 @@ interval."""
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import uuid
 from datetime import datetime
 from pathlib import Path
 
-import yaml
-
-from devtools.cluster import ROOT, kubectl
-from tests.helpers.jobs import apply_job, phase_is, wait_for_job
+from devtools.cluster import kubectl
+from tests.helpers.jobs import JobBuilder, apply_job, phase_is, wait_for_job
 
 MAX_STEPS, CHECKPOINT_EVERY, FAIL_AT = 30, 10, 25
 
 
 def resumable_job(checkpoint_host_dir: str) -> dict:
-    body = yaml.safe_load((ROOT / "examples" / "cpu-ddp.yaml").read_text())
-    body = copy.deepcopy(body)
-    body["metadata"] = {"name": "resume"}
-    spec = body["spec"]
-    spec["runPolicy"] = {"backoffLimit": 2, "cleanPodPolicy": "None"}
-    spec["checkpoint"] = {"volumeName": "checkpoints", "mountPath": "/checkpoints"}
-    pod = spec["template"]["spec"]
-    pod["volumes"].append({"name": "checkpoints",
-                           "hostPath": {"path": checkpoint_host_dir, "type": "DirectoryOrCreate"}})
-    trainer = pod["containers"][0]
-    trainer["args"] = [
-        "/opt/accelerate/examples/train.py", f"--max-steps={MAX_STEPS}", "--log-every=1",
-        f"--checkpoint-every={CHECKPOINT_EVERY}", f"--fail-at-step={FAIL_AT}", "--fail-rank=3",
-    ]
-    trainer["env"].append({"name": "ACCELERATE_FAIL_ONCE_MARKER",
-                           "value": "/checkpoints/failed-once"})
-    return body
+    return (JobBuilder.from_example("resume").run_policy(backoffLimit=2, cleanPodPolicy="None")
+            .checkpoint("checkpoints", "/checkpoints")
+            .volume(name="checkpoints",
+                    hostPath={"path": checkpoint_host_dir, "type": "DirectoryOrCreate"})
+            .args("/opt/accelerate/examples/train.py", f"--max-steps={MAX_STEPS}",
+                  "--log-every=1", f"--checkpoint-every={CHECKPOINT_EVERY}",
+                  f"--fail-at-step={FAIL_AT}", "--fail-rank=3")
+            .env(ACCELERATE_FAIL_ONCE_MARKER="/checkpoints/failed-once")
+            .build())
 
 
 def recovery_seconds(kubeconfig: str, namespace: str) -> float:

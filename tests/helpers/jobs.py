@@ -6,16 +6,23 @@ import copy
 import json
 from typing import Any
 
+import yaml
 from accelerate_operator.constants import API_VERSION, KIND
 from accelerate_operator.status import PodState
 
 from devtools.images import TRAINER_CPU_IMAGE
 
+# A scheduler no cluster runs: the pods stay Pending with no node and no kubelet, and a test
+# sets their status itself (as jobset's integration tests do under envtest).
+NO_SCHEDULER = "accelerate-operator.io/no-scheduler"
+
 
 class JobBuilder:
-    """`JobBuilder("train").nodes(2).procs(2).build()` -> an AccelerateJob body."""
+    """`JobBuilder("train").nodes(2).procs(2).build()` -> an AccelerateJob body; the one factory
+    of job bodies for every test (model: jobset's pkg/util/testing/wrappers.go)."""
 
     def __init__(self, name: str = "train", namespace: str = "ml"):
+        self.server_owned = True  # uid and generation, as a unit test's parse_job wants them
         self.body: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": KIND,
@@ -33,6 +40,16 @@ class JobBuilder:
                 }]}},
             },
         }
+
+    @classmethod
+    def from_example(cls, name: str, example: str = "cpu-ddp.yaml") -> JobBuilder:
+        """An example of examples/ as the user applies it, under another name."""
+        from devtools.cluster import ROOT
+
+        builder = cls(name).for_server()
+        builder.body = yaml.safe_load((ROOT / "examples" / example).read_text())
+        builder.body["metadata"] = {"name": name}
+        return builder
 
     def nodes(self, n: int) -> JobBuilder:
         self.body["spec"]["numNodes"] = n
@@ -63,12 +80,69 @@ class JobBuilder:
         self.body["spec"]["template"]["spec"].update(values)
         return self
 
+    def volume(self, **volume: Any) -> JobBuilder:
+        self.body["spec"]["template"]["spec"].setdefault("volumes", []).append(volume)
+        return self
+
     def checkpoint(self, volume: str, mount_path: str = "/checkpoints") -> JobBuilder:
         self.body["spec"]["checkpoint"] = {"volumeName": volume, "mountPath": mount_path}
         return self
 
+    def spec(self, **fields: Any) -> JobBuilder:
+        self.body["spec"].update(fields)
+        return self
+
+    def unset(self, *fields: str) -> JobBuilder:
+        """Leave spec fields to the server's defaults (or to the accelerate config)."""
+        for name in fields:
+            self.body["spec"].pop(name, None)
+        return self
+
+    def args(self, *args: str) -> JobBuilder:
+        return self.container(args=list(args))
+
+    def env(self, **values: str) -> JobBuilder:
+        container = self.body["spec"]["template"]["spec"]["containers"][0]
+        container.setdefault("env", []).extend({"name": k, "value": v} for k, v in values.items())
+        return self
+
+    def labels(self, **labels: str) -> JobBuilder:
+        self.body["metadata"].setdefault("labels", {}).update(labels)
+        return self
+
+    def queue(self, local_queue: str) -> JobBuilder:
+        """Queued with Kueue: the LocalQueue label."""
+        return self.labels(**{"kueue.x-k8s.io/queue-name": local_queue})
+
+    def image(self, image: str) -> JobBuilder:
+        return self.container(image=image)
+
+    def command(self, script: str) -> JobBuilder:
+        """The trainer replaced by a Python snippet (`python3 -c script`)."""
+        return self.container(command=["python3", "-c", script], args=[])
+
+    def grace(self, seconds: int) -> JobBuilder:
+        return self.pod_spec(terminationGracePeriodSeconds=seconds)
+
+    def unscheduled(self) -> JobBuilder:
+        """Pods no scheduler places and no kubelet runs: the test sets their status."""
+        return self.pod_spec(schedulerName=NO_SCHEDULER)
+
+    def for_server(self, namespace: str | None = None) -> JobBuilder:
+        """Without uid and generation (the API server owns them), in `namespace` or in none
+        (the one kubectl is given)."""
+        self.server_owned = False
+        self.body["metadata"].pop("namespace", None)
+        if namespace:
+            self.body["metadata"]["namespace"] = namespace
+        return self
+
     def build(self) -> dict[str, Any]:
-        return copy.deepcopy(self.body)
+        body = copy.deepcopy(self.body)
+        if not self.server_owned:
+            body["metadata"] = {k: v for k, v in body["metadata"].items()
+                                if k not in ("uid", "generation")}
+        return body
 
 
 def pod(job: str, index: int, phase: str = "Running", *, attempt: int = 0,
@@ -88,9 +162,7 @@ def command_job(name: str, script: str, *, nodes: int = 2) -> JobBuilder:
     # A snippet is PID 1 of its container, which ignores SIGTERM unless it handles it, and it
     # saves no checkpoint: a short grace period, not the 120 s default that fits a checkpoint,
     # so a restart or a deletion does not wait for it.
-    return (JobBuilder(name).nodes(nodes).procs(1)
-            .container(command=["python3", "-c", script], args=[])
-            .pod_spec(terminationGracePeriodSeconds=5))
+    return JobBuilder(name).nodes(nodes).procs(1).command(script).grace(5)
 
 
 def apply_job(kubeconfig: str, namespace: str, body: dict) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from devtools.cluster import kubectl
+from devtools.cluster import kubectl, wait_for
 
 OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")
 OPERATOR_SELECTOR = "app.kubernetes.io/name=accelerate-operator"
@@ -34,3 +36,28 @@ def active_operator(kubeconfig: str) -> tuple[str, list[str]]:
     live = sorted((priority, pod) for priority, pod in records if pod in pods)
     assert live, f"no live peering record among {pods}: {records}"
     return live[-1][1], pods
+
+
+def operator_pods(kubeconfig: str) -> list[str]:
+    out = kubectl("-n", OPERATOR_NAMESPACE, "get", "pods", "-l", OPERATOR_SELECTOR, "-o",
+                  "name", kubeconfig=kubeconfig)
+    return out.stdout.split()
+
+
+@contextmanager
+def deployed_operator_scaled_down(kubeconfig: str) -> Iterator[None]:
+    """The chart's operator scaled to zero while a test runs its own, then back as it was."""
+    deployment = kubectl("-n", OPERATOR_NAMESPACE, "get", "deployment", "-l", OPERATOR_SELECTOR,
+                         "-o", "name", kubeconfig=kubeconfig).stdout.split()[0]
+    replicas = kubectl("-n", OPERATOR_NAMESPACE, "get", deployment, "-o",
+                       "jsonpath={.spec.replicas}", kubeconfig=kubeconfig).stdout or "1"
+    kubectl("-n", OPERATOR_NAMESPACE, "scale", deployment, "--replicas=0", kubeconfig=kubeconfig)
+    try:
+        wait_for(lambda: not operator_pods(kubeconfig), timeout=120,
+                 description="the deployed operator to stop")
+        yield
+    finally:
+        kubectl("-n", OPERATOR_NAMESPACE, "scale", deployment, f"--replicas={replicas}",
+                kubeconfig=kubeconfig)
+        kubectl("-n", OPERATOR_NAMESPACE, "rollout", "status", deployment, "--timeout=180s",
+                kubeconfig=kubeconfig)

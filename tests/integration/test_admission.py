@@ -47,15 +47,11 @@ def read(*args: str, kubeconfig: str) -> dict[str, Any]:
 def valid_job(name: str = "adm", namespace: str = "default", nodes: int = 2,
               procs: int | str = 2) -> dict[str, Any]:
     """A job the server accepts: cheap container, inline config, no topology keys."""
-    body = (JobBuilder(name, namespace).nodes(nodes).procs(procs)
+    return (JobBuilder(name, namespace).nodes(nodes).procs(procs)
             .config(compute_environment="LOCAL_MACHINE", distributed_type="MULTI_CPU",
                     use_cpu=True, mixed_precision="no")
-            .container(image=PYTHON_IMAGE, command=SLEEP, args=[])
-            .build())
-    # JobBuilder fills uid/generation for unit tests; the server owns those.
-    body["metadata"] = {"name": name, "namespace": namespace}
-    body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
-    return body
+            .container(image=PYTHON_IMAGE, command=SLEEP, args=[]).grace(1)
+            .for_server(namespace).build())
 
 
 def server_apply(kubeconfig: str, body: dict[str, Any], *args: str,

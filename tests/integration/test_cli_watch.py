@@ -61,9 +61,7 @@ def create_job(kubeconfig: str, namespace: str, name: str, nodes: int = 1) -> No
     body = (JobBuilder(name, namespace).nodes(nodes).procs(1)
             .config(compute_environment="LOCAL_MACHINE", distributed_type="MULTI_CPU",
                     use_cpu=True, mixed_precision="no")
-            .container(image=PYTHON_IMAGE, command=["python3", "-c", "pass"], args=[])
-            .build())
-    body["metadata"] = {"name": name, "namespace": namespace}
+            .image(PYTHON_IMAGE).command("pass").for_server(namespace).build())
     kubectl("-n", namespace, "create", "-f", "-", kubeconfig=kubeconfig, input=json.dumps(body))
 
 

@@ -18,6 +18,7 @@ import json
 import uuid
 from collections.abc import Iterator
 
+import kubernetes
 import pytest
 from accelerate_operator.api import parse_job
 from accelerate_operator.kube import Kube
@@ -37,12 +38,33 @@ pytestmark = pytest.mark.cluster
 
 RELEASES = {"v0.14": ("v1beta1",), "v0.15-v0.19": ("v1beta2", "v1beta1"),
             "v0.20": ("v1beta2",)}
+MERGE = "application/merge-patch+json"
 NOW, LATER = "2026-01-01T12:00:00Z", "2026-01-01T12:05:00Z"
 
 
 def condition(type_: str, status: str, reason: str, message: str = "") -> dict:
     return {"type": type_, "status": status, "reason": reason, "message": message,
             "lastTransitionTime": NOW, "observedGeneration": 1}
+
+
+class Workloads:
+    """The test's own reads and Kueue's writes of one Workload, through the official client."""
+
+    def __init__(self, kubeconfig: str, group: str, version: str, namespace: str, name: str):
+        client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        self.api = kubernetes.client.CustomObjectsApi(client)
+        self.where = (group, version, namespace, "workloads", name)
+
+    def get(self) -> dict:
+        return self.api.get_namespaced_custom_object(*self.where)
+
+    def patch(self, body: dict) -> None:
+        self.api.patch_namespaced_custom_object(*self.where, body, _content_type=MERGE)
+
+    def patch_status(self, body: dict, field_manager: str) -> None:
+        self.api.patch_namespaced_custom_object_status(*self.where, body,
+                                                       field_manager=field_manager,
+                                                       _content_type=MERGE)
 
 
 @pytest.fixture
@@ -87,13 +109,13 @@ def test_workload_writes_are_accepted_in_the_served_version(kueue_group: str, na
             name = workload["metadata"]["name"]
             assert await kube.create_if_absent(workload)
             assert not await kube.create_if_absent(workload)  # idempotent
-            path = f"{kube._workloads_path(namespace)}/{name}"
-            stored = await kube.request("GET", path)
+            api = Workloads(kubeconfig, kueue_group, kube.kueue_version, namespace, name)
+            stored = api.get()
             assert stored["spec"] == workload["spec"]  # nothing pruned in this version
             assert read_priority_class(stored) == "high"
 
             await kube.patch_workload(namespace, name, build_active_patch(False))
-            stored = await kube.request("GET", path)
+            stored = api.get()
             assert stored["spec"]["active"] is False
             assert stored["metadata"]["annotations"] == {
                 "accelerate-operator.io/requested-active": "false"}
@@ -107,22 +129,19 @@ def test_workload_writes_are_accepted_in_the_served_version(kueue_group: str, na
                 "conditions": [condition("QuotaReserved", "True", "QuotaReserved"),
                                condition("Admitted", "True", "Admitted"),
                                condition("Evicted", "True", "Preempted", "preempted")]}}
-            await kube.request("PATCH", path + "/status", kueue,
-                                content_type="application/merge-patch+json",
-                                query={"fieldManager": "kueue-admission"})
-            evicted = await kube.request("GET", path)
+            api.patch_status(kueue, field_manager="kueue-admission")
+            evicted = api.get()
 
             # A release built from a read that is stale by now changes nothing (409).
-            await kube.request("PATCH", path, {"metadata": {"labels": {"touched": "yes"}}},
-                                content_type="application/merge-patch+json")
+            api.patch({"metadata": {"labels": {"touched": "yes"}}})
             await kube.patch_workload_status(namespace, name,
                                              build_quota_release(evicted, LATER))
-            stored = await kube.request("GET", path)
+            stored = api.get()
             assert stored["status"]["admission"]["clusterQueue"] == "cq"
 
             await kube.patch_workload_status(namespace, name,
                                              build_quota_release(stored, LATER))
-            released = await kube.request("GET", path)
+            released = api.get()
             assert "admission" not in released["status"]
             assert released["status"]["admissionChecks"][0]["name"] == "prov"
             reasons = {c["type"]: (c["status"], c["reason"])
@@ -135,7 +154,7 @@ def test_workload_writes_are_accepted_in_the_served_version(kueue_group: str, na
             await kube.apply_workload_status(namespace, name, build_condition_apply(
                 released, "PodsReady", False, "WaitForStart",
                 "Not all pods are ready or succeeded", LATER), "accelerate-operator-PodsReady")
-            stored = await kube.request("GET", path)
+            stored = api.get()
             assert ("False", "WaitForStart") in {
                 (c["status"], c["reason"]) for c in stored["status"]["conditions"]
                 if c["type"] == "PodsReady"}

@@ -21,34 +21,15 @@ import pytest
 
 from devtools.cluster import kubectl, wait_for
 from tests.helpers.jobs import apply_job, command_job, phase_is, wait_for_job
+from tests.helpers.operator import deployed_operator_scaled_down
 
-OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")
-OPERATOR_SELECTOR = "app.kubernetes.io/name=accelerate-operator"
 RUN_20_SECONDS = "import time; time.sleep(20)"
-
-
-def operator_pods(kubeconfig: str) -> list[str]:
-    out = kubectl("-n", OPERATOR_NAMESPACE, "get", "pods", "-l", OPERATOR_SELECTOR, "-o",
-                  "name", kubeconfig=kubeconfig)
-    return out.stdout.split()
 
 
 @pytest.fixture
 def deployed_operator_paused(kubeconfig: str) -> Iterator[None]:
-    deployment = kubectl("-n", OPERATOR_NAMESPACE, "get", "deployment", "-l", OPERATOR_SELECTOR,
-                         "-o", "name", kubeconfig=kubeconfig).stdout.split()[0]
-    replicas = kubectl("-n", OPERATOR_NAMESPACE, "get", deployment, "-o",
-                       "jsonpath={.spec.replicas}", kubeconfig=kubeconfig).stdout or "1"
-    kubectl("-n", OPERATOR_NAMESPACE, "scale", deployment, "--replicas=0", kubeconfig=kubeconfig)
-    try:
-        wait_for(lambda: not operator_pods(kubeconfig), timeout=120,
-                 description="the deployed operator to stop")
+    with deployed_operator_scaled_down(kubeconfig):
         yield
-    finally:
-        kubectl("-n", OPERATOR_NAMESPACE, "scale", deployment, f"--replicas={replicas}",
-                kubeconfig=kubeconfig)
-        kubectl("-n", OPERATOR_NAMESPACE, "rollout", "status", deployment, "--timeout=180s",
-                kubeconfig=kubeconfig)
 
 
 def children(kubeconfig: str, namespace: str) -> set[str]:

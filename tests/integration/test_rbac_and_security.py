@@ -159,15 +159,12 @@ def test_operator_service_account_has_no_wildcard_and_no_secret_rule(kubeconfig:
 # --- (b) Pod Security "restricted" --------------------------------------------------------------
 
 def cheap_job(name: str, nodes: int = 2, container_security: dict | None = None) -> dict[str, Any]:
-    body = (JobBuilder(name).nodes(nodes).procs(1)
-            .config(distributed_type="MULTI_CPU", use_cpu=True)
-            .container(image=PYTHON_IMAGE, command=SLEEP, args=[])
-            .build())
-    body["metadata"] = {"name": name}
-    body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
+    builder = (JobBuilder(name).for_server().nodes(nodes).procs(1)
+               .config(distributed_type="MULTI_CPU", use_cpu=True)
+               .container(image=PYTHON_IMAGE, command=SLEEP, args=[]).grace(1))
     if container_security is not None:
-        body["spec"]["template"]["spec"]["containers"][0]["securityContext"] = container_security
-    return body
+        builder.container(securityContext=container_security)
+    return builder.build()
 
 
 def create_job(kubeconfig: str, namespace: str, body: dict[str, Any]) -> None:

@@ -1,0 +1,188 @@
+"""The operator's handlers run by kopf's own test runner (`kopf.testing.KopfRunner`, as
+`kopf run -m accelerate_operator.handlers --standalone`) against the real API server, driven by
+step tables (tests/helpers/steps.py): each step acts on the cluster as a user, a kubelet, a drain
+or the clock would, then says what the job's status and children must show.
+
+The pods never run: no scheduler places them and the test sets their state through their
+`status` subresource, as jobset's integration tests do under envtest, so a scenario takes
+seconds. One runner serves the module (one start-up); each scenario is a job of its own. The
+chart's operator is scaled to zero meanwhile and restored at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from kopf.testing import KopfRunner
+
+from devtools.cluster import create_namespace, delete_namespace
+from tests.helpers.jobs import JobBuilder
+from tests.helpers.operator import deployed_operator_scaled_down
+from tests.helpers.steps import (
+    Cluster,
+    Expect,
+    create,
+    delete_configmap,
+    delete_job,
+    delete_pod,
+    disrupt,
+    evict,
+    nothing,
+    pod_exits,
+    pod_webhook_back,
+    pod_webhook_down,
+    pods_running,
+    pods_succeed,
+    remove_pod_webhook,
+    run_steps,
+    suspend,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(kubeconfig: str) -> Iterator[Cluster]:
+    namespace = create_namespace(kubeconfig, prefix="steps")
+    args = ["run", "-m", "accelerate_operator.handlers", "--standalone", "-n", namespace]
+    try:
+        with deployed_operator_scaled_down(kubeconfig):
+            with KopfRunner(args, timeout=60) as runner:
+                yield Cluster(kubeconfig, namespace)
+    finally:
+        delete_namespace(kubeconfig, namespace)
+    assert runner.exception is None, runner.output
+    assert runner.exit_code == 0, runner.output
+
+
+def job(nodes: int = 2) -> JobBuilder:
+    """Two nodes of one process each, whose pods no node runs."""
+    return JobBuilder().nodes(nodes).procs(1).command("pass").grace(1).unscheduled()
+
+
+def test_a_job_gets_its_children_runs_and_succeeds_and_its_deletion_takes_them(cluster):
+    run_steps(cluster, "simple", [
+        ("the job is created", create(job()),
+         Expect(phase="Pending", attempt=0, restarts=0, pods=2,
+                reasons={"Created": "PodsCreated"}, events=["PodsCreated"],
+                children=["configmap/simple-accelerate-config", "service/simple"])),
+        ("its rendered ConfigMap is deleted by hand: it comes back", delete_configmap(),
+         Expect(phase="Pending", pods=2, children=["configmap/simple-accelerate-config"])),
+        ("both pods run", pods_running(0, 1),
+         Expect(phase="Running", reasons={"Running": "AllNodesRunning"}, pods=2)),
+        ("both pods succeed", pods_succeed(0, 1),
+         Expect(phase="Succeeded", restarts=0, reasons={"Succeeded": "AllNodesSucceeded"},
+                pods=2)),
+    ])
+    done = cluster.job("simple")
+    assert done["status"]["completionTime"] and done["status"]["readyNodes"] == "0/2"
+    # kopf writes nothing on a job: no finalizer (a job could not be deleted while the
+    # operator is down), no annotation of its own.
+    assert not done["metadata"].get("finalizers"), done["metadata"]
+    assert not [a for a in done["metadata"].get("annotations") or {} if "kopf" in a]
+    run_steps(cluster, "simple", [
+        ("the job is deleted: its children go with it", delete_job(), Expect(gone=True)),
+    ])
+
+
+def test_a_failed_pod_restarts_the_whole_group_until_backoff_limit_fails_the_job(cluster):
+    run_steps(cluster, "flaky", [
+        ("created with backoffLimit 1", create(job().run_policy(backoffLimit=1)),
+         Expect(phase="Pending", pods=2)),
+        ("both pods run", pods_running(0, 1), Expect(phase="Running", pods=2)),
+        ("rank 1 exits with 3: the whole group restarts, counted",
+         pod_exits(1, 3, "rank 1 lost its GPU"),
+         Expect(phase="Restarting", attempt=1, restarts=1, counted=1, pods=2,
+                reasons={"Restarting": "PodFailed"}, events=["PodFailed"])),
+        ("the new group runs", pods_running(0, 1), Expect(phase="Running", attempt=1, pods=2)),
+        ("rank 0 exits with 3: no restart left, the job fails and its running pod stops",
+         pod_exits(0, 3),
+         Expect(phase="Failed", attempt=1, restarts=1, counted=1, pods=1,
+                reasons={"Failed": "BackoffLimitExceeded"}, events=["BackoffLimitExceeded"])),
+    ])
+    status = cluster.job("flaky")["status"]
+    assert status["lastFailure"].startswith("pod flaky-0 failed with exit code 3"), status
+
+
+def test_a_drained_preempted_or_deleted_pod_restarts_the_group_without_counting(cluster):
+    """backoffLimit 0: a counted restart would fail the job."""
+    disrupted = Expect(phase="Restarting", counted=0, pods=2,
+                       reasons={"Restarting": "Disrupted"})
+    run_steps(cluster, "drain", [
+        ("created with backoffLimit 0", create(job().run_policy(backoffLimit=0)),
+         Expect(phase="Pending", pods=2)),
+        ("both pods run", pods_running(0, 1), Expect(phase="Running")),
+        ("a drain evicts pod 1 (the Eviction API)", evict(1),
+         replace(disrupted, attempt=1, restarts=1)),
+        ("the new group runs", pods_running(0, 1), Expect(phase="Running", attempt=1)),
+        ("the scheduler preempts pod 0 (DisruptionTarget)", disrupt(0),
+         replace(disrupted, attempt=2, restarts=2)),
+        ("the new group runs", pods_running(0, 1), Expect(phase="Running", attempt=2)),
+        ("someone deletes pod 1", delete_pod(1),
+         replace(disrupted, attempt=3, restarts=3)),
+    ])
+
+
+def test_a_config_error_or_a_permanent_exit_code_fails_the_job_without_restarting(cluster):
+    run_steps(cluster, "badcfg", [
+        ("created", create(job()), Expect(phase="Pending", pods=2)),
+        ("both pods run", pods_running(0, 1), Expect(phase="Running")),
+        ("the trainer refuses its config (exit 78)",
+         pod_exits(0, 78, "invalid configuration: unknown accelerate config key(s) num_gpus"),
+         Expect(phase="Failed", restarts=0, attempt=0, reasons={"Failed": "InvalidConfig"})),
+    ])
+    assert "num_gpus" in cluster.job("badcfg")["status"]["lastFailure"]
+    run_steps(cluster, "permanent", [
+        ("created with permanentExitCodes [42]",
+         create(job().run_policy(permanentExitCodes=[42])), Expect(phase="Pending", pods=2)),
+        ("both pods run", pods_running(0, 1), Expect(phase="Running")),
+        ("rank 1 exits with 42", pod_exits(1, 42),
+         Expect(phase="Failed", restarts=0, reasons={"Failed": "PermanentFailure"})),
+    ])
+
+
+def test_the_active_deadline_fails_the_job_and_stops_its_pods(cluster):
+    run_steps(cluster, "deadline", [
+        ("created with activeDeadlineSeconds 4",
+         create(job().run_policy(activeDeadlineSeconds=4)), Expect(phase="Pending", pods=2)),
+        ("both pods run", pods_running(0, 1), Expect(phase="Running")),
+        ("the deadline passes", nothing(),
+         Expect(phase="Failed", pods=0, reasons={"Failed": "DeadlineExceeded"},
+                events=["DeadlineExceeded"])),
+    ])
+
+
+def test_a_finished_job_is_deleted_with_its_children_when_its_ttl_passes(cluster):
+    run_steps(cluster, "ttl", [
+        ("created with ttlSecondsAfterFinished 3",
+         create(job().run_policy(ttlSecondsAfterFinished=3)), Expect(phase="Pending", pods=2)),
+        ("both pods run", pods_running(0, 1), Expect(phase="Running")),
+        ("both pods succeed", pods_succeed(0, 1), Expect(phase="Succeeded")),
+        ("the TTL passes", nothing(), Expect(gone=True)),
+    ])
+
+
+def test_suspend_deletes_the_pods_and_resume_starts_a_fresh_group_without_a_restart(cluster):
+    run_steps(cluster, "pause", [
+        ("created", create(job()), Expect(phase="Pending", pods=2)),
+        ("both pods run", pods_running(0, 1), Expect(phase="Running")),
+        ("suspended", suspend(True),
+         Expect(phase="Suspended", attempt=0, pods=0, reasons={"Suspended": "Suspended"})),
+        ("resumed: a fresh group", suspend(False),
+         Expect(phase="Pending", attempt=1, restarts=0, counted=0, pods=2,
+                events=["Resumed"])),
+        ("the fresh group runs", pods_running(0, 1),
+         Expect(phase="Running", attempt=1, restarts=0)),
+    ])
+
+
+def test_a_job_whose_pods_cannot_be_created_says_why_and_starts_when_they_can(cluster):
+    try:
+        run_steps(cluster, "blocked", [
+            ("a webhook on pods is down", pod_webhook_down(), Expect(gone=True)),
+            ("created: the pods are refused, a Warning says why", create(job()),
+             Expect(pods=0, events=["ReconcileFailing"])),
+            ("the webhook is gone: the pods are created", pod_webhook_back(),
+             Expect(phase="Pending", attempt=0, restarts=0, pods=2)),
+        ])
+    finally:
+        remove_pod_webhook(cluster)
