@@ -11,7 +11,8 @@ Every write for a job happens inside its pass. The job's in-memory state is one 
 (state.py), dropped in one place, `forget`. No kopf import here, so it is tested without an
 operator running.
 
-Two small pieces kopf lacks, each on its public API:
+Two of the small pieces kopf lacks live here, each on its public API (the work queue and
+following kopf's peering are the others: workqueue.py, peering.py):
 - **The deletion grace check.** When a job is deleted, the garbage collector deletes its
   children, and their DELETED events (on other watches than the job's) can come more than a
   second before the job's own: a pass run on them would recreate the children of a job that is
