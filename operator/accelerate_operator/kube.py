@@ -133,15 +133,16 @@ class Kube:
         self.kueue_group = KUEUE_GROUP
         self.kueue_version = KUEUE_VERSION
 
-    async def _run(self, verb: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """One client call, in a thread; a failure other than _expected is counted."""
+    async def _run(self, method: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """One client call (its HTTP `method`), in a thread; a failure other than _expected is
+        counted."""
         loop = asyncio.get_running_loop()
         kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
         try:
             return await loop.run_in_executor(self._threads, partial(call, *args, **kwargs))
         except ApiException as error:
-            if not _expected(verb, error.status):
-                record_api_error(_verb(verb), error.status)
+            if not _expected(method, error.status):
+                record_api_error(_verb(method), error.status)
             raise
 
     def _raw(self, method: str, path: str, body: Any = None, *,

@@ -24,30 +24,17 @@ from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 from devtools.cluster import create_namespace, delete_namespace, kubectl, wait_for
 from devtools.images import PYTHON_IMAGE
 from tests.helpers.jobs import JobBuilder
+from tests.helpers.operator import deployed_operator_scaled_down
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
-OPERATOR_NAMESPACE = os.environ.get("ACCELERATE_OPERATOR_NAMESPACE", "accelerate-system")
-DEPLOYMENT = "deployment/" + os.environ.get("ACCELERATE_OPERATOR_RELEASE",
-                                             "accelerate-operator")
 
 
 @pytest.fixture(scope="module")
 def no_operator(kubeconfig: str) -> Iterator[None]:
-    replicas = kubectl("-n", OPERATOR_NAMESPACE, "get", DEPLOYMENT, "-o",
-                       "jsonpath={.spec.replicas}", kubeconfig=kubeconfig,
-                       check=False).stdout or "0"
-    if replicas != "0":
-        kubectl("-n", OPERATOR_NAMESPACE, "scale", DEPLOYMENT, "--replicas=0",
-                kubeconfig=kubeconfig)
-        kubectl("-n", OPERATOR_NAMESPACE, "wait", "--for=delete", "pod", "-l",
-                "app.kubernetes.io/name=accelerate-operator", "--timeout=60s",
-                kubeconfig=kubeconfig, check=False)
-    yield
-    if replicas != "0":
-        kubectl("-n", OPERATOR_NAMESPACE, "scale", DEPLOYMENT, f"--replicas={replicas}",
-                kubeconfig=kubeconfig)
+    with deployed_operator_scaled_down(kubeconfig):
+        yield
 
 
 @pytest.fixture
