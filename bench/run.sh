@@ -11,10 +11,15 @@
 #   bench/run.sh throughput kubeflow our operator, then Kubeflow's Go training-operator (built
 #                                    once by hack/build-training-operator.sh, run as a host
 #                                    process) on the same burst; not in the default set
+#   bench/run.sh running             the control plane's CPU per second per running job (100
+#                                    single-node jobs printing like a trainer, against the idle
+#                                    cluster; about 4 minutes); not in the default set: its 100
+#                                    pods fill most of the nodes' pod capacity
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
-# BENCH_KUBEFLOW_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode both"). Raw results,
-# one JSON line per benchmark, go to $BENCH_JSON (default: a file under /tmp, named at the end).
+# BENCH_KUBEFLOW_ARGS, BENCH_RUNNING_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode
+# both", BENCH_RUNNING_ARGS="--no-supervise"). Raw results, one JSON line per benchmark, go to
+# $BENCH_JSON (default: a file under /tmp, named at the end).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -24,8 +29,8 @@ selected=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    startup|throughput|overhead|kubeflow) selected+=("$arg") ;;
-    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [kubeflow]" >&2
+    startup|throughput|overhead|kubeflow|running) selected+=("$arg") ;;
+    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [kubeflow] [running]" >&2
        exit 2 ;;
   esac
 done
@@ -49,10 +54,10 @@ export KUBECONFIG=$kubeconfig
 export BENCH_JSON="${BENCH_JSON:-$(mktemp /tmp/accelerate-operator-bench.XXXXXX.jsonl)}"
 if [[ $quick == 1 ]]; then
   startup_args="--runs 2"; throughput_args="--jobs 100 --single 10"; overhead_args="--pairs 1 --max-steps 100"
-  kubeflow_args="--jobs 100"
+  kubeflow_args="--jobs 100"; running_args="--jobs 20 --window 20"
 else
   startup_args="--runs 5"; throughput_args="--jobs 500 --single 10 --bursts 5 --curve 100,2000,5000"; overhead_args="--pairs 3"
-  kubeflow_args="--jobs 500"
+  kubeflow_args="--jobs 500"; running_args="--jobs 100"
 fi
 
 started=$SECONDS
@@ -62,6 +67,7 @@ for bench in "${selected[@]}"; do
     throughput) "$PY" bench/throughput.py $throughput_args ${BENCH_THROUGHPUT_ARGS:-} ;;
     overhead) "$PY" bench/overhead.py $overhead_args ${BENCH_OVERHEAD_ARGS:-} ;;
     kubeflow) "$PY" bench/kubeflow_compare.py $kubeflow_args ${BENCH_KUBEFLOW_ARGS:-} ;;
+    running) "$PY" bench/running.py $running_args ${BENCH_RUNNING_ARGS:-} ;;
   esac
   echo
 done

@@ -15,6 +15,8 @@ TARGETS = {  # name: (unit, target, higher is better); issue 17's and issue 15's
     "training steps/s, operator / bare": ("ratio", 0.98, True),
     "pod created -> step 1, operator / bare": ("ratio", 1.1, False),
     "last step -> job Succeeded (median)": ("s", 2.0, False),
+    "control plane CPU per running job": ("ms/s", 1.0, False),
+    "pod log requests with jobs running": ("/s", 0.0, False),
 }
 
 
@@ -63,6 +65,16 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
                     out.append((f"peak RSS {label}", m["operator_peak_rss_mib"], "MiB"))
                     out.append((f"RSS after cleanup {label}", m["operator_rss_after_cleanup_mib"],
                                 "MiB"))
+        elif r["benchmark"] == "running":
+            out.append(("control plane CPU per running job", r["sum_per_job_ms"], ""))
+            out.append(("pod log requests with jobs running", r["pod_log_loaded_per_s"], ""))
+            label = f"[{r['jobs']} jobs{'' if r['supervise'] else ', bare'}]"
+            for name in ("kube_apiserver", "kubelets", "operator", "etcd"):
+                if f"{name}_per_job_ms" in r:
+                    out.append((f"{name.replace('_', '-')} CPU per running job {label}",
+                                r[f"{name}_per_job_ms"], "ms/s"))
+            if r.get("progress_age_max_s") is not None:
+                out.append((f"status.progress age, max {label}", r["progress_age_max_s"], "s"))
         elif r["benchmark"] == "overhead":
             out.append(("training steps/s, operator / bare", r["steps_ratio_median"], ""))
             out.append(("wall time, operator / bare", r["wall_ratio_median"], "ratio"))

@@ -65,7 +65,10 @@ PY
       for f in blobs/sha256/*; do
         grep -qxF "$(basename "$f")" <<<"$have" || files+=("$f")
       done
-      tar -cf - "${files[@]}" | nctr "$node" images import - >/dev/null
+      # A node may keep a layer's blob but not its unpacked snapshot (the kubelet's image GC
+      # removed an older image): the import then fails on a missing parent. Send every blob.
+      tar -cf - "${files[@]}" | nctr "$node" images import - >/dev/null \
+        || tar -cf - oci-layout index.json blobs | nctr "$node" images import - >/dev/null
       mkdir -p "$NODES_DIR/$node/images"
       echo "$id" >"$NODES_DIR/$node/images/$stamp_name"
     ) &

@@ -14,6 +14,7 @@ CONFIG_VOLUME = "accelerate-config"
 SHM_VOLUME = "dshm"
 CODE_VOLUME = "accelerate-code"
 WORKSPACE_VOLUME = "accelerate-workspace"
+REPORT_VOLUME = "accelerate-report"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 

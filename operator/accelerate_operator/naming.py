@@ -44,3 +44,8 @@ def workload_name(job_name: str, uid: str) -> str:
 def pdb_name(job_name: str) -> str:
     """The job's PodDisruptionBudget (spec.runPolicy.podDisruptionBudget)."""
     return job_name
+
+
+def report_access_name(job_name: str) -> str:
+    """The Role and RoleBinding that let pod `<job>-0` write its report onto itself."""
+    return f"{job_name}-report"

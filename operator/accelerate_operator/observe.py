@@ -2,46 +2,44 @@
 
 The pods and children come from the informers' stores (passed in: no API call), completed by
 what this operator created that the stores do not show yet; the status is the server's, unless
-our own last write is newer. The reads that call the API server, through kube.py: the user's
-ConfigMap named by spec.accelerateConfigFrom (the YAML and the files beside it), only while the
-rendered config has yet to be created or the topology still depends on that YAML (no
-status.topology yet); and for a queued job, the WorkloadPriorityClass its label names (until its
-Workload exists) and the ResourceFlavors its admission names (until its group is all there). The
-job's Workload itself comes from a store, passed in as a QueueContext. While the job runs, rank
-0's progress (the tail of pod `<job>-0`'s log, every PROGRESS_SECONDS and whenever a pod of the
-group has ended, so the last report is caught) and, once per attempt, the versions its trainer
-printed (the head of that log): read here, so the pass writes them with the rest of the status,
-in one write. Observing decides nothing: that is plan.py's."""
+our own last write is newer. Pod 0's pushed report (an annotation on the pod, so it comes with
+the pod's watch event) gives rank 0's progress and its last sign of life; a new progress is
+handed to the plan at most once every PROGRESS_WRITE_SECONDS, however often the pod reports.
+The reads that call the API server, through kube.py: the user's ConfigMap named by
+spec.accelerateConfigFrom (the YAML and the files beside it), only while the rendered config has
+yet to be created or the topology still depends on that YAML (no status.topology yet); for a
+queued job, the WorkloadPriorityClass its label names (until its Workload exists) and the
+ResourceFlavors its admission names (until its group is all there); and once per attempt, the
+head of pod 0's log, for the versions its trainer printed first thing. The job's Workload itself
+comes from a store, passed in as a QueueContext. Observing decides nothing: that is plan.py's."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from .api import JobSpec
-from .constants import RUNNING
+from .constants import PENDING
 from .kube import ConfigMapMissing, Kube
 from .kueue import QueueContext, priority_class, queue_name, read_workload
 from .naming import configmap_name, pod_name, trainer_container_name
 from .plan import Observed
-from .progress import parse_progress, parse_trainer_info, split_log_timestamps
+from .progress import build_progress_status, parse_report, parse_trainer_info, progress_changed
 from .state import JobState
 from .status import PodState
 
 log = logging.getLogger("accelerate_operator")
 
-# How often a running job's progress is read (rank 0 prints a report at most every ~2 s).
-PROGRESS_SECONDS = 5.0
-# Rank 0 prints a progress line every 2-5 s (transformers' callback posts at most every 5 s);
-# the newest one must be in the tail read. A tqdm bar in a log that is not a terminal writes up
-# to 3 lines per step, so a Trainer at 25 steps/s puts ~375 lines between two reports: 200
-# lines would often miss the last one. 2,000 lines cover 5 s at ~130 steps/s, about 120 KiB per
-# read of a running job every PROGRESS_SECONDS.
-PROGRESS_TAIL_LINES = 2000
+# At most one status.progress write per job this often (pod 0 pushes about as often: a pod that
+# pushes faster costs the API server its own writes, never more of ours).
+PROGRESS_WRITE_SECONDS = 5.0
 # The trainer prints its versions first thing; pip's output may come before a second line.
 TRAINER_INFO_BYTES = 64 * 1024
+# Until pod 0 has printed them, its log's head is read again this often.
+TRAINER_INFO_RETRY_SECONDS = 5.0
 
 
 async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: JobSpec,
@@ -49,10 +47,10 @@ async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: Job
                   children: Iterable[tuple[str, str]] = (),
                   queue: QueueContext | None = None, clock: float = 0.0) -> Observed:
     """`clock` is the operator's monotonic time, for what is due (in-flight expiry, the next
-    progress read)."""
+    progress write, the next read of the trainer's versions)."""
     status = state.latest_status(body.get("status") or {})
     attempt = int(status.get("attempt") or 0)
-    children = frozenset(children)
+    children = frozenset(children) | state.kept
     if queue is not None and queue.workload is not None:
         children |= {("Workload", queue.workload["metadata"]["name"])}
     all_pods, all_children = state.with_in_flight(attempt, list(pods), children, clock)
@@ -60,12 +58,10 @@ async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: Job
                     children=all_children, queue=queue)
     if queue is not None and queue_name(body) and not seen.finished:
         seen = await _read_kueue(kube, seen, queue)
-    if status.get("phase") == RUNNING or state.progress_read_failed:
-        # A read that failed (a slow node agent) is tried again even once the job has finished:
-        # the pass that finished it may have missed rank 0's last report.
-        seen = await _read_rank0_log(kube, state, seen, attempt, clock)
-    if state.activity_attempt == attempt:
-        seen = replace(seen, last_activity=state.last_activity, last_step=state.last_step)
+    rank0 = next((p for p in seen.pods if p.index == 0 and p.attempt == attempt), None)
+    if rank0 is not None:
+        seen = with_report(state, seen, rank0, clock)
+        seen = await _read_trainer_info(kube, state, seen, rank0, attempt, clock)
     rendered = seen.has("ConfigMap", configmap_name(job.name))
     if seen.finished or not job.config_from or (rendered and job.topology_resolved):
         return seen
@@ -77,41 +73,46 @@ async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: Job
     return replace(seen, config_source=source)
 
 
-async def _read_rank0_log(kube: Kube, state: JobState, seen: Observed, attempt: int,
-                          clock: float) -> Observed:
-    """Rank 0's latest progress report when it is due (or a pod of the group has ended: the job
-    may finish in this pass), and its trainer's versions once per attempt. Best effort: a node
-    agent that does not answer costs the report, never the pass."""
-    ended = any(p.finished for p in seen.pods if p.attempt == attempt)
-    if not ended and not state.progress_read_failed and clock < state.next_progress_read:
+def with_report(state: JobState, seen: Observed, rank0: PodState, clock: float) -> Observed:
+    """What pod 0 of the current attempt last pushed: its last sign of life and step (stall
+    detection), and its progress when that changed and a write is due; when one is not due
+    yet, when it will be. The pod's last report (it has ended) is never held back."""
+    report = parse_report(rank0.report)
+    if report is None:
         return seen
-    state.next_progress_read = clock + PROGRESS_SECONDS
-    namespace, name = seen.job.namespace, seen.job.name
+    seen = replace(seen, last_activity=report.last_output, last_step=report.step)
+    if report.progress is None or not progress_changed(
+            seen.status.get("progress"), build_progress_status(report.progress, datetime.min)):
+        return seen
+    if clock < state.next_progress_write and not rank0.finished:
+        return replace(seen, due_in=state.next_progress_write - clock)
+    state.next_progress_write = clock + PROGRESS_WRITE_SECONDS
+    return replace(seen, progress_report=report.progress)
+
+
+async def _read_trainer_info(kube: Kube, state: JobState, seen: Observed, rank0: PodState,
+                             attempt: int, clock: float) -> Observed:
+    """The versions pod 0's trainer printed, once per attempt, from the head of its log. Best
+    effort: a node agent that does not answer costs the versions, never the pass."""
+    if (seen.status.get("trainer") or {}).get("attempt") == attempt or rank0.phase == PENDING:
+        return seen
+    if clock < state.next_info_read:
+        return replace(seen, due_in=_sooner(seen.due_in, state.next_info_read - clock))
+    state.next_info_read = clock + TRAINER_INFO_RETRY_SECONDS
     container = trainer_container_name(seen.job.template)
-    found: dict[str, Any] = {}
     try:
-        if (seen.status.get("trainer") or {}).get("attempt") != attempt:
-            head = await kube.read_pod_log(namespace, pod_name(name, 0), None,
-                                           container=container, limit_bytes=TRAINER_INFO_BYTES)
-            if head:  # nothing logged yet: the next read tries again
-                found.update(trainer_info_read=True, trainer_versions=parse_trainer_info(head))
-        stamped = await kube.read_pod_log(namespace, pod_name(name, 0), PROGRESS_TAIL_LINES,
-                                          container=container, timestamps=True)
-        tail, newest = split_log_timestamps(stamped)
-        report = found["progress_report"] = parse_progress(tail)
-        # For stall detection (spec.runPolicy.stallTimeoutSeconds): rank 0's last sign of life
-        # in this attempt, and the last step it reported.
-        if state.activity_attempt != attempt:
-            state.activity_attempt, state.last_activity, state.last_step = attempt, None, None
-        if newest is not None:
-            state.last_activity = newest
-        if report is not None and report.get("step") is not None:
-            state.last_step = int(report["step"])
-        state.progress_read_failed = False
-    except Exception as error:  # noqa: BLE001 - best effort, like any progress read
-        log.warning("could not read rank 0's log of %s/%s: %s", namespace, name, error)
-        state.progress_read_failed = True
-    return replace(seen, **found)
+        head = await kube.read_pod_log(seen.job.namespace, pod_name(seen.job.name, 0), None,
+                                       container=container, limit_bytes=TRAINER_INFO_BYTES)
+    except Exception as error:  # noqa: BLE001 - best effort, tried again
+        log.warning("could not read the head of %s's log: %s", rank0.name, error)
+        return replace(seen, due_in=_sooner(seen.due_in, TRAINER_INFO_RETRY_SECONDS))
+    if not head and not rank0.finished:  # nothing printed yet
+        return replace(seen, due_in=_sooner(seen.due_in, TRAINER_INFO_RETRY_SECONDS))
+    return replace(seen, trainer_info_read=True, trainer_versions=parse_trainer_info(head))
+
+
+def _sooner(current: float | None, other: float) -> float:
+    return other if current is None else min(current, other)
 
 
 async def _read_kueue(kube: Kube, seen: Observed, queue: QueueContext) -> Observed:

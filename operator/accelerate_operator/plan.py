@@ -38,6 +38,7 @@ from .kueue import (
 from .naming import (
     configmap_name,
     pdb_name,
+    report_access_name,
     service_name,
     trainer_container_name,
     workload_name,
@@ -46,6 +47,7 @@ from .progress import build_progress_status, build_trainer_status, progress_chan
 from .resources.configmap import ConfigSource, prepare_config
 from .resources.pdb import build_pdb
 from .resources.pods import build_pod
+from .resources.report_access import build_report_binding, build_report_role
 from .resources.service import build_service
 from .resources.workload import Placement, build_placement, build_workload, with_placement
 from .status import Activity, Event, Plan, PodState, QueueState, format_time, plan_reconcile
@@ -77,18 +79,19 @@ class Observed:
     refused: str | None = None
     # Kueue as the indexes show it; None when the operator runs without the Kueue integration.
     queue: QueueContext | None = None
-    # Rank 0's log, when this pass read it (observe.py): its latest progress report, and at the
-    # first read of an attempt the versions its trainer printed.
+    # Pod 0's pushed progress, when it changed and a write is due (observe.py); the versions its
+    # trainer printed, when this pass read them (once per attempt).
     progress_report: Mapping[str, Any] | None = None
     trainer_info_read: bool = False
     trainer_versions: Mapping[str, str] | None = None
-    # For spec.runPolicy.stallTimeoutSeconds, what the runtime last saw of rank 0 of the current
-    # attempt (the progress read, every 5 s while the job runs, reads pod <job>-0's log tail
-    # with timestamps=true): `last_activity` the timestamp of its newest line (a progress
-    # report is a line too), `last_step` the newest step reported. None until read; stall
-    # detection of a Running group then waits.
+    # For spec.runPolicy.stallTimeoutSeconds, what pod 0 of the current attempt last pushed:
+    # `last_activity` when rank 0's container last wrote anything, `last_step` the newest step
+    # reported. None before its first report; stall detection of a Running group then times
+    # from the start of running.
     last_activity: datetime | None = None
     last_step: int | None = None
+    # When observing wants another pass (seconds): a progress write held back, versions unread.
+    due_in: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -258,6 +261,8 @@ def _missing_children(seen: Observed) -> tuple[JobSpec, list[dict[str, Any]], st
     if job.run_policy.pod_disruption_budget and not seen.has("PodDisruptionBudget",
                                                              pdb_name(job.name)):
         children.append(build_pdb(job))
+    if not seen.has("RoleBinding", report_access_name(job.name)):
+        children += [build_report_role(job), build_report_binding(job)]
     return job, children, None
 
 
@@ -272,15 +277,15 @@ def _archive(seen: Observed, plan: Plan) -> Archive | None:
     return Archive(previous, tuple(names), trainer_container_name(seen.job.template))
 
 
-# Status keys read from rank 0's log (observe.py): written only when this pass read them, never
+# Status keys from what pod 0 reported (observe.py): written only when this pass has them, never
 # put back from an older copy, and not compared with the planned status.
 READER_KEYS = ("progress", "trainer")
 
 
 def _status_write(seen: Observed, planned: Mapping[str, Any], now: datetime
                   ) -> dict[str, Any] | None:
-    """The one status write of this pass: the planned status when it changed, plus what the
-    pass read of rank 0's log when that changed; None when there is nothing new."""
+    """The one status write of this pass: the planned status when it changed, plus pod 0's
+    progress and versions when this pass has new ones; None when there is nothing new."""
     status = _changed(seen.status, planned)
     readings: dict[str, Any] = {}
     if seen.progress_report is not None:
@@ -301,8 +306,8 @@ def _status_write(seen: Observed, planned: Mapping[str, Any], now: datetime
 
 def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
     """The status to write, or None when it says nothing new. status.progress and
-    status.trainer are not the planner's (only the log reader writes them), so they are neither
-    written nor compared."""
+    status.trainer are not the planner's (only what pod 0 reports writes them), so they are
+    neither written nor compared."""
     public = {k: v for k, v in new.items() if k not in READER_KEYS}
     previous = {k: v for k, v in old.items() if k not in READER_KEYS}
     return public if public != previous else None

@@ -1,21 +1,22 @@
-"""Turn rank 0's `ACCELERATE_PROGRESS {json}` log lines into the job's status.progress, and the
-trainer's `ACCELERATE_TRAINER_INFO {json}` lines (the library versions it runs with) into
-status.trainer.
+"""Turn pod 0's pushed report (the annotation contract.REPORT_ANNOTATION, which
+accelerate_trainer.supervise writes from rank 0's `ACCELERATE_PROGRESS {json}` lines) into the
+job's status.progress, and the trainer's `ACCELERATE_TRAINER_INFO {json}` line (the library
+versions it runs with, at the head of pod 0's log) into status.trainer.
 
-Pure: text and a clock in, dicts out; reading the log is kube.py's job. The trainer side
-(accelerate_trainer.progress, accelerate_trainer.__main__) prints the lines; a training pod has no
-write access to anything, so the log is the only channel. A malformed line is skipped, never an
-error: the log is the user's program's output."""
+Pure: text and a clock in, dicts out. Everything here comes from the user's program, through a
+pod: a report that is malformed or too big is ignored (the status stays as it was), never an
+error, and every value is checked again before it reaches the status."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from accelerate_trainer.contract import PROGRESS_LINE, TRAINER_INFO_LINE
+from accelerate_trainer.contract import MAX_REPORT_BYTES, TRAINER_INFO_LINE
 
 from .status import format_time
 
@@ -31,17 +32,37 @@ def _count(value: Any) -> int | None:
     return int(number) if number is not None and number >= 0 and number == int(number) else None
 
 
-def parse_progress(log_text: str) -> dict[str, Any] | None:
-    """The last valid progress report in `log_text` (a dict with at least an integer `step`),
-    or None when there is none."""
-    for match in reversed(list(PROGRESS_LINE.finditer(log_text))):
-        try:
-            report = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if isinstance(report, dict) and _count(report.get("step")) is not None:
-            return report
-    return None
+@dataclass(frozen=True)
+class PushedReport:
+    """Pod 0's report: its newest progress object (None before the first), and when rank 0's
+    container last wrote anything (naive UTC; for stall detection)."""
+
+    progress: Mapping[str, Any] | None
+    last_output: datetime | None
+
+    @property
+    def step(self) -> int | None:
+        return _count((self.progress or {}).get("step"))
+
+
+def parse_report(text: str | None) -> PushedReport | None:
+    """The report an annotation holds, or None when it holds none that is valid."""
+    if not text or len(text.encode()) > MAX_REPORT_BYTES:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    progress = value.get("progress")
+    if not isinstance(progress, dict) or _count(progress.get("step")) is None:
+        progress = None
+    stamp = value.get("lastOutputTime")
+    last_output = _parse_time(stamp) if isinstance(stamp, str) else None
+    if progress is None and last_output is None:
+        return None
+    return PushedReport(progress, last_output)
 
 
 # status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),
@@ -157,23 +178,7 @@ def build_trainer_status(versions: Mapping[str, str] | None, attempt: int,
     return status
 
 
-def split_log_timestamps(text: str) -> tuple[str, datetime | None]:
-    """A log read with `timestamps=true`: the lines without their timestamps, and when the
-    newest line was logged (naive UTC; None when no line has one). The kubelet writes RFC 3339
-    with nanoseconds, which fromisoformat takes only to microseconds."""
-    lines, newest = [], None
-    for line in text.splitlines():
-        stamp, _, rest = line.partition(" ")
-        when = _parse_log_time(stamp)
-        if when is None:
-            lines.append(line)
-            continue
-        lines.append(rest)
-        newest = when if newest is None or when > newest else newest
-    return "\n".join(lines) + ("\n" if lines else ""), newest
-
-
-def _parse_log_time(stamp: str) -> datetime | None:
+def _parse_time(stamp: str) -> datetime | None:
     if not stamp.endswith("Z") or "T" not in stamp:
         return None
     whole, _, fraction = stamp[:-1].partition(".")

@@ -17,10 +17,10 @@ from typing import Any
 
 from .api import JobSpec, SpecError, parse_job
 from .apply import Applier, utcnow
-from .constants import FINISHED_PHASES, RUNNING
+from .constants import FINISHED_PHASES
 from .kube import Kube
 from .kueue import QueueContext
-from .observe import PROGRESS_SECONDS, observe
+from .observe import observe
 from .plan import Actions, Observed, plan_pass
 from .state import JobState
 from .status import PodState
@@ -30,8 +30,6 @@ log = logging.getLogger("accelerate_operator")
 # An unfinished job is looked at again at least this often: a pass that changed nothing is
 # cheap, and this bounds how long anything missed (a lost event, a failed read) can last.
 RESYNC_SECONDS = 30.0
-# A failed read of rank 0's log is tried again this soon.
-READ_RETRY_SECONDS = 2.0
 
 
 def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | None:
@@ -48,18 +46,18 @@ def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | 
     return None if metadata.get("deletionTimestamp") else job
 
 
-def requeue_after(seen: Observed, actions: Actions, ttl: bool,
-                  read_failed: bool = False) -> float | None:
-    """When time alone will next change the job: the plan's own time (a deadline, a TTL), the
-    next progress read of a running job (soon again after a failed one), the resync of an
-    unfinished one; None for a finished job without a TTL or a read to retry."""
+def requeue_after(seen: Observed, actions: Actions, ttl: bool) -> float | None:
+    """When time alone will next change the job: the plan's own time (a deadline, a TTL, a
+    stall), what observing held back (a progress write, the trainer's versions), the resync of
+    an unfinished job; None for a finished job with none of these. A running job's progress
+    needs no timer: pod 0's reports come as events."""
     phase = (actions.status or {}).get("phase") or seen.status.get("phase")
-    if phase in FINISHED_PHASES and not (ttl or read_failed or actions.requeue_after is not None):
+    due = [RESYNC_SECONDS if phase not in FINISHED_PHASES else None, actions.requeue_after,
+           seen.due_in]
+    if phase in FINISHED_PHASES and not ttl and all(d is None for d in due):
         return None
-    due = [RESYNC_SECONDS if phase not in FINISHED_PHASES else None,
-           PROGRESS_SECONDS if phase == RUNNING else None, actions.requeue_after,
-           READ_RETRY_SECONDS if read_failed else None]
-    return min(d for d in due if d is not None) if any(d is not None for d in due) else None
+    known = [d for d in due if d is not None]
+    return min(known) if known else None
 
 
 class Reconciler:
@@ -89,5 +87,4 @@ class Reconciler:
             seen = replace(seen, refused=refused)
             actions = plan_pass(seen, now)
             await self.applier.apply(state, seen, actions, now)
-        return requeue_after(seen, actions, job.run_policy.ttl_seconds_after_finished is not None,
-                             read_failed=state.progress_read_failed)
+        return requeue_after(seen, actions, job.run_policy.ttl_seconds_after_finished is not None)

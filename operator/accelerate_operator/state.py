@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from accelerate_trainer.contract import ATTEMPT_LABEL, NODE_INDEX_LABEL
@@ -18,6 +17,8 @@ from .status import PodState
 
 # How long an object this operator created counts as existing when no index shows it yet.
 IN_FLIGHT_SECONDS = 30.0
+# Children the operator creates but does not watch (no informer for a kind it only creates once).
+UNWATCHED_KINDS = frozenset({"Role", "RoleBinding"})
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,11 @@ class JobState:
       plan those pods again (a 409 each) and write the status twice. An entry goes when a
       pass finds the object in an index, when the object's DELETED event comes, when the job
       moves to another attempt, or after IN_FLIGHT_SECONDS.
-    - `next_progress_read`: when a running job's progress is next due (observe.py).
-    - `last_activity`, `last_step`: what rank 0's log last showed of the current attempt.
+    - `kept`: children no index shows because the operator does not watch their kind (the
+      report Role and RoleBinding): created, or found there by a create, once per job.
+    - `next_progress_write`: the earliest time (the operator's clock) status.progress may be
+      written again, however often pod 0 reports; `next_info_read`: when the head of pod 0's
+      log may be read again for its trainer's versions (observe.py).
     - `check_exists`: a deletion asked for the next pass (controller.py, the grace check).
     - `failures`: passes failed in a row (the ReconcileFailing Warning).
     - `terminating_until`: no pass before this (the operator's clock): the namespace refused a
@@ -49,15 +53,9 @@ class JobState:
     uid: str
     written: dict[str, Any] | None = None
     in_flight: dict[tuple[str, str], _Created] = field(default_factory=dict)
-    # When rank 0's log is next due to be read (the operator's monotonic clock), and whether the
-    # last read failed (it is then tried again soon, even after the job finished).
-    next_progress_read: float = 0.0
-    progress_read_failed: bool = False
-    # Rank 0's last sign of life (its newest log line, UTC) and last step reported, in attempt
-    # `activity_attempt`: for stall detection.
-    activity_attempt: int = -1
-    last_activity: datetime | None = None
-    last_step: int | None = None
+    kept: set[tuple[str, str]] = field(default_factory=set)
+    next_progress_write: float = 0.0
+    next_info_read: float = 0.0
     check_exists: bool = False
     failures: int = 0
     terminating_until: float = 0.0
@@ -74,6 +72,9 @@ class JobState:
 
     def record_created(self, manifests: Iterable[Mapping[str, Any]], now: float) -> None:
         for manifest in manifests:
+            if manifest["kind"] in UNWATCHED_KINDS:
+                self.kept.add((manifest["kind"], manifest["metadata"]["name"]))
+                continue
             labels = manifest["metadata"].get("labels") or {}
             attempt, index = labels.get(ATTEMPT_LABEL), labels.get(NODE_INDEX_LABEL)
             self.in_flight[(manifest["kind"], manifest["metadata"]["name"])] = _Created(

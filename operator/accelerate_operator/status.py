@@ -18,10 +18,10 @@ eviction or shutdown), a pod whose node is gone, and a pod of a running group de
 but the operator. The Restarting condition's reason names the cause: PodFailed, Disrupted or
 Stalled.
 
-Stall detection (spec.runPolicy.stallTimeoutSeconds) decides from `Activity`, what the runtime
-read of rank 0's log: a Running group with no log line and no progress report for longer than
-the timeout, or a group whose pods have not all run within the timeout of their creation, is
-Stalled and restarted (counted).
+Stall detection (spec.runPolicy.stallTimeoutSeconds) decides from `Activity`, what pod 0 last
+pushed (when rank 0's container last wrote anything, and its last step): a Running group with no
+output for longer than the timeout, or a group whose pods have not all run within the timeout of
+their creation, is Stalled and restarted (counted).
 
 A job queued with Kueue (`QueueState`) runs only while its Workload is admitted: before that, and
 after an eviction, it has no pod. Stopping a group for Kueue starts a new attempt without
@@ -35,7 +35,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from accelerate_trainer.contract import ATTEMPT_LABEL, CONFIG_ERROR_EXIT_CODE, NODE_INDEX_LABEL
+from accelerate_trainer.contract import (
+    ATTEMPT_LABEL,
+    CONFIG_ERROR_EXIT_CODE,
+    NODE_INDEX_LABEL,
+    REPORT_ANNOTATION,
+)
 
 from .api import JobSpec, build_topology_status
 from .constants import (
@@ -78,6 +83,8 @@ class PodState:
     # TerminationByKubelet, DeletionByPodGC...), or the pod's own status.reason for a node that
     # went away (NodeLost, Shutdown, Terminated) or a kubelet eviction (Evicted). None otherwise.
     disruption: str | None = None
+    # Pod 0's pushed report (contract.REPORT_ANNOTATION), as written: parsed by observe.py.
+    report: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -244,6 +251,7 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         reason=reason,
         message=message,
         disruption=disruption,
+        report=(metadata.get("annotations") or {}).get(REPORT_ANNOTATION),
     )
 
 

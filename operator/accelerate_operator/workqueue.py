@@ -6,7 +6,7 @@ semantics, which kopf does not offer for a key made of several objects (a job an
   created, scheduled, started, costs one or two passes, and a pass always starts from the newest
   state). One pass per key at a time; at most `workers` passes at once.
 - `add_after(key, seconds)`: "requeue after", for what time alone changes (a deadline, a TTL,
-  the next progress read); only the earliest request per key is kept.
+  a progress write held back); only the earliest request per key is kept.
 - A pass that raises is retried with a per-key backoff (1 s doubling to 60 s), reset by the next
   pass that succeeds.
 - `forget(key)`: the job is gone; nothing about it stays queued.

@@ -2,7 +2,9 @@
 The active operator's pod is deleted while the CPU example trains; the standby resumes and acts
 (it writes the job's progress), the job ends Succeeded, and nothing was created twice: the same
 pods (uids) trained from start to end, no restart, one ConfigMap and Service, one PodsCreated
-event. Prints what failover cost: deletion -> standby resumed -> its first status write."""
+event. No progress report is lost: the one pod 0 pushed while no replica was active reaches the
+status once the standby runs (the report lives on the pod), and the last one is the job's final
+progress. Prints what failover cost: deletion -> standby resumed -> its first status write."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from datetime import datetime, timezone
 
 import yaml
+from accelerate_trainer.contract import REPORT_ANNOTATION
 
 from devtools.cluster import ROOT, kubectl, wait_for
 from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator, get_json
@@ -64,6 +67,11 @@ def test_the_standby_operator_takes_over_while_a_job_trains_and_nothing_is_made_
     line = wait_for(resumed_line, timeout=120, interval=0.5,
                     description=f"the standby {standby} to resume")
     resumed_after = log_time(line) - deleted_at
+    pushed = json.loads(get_json(kubeconfig, "-n", namespace, "get", "pod", f"{name}-0")[
+        "metadata"]["annotations"][REPORT_ANNOTATION])["progress"]["step"]
+    wait_for(lambda: status().get("phase") == "Succeeded"
+             or (status().get("progress") or {}).get("step", 0) >= pushed, timeout=30,
+             interval=0.5, description=f"step {pushed}, pushed around the failover, in the status")
     wait_for(lambda: status().get("phase") in ("Succeeded", "Failed") or
              (status().get("progress") or {}).get("updateTime") != progress_before,
              timeout=120, interval=0.5, description="the standby's first write to the job")
@@ -77,6 +85,7 @@ def test_the_standby_operator_takes_over_while_a_job_trains_and_nothing_is_made_
     final = status()
     assert waited.returncode == 0, json.dumps(final, indent=1)
     assert final["restarts"] == 0 and final["attempt"] == 0, final
+    assert final["progress"]["summary"] == "160/160 (100%)", final["progress"]
     after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in get_json(
         kubeconfig, "-n", namespace, "get", "pods", "-l",
         f"accelerate-operator.io/job-name={name}")["items"]}

@@ -7,12 +7,13 @@ import io
 from datetime import datetime
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.progress import build_progress_status, parse_progress
+from accelerate_operator.progress import build_progress_status, parse_report
 from accelerate_operator.resources.configmap import build_configmap
 from accelerate_operator.resources.pods import build_pod
 from accelerate_operator.status import plan_reconcile
 from accelerate_trainer import contract
 from accelerate_trainer.progress import ProgressReporter
+from accelerate_trainer.supervise import Reports, encode
 from accelerate_trainer.topology import parse_topology
 
 from tests.helpers.jobs import JobBuilder, pod
@@ -45,8 +46,10 @@ def test_the_trainer_finds_the_config_where_the_operator_mounts_it():
 def test_a_progress_line_the_trainer_prints_is_one_the_operator_reads():
     stream = io.StringIO()
     ProgressReporter(stream=stream, enabled=True).report(step=3, total_steps=10, loss=0.5)
-    report = parse_progress("some output\n" + stream.getvalue() + "more output\n")
-    assert build_progress_status(report, datetime(2026, 1, 1))["summary"] == "3/10 (30%)"
+    reports = Reports()  # pod 0's supervisor: the output in, the annotation's value out
+    reports.feed(1, ("some output\n" + stream.getvalue() + "more output\n").encode(), 0.0)
+    report = parse_report(encode(reports.current))
+    assert build_progress_status(report.progress, datetime(2026, 1, 1))["summary"] == "3/10 (30%)"
 
 
 def test_the_trainer_config_exit_code_fails_the_job_at_once():

@@ -32,8 +32,11 @@ NAMESPACED_RULES = {
     ("accelerate-operator.io", "acceleratejobs/status"): {"get", "patch", "update"},
     # blockOwnerDeletion on the children (OwnerReferencesPermissionEnforcement)
     ("accelerate-operator.io", "acceleratejobs/finalizers"): {"update"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete"},
-    ("", "pods/log"): {"get"},  # progress lines and the logs archived before a restart
+    # patch: only so it may grant it (each job's Role lets pod 0 patch its own report)
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+    ("", "pods/log"): {"get"},  # the trainer's versions and the logs archived before a restart
+    ("rbac.authorization.k8s.io", "roles"): {"create"},  # the job's Role <job>-report
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
     ("", "services"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "list", "watch", "create"},
     ("", "events"): {"create", "patch"},
@@ -139,6 +142,9 @@ def test_default_render_has_exactly_the_expected_kinds(helm):
             "ClusterRoleBinding": 1,
             "Deployment": 1,
             "Service": 1,  # the metrics Service
+            # only a pod's own report: templates/report-policy.yaml
+            "ValidatingAdmissionPolicy": 1,
+            "ValidatingAdmissionPolicyBinding": 1,
         }
     )
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from accelerate_operator.progress import build_progress_status, parse_progress
+from accelerate_operator.progress import build_progress_status
 from accelerate_trainer.contract import PROGRESS_LINE
 from accelerate_trainer.kubeflow_relay import (
     MAX_BODY,
@@ -29,6 +29,8 @@ from accelerate_trainer.kubeflow_relay import (
     parse_trainer_status,
     start_relay,
 )
+
+from tests.helpers.reports import pushed_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret"
@@ -117,7 +119,7 @@ def test_the_operator_reads_a_relay_line_into_status_progress_with_its_metrics()
         progressPercentage=40, estimatedRemainingSeconds=75,
         metrics=metrics(loss=0.5, learning_rate=0.001, current_step=4, total_steps=10,
                         current_epoch=0.4))))
-    parsed = parse_progress("noise\n" + format_progress_line(report))
+    parsed = pushed_progress("noise\n" + format_progress_line(report))
     now = datetime(2026, 1, 1, tzinfo=UTC)
     assert build_progress_status(parsed, now) == {
         "step": 4, "totalSteps": 10, "epoch": 0.4, "loss": 0.5, "etaSeconds": 75,
@@ -275,7 +277,7 @@ def test_an_unmodified_transformers_trainer_reports_through_the_relay(tmp_path):
     assert last["epoch"] == 1.0 and last["samples_per_second"] > 0
     steps = [report["step"] for report in reports]
     assert steps == sorted(steps)
-    status = build_progress_status(parse_progress(result.stdout), datetime.now(UTC))
+    status = build_progress_status(pushed_progress(result.stdout), datetime.now(UTC))
     assert status["summary"] == "12/12 (100%)" and status["eta"] == "0s"
 
 

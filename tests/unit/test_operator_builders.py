@@ -7,6 +7,7 @@ import yaml
 from accelerate_operator.api import SpecError, parse_job
 from accelerate_operator.resources.configmap import build_configmap, render_accelerate_config
 from accelerate_operator.resources.pods import build_pod
+from accelerate_operator.resources.report_access import build_report_binding, build_report_role
 from accelerate_operator.resources.service import build_service
 from accelerate_trainer.config import ConfigError
 
@@ -110,7 +111,8 @@ def test_user_env_volumes_and_security_settings_are_kept():
                                             "capabilities": {"drop": ["ALL"]}}
     assert pod["spec"]["securityContext"] == {"runAsNonRoot": False,
                                               "seccompProfile": {"type": "RuntimeDefault"}}
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "accelerate-config", "dshm"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "accelerate-config", "dshm",
+                                                           "accelerate-report"]
 
 
 def test_builders_do_not_mutate_the_job():
@@ -213,7 +215,8 @@ def test_pod_disruption_budget_is_built_whole_and_planned_only_when_asked():
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
     now = datetime(2026, 1, 1)
-    children = frozenset({("ConfigMap", "train-accelerate-config"), ("Service", "train")})
+    children = frozenset({("ConfigMap", "train-accelerate-config"), ("Service", "train"),
+                          ("RoleBinding", "train-report")})
     planned = plan_pass(Observed(body, job, {}, (), children), now)
     assert [c["kind"] for c in planned.children] == ["PodDisruptionBudget"]
     with_pdb = plan_pass(Observed(body, job, {}, (), children | {("PodDisruptionBudget",
@@ -232,3 +235,40 @@ def test_the_templates_grace_period_wins_and_the_launcher_waits_as_long():
     assert pod["spec"]["terminationGracePeriodSeconds"] == 600
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "600"
+
+
+def test_pod_0_alone_gets_a_token_bound_to_itself_and_where_to_report():
+    job = parse_job(JobBuilder("train", "ml").nodes(2).pod_spec(
+        serviceAccountName="trainer", automountServiceAccountToken=False).build())
+    first, second = build_pod(job, 0, 0), build_pod(job, 1, 0)
+    assert first["spec"]["volumes"][-1] == {"name": "accelerate-report", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt",
+                                                              "path": "ca.crt"}]}}]}}
+    trainer = first["spec"]["containers"][0]
+    assert trainer["volumeMounts"][-1] == {
+        "name": "accelerate-report", "mountPath": "/var/run/secrets/accelerate-operator.io/report",
+        "readOnly": True}
+    assert trainer["env"][:2] == [{"name": "ACCELERATE_REPORT_POD", "value": "train-0"},
+                                  {"name": "ACCELERATE_REPORT_NAMESPACE", "value": "ml"}]
+    assert first["spec"]["automountServiceAccountToken"] is False  # the template's choice stays
+    assert "accelerate-report" not in [v["name"] for v in second["spec"]["volumes"]]
+    assert not any(e["name"].startswith("ACCELERATE_REPORT_")
+                   for e in second["spec"]["containers"][0]["env"])
+
+
+def test_the_report_role_lets_the_pods_account_patch_pod_0_only():
+    job = parse_job(JobBuilder("train", "ml").pod_spec(serviceAccountName="trainer").build())
+    metadata = {"name": "train-report", "namespace": "ml", "labels": LABELS,
+                "ownerReferences": [OWNER]}
+    assert build_report_role(job) == {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": metadata,
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"],
+                   "resourceNames": ["train-0"]}]}
+    assert build_report_binding(job) == {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "train-report"},
+        "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": "ml"}]}
+    default = parse_job(JobBuilder("train", "ml").build())
+    assert build_report_binding(default)["subjects"][0]["name"] == "default"

@@ -1,6 +1,8 @@
 """Progress: the trainer's `ACCELERATE_PROGRESS {json}` lines (throttled, rank 0 only, ETA from the
-recent step rate) and the operator's parsing of them into status.progress; the trainer's
-`ACCELERATE_TRAINER_INFO` line (its library versions) into status.trainer, read once per attempt."""
+recent step rate), picked out of the output by the supervisor into pod 0's report, and the
+operator's reading of that report into status.progress (at most one write per
+PROGRESS_WRITE_SECONDS); the trainer's `ACCELERATE_TRAINER_INFO` line (its library versions) into
+status.trainer, read from the head of pod 0's log once per attempt."""
 
 from __future__ import annotations
 
@@ -11,23 +13,24 @@ from datetime import datetime
 
 import pytest
 from accelerate_operator.api import parse_job
-from accelerate_operator.observe import TRAINER_INFO_BYTES, observe
+from accelerate_operator.observe import PROGRESS_WRITE_SECONDS, TRAINER_INFO_BYTES, observe
 from accelerate_operator.plan import _changed, _status_write
 from accelerate_operator.progress import (
     build_progress_status,
     build_trainer_status,
     format_duration,
-    parse_progress,
     parse_trainer_info,
     progress_changed,
 )
 from accelerate_operator.state import JobState
-from accelerate_trainer.contract import format_trainer_info_line
+from accelerate_operator.status import PodState
+from accelerate_trainer.contract import MAX_REPORT_BYTES, format_trainer_info_line
 from accelerate_trainer.progress import ProgressReporter, ProgressTracker, is_reporting_rank
 from accelerate_trainer.versions import read_versions
 
 from tests.helpers.fake_kube import FakeKube
 from tests.helpers.jobs import JobBuilder
+from tests.helpers.reports import pushed, pushed_progress
 
 NOW = datetime(2026, 1, 2, 3, 4, 5)
 
@@ -125,7 +128,7 @@ def test_tracker_works_inside_a_real_accelerator(capsys, monkeypatch):
     accelerator.init_trackers("unit-test")
     accelerator.log({"loss": 1.5, "epoch": 0}, step=3)
     accelerator.end_training()
-    report = parse_progress(capsys.readouterr().out)
+    report = pushed_progress(capsys.readouterr().out)
     assert report == {"step": 3, "total_steps": 3, "epoch": 0.0, "loss": 1.5, "eta_seconds": 0}
 
 
@@ -139,15 +142,14 @@ def test_the_last_valid_line_wins_and_garbage_is_skipped():
         'ACCELERATE_PROGRESS {"step": 8, "total_steps": 40, "loss": 2.5}',
         'ACCELERATE_PROGRESS {"step": 9, "total_ste',  # cut by the tail
         'ACCELERATE_PROGRESS {"step": -1}',
-        "[rank1]: ACCELERATE_PROGRESS {\"step\": 99}",  # not at the start of a line
         'ACCELERATE_PROGRESS ["step", 10]',
     ])
-    assert parse_progress(log) == {"step": 8, "total_steps": 40, "loss": 2.5}
+    assert pushed_progress(log) == {"step": 8, "total_steps": 40, "loss": 2.5}
 
 
 def test_no_progress_line_means_none():
-    assert parse_progress("") is None
-    assert parse_progress("RANK_INFO rank=0\nSTEP step=1 loss=2 epoch=0\n") is None
+    assert pushed_progress("") is None
+    assert pushed_progress("RANK_INFO rank=0\nSTEP step=1 loss=2 epoch=0\n") is None
 
 
 def test_progress_status_matches_the_crd_fields():
@@ -191,7 +193,7 @@ def test_only_a_changed_report_is_worth_a_status_write():
 def test_a_trainer_line_parses_back_on_the_operator_side():
     progress, stream, clock = reporter()
     progress.report(step=5, total_steps=10, epoch=1, loss=0.25, samples_per_second=3)
-    status = build_progress_status(parse_progress("noise\n" + stream.getvalue()), NOW)
+    status = build_progress_status(pushed_progress("noise\n" + stream.getvalue()), NOW)
     assert status["summary"] == "5/10 (50%)" and status["loss"] == 0.25
 
 
@@ -230,81 +232,100 @@ def running_body(status: dict) -> dict:
     return body
 
 
-def observe_running(kube: FakeKube, body: dict):
-    return asyncio.run(observe(kube, JobState(body["metadata"]["uid"]), body, parse_job(body),
-                               pods=[]))
+def rank0(report: str | None = None, phase: str = "Running") -> PodState:
+    return PodState(name="llm-0", index=0, attempt=1, phase=phase, ready=True, report=report)
+
+
+def observe_running(kube: FakeKube, body: dict, pods=(), state: JobState | None = None,
+                    clock: float = 0.0):
+    state = state or JobState(body["metadata"]["uid"])
+    return asyncio.run(observe(kube, state, body, parse_job(body), pods=list(pods) or [rank0()],
+                               clock=clock))
 
 
 def test_the_versions_are_read_from_the_head_of_pod_0s_log_once_per_attempt():
     kube = FakeKube()
     kube.logs["llm-0"] = format_trainer_info_line({"versions": {"accelerate": "1.15.0"}})
     seen = observe_running(kube, running_body({}))
-    assert kube.calls[:2] == [("log-head", "llm-0"), ("log", "llm-0")]
+    assert kube.calls == [("log-head", "llm-0")]
     # Written with the rest of the pass's status, in its one write.
     assert _status_write(seen, seen.status, NOW) == {"trainer": {
         "attempt": 1, "image": JobBuilder().build()["spec"]["template"]["spec"]["containers"][0][
             "image"], "versions": {"accelerate": "1.15.0"}, "message": None}}
     kube.calls.clear()
     observe_running(kube, running_body({"trainer": {"attempt": 1}}))
-    assert ("log-head", "llm-0") not in kube.calls  # this attempt's versions are known
+    assert kube.calls == []  # this attempt's versions are known: no log is read at all
 
 
 def test_an_empty_log_is_read_again_later_and_the_planner_never_writes_the_versions():
     kube = FakeKube()
-    seen = observe_running(kube, running_body({}))
+    state = JobState("uid")
+    seen = observe_running(kube, running_body({}), state=state)
     assert _status_write(seen, seen.status, NOW) is None  # nothing logged yet: the next retries
+    assert seen.due_in is not None
     old = {"phase": "Running", "trainer": {"attempt": 0}}
     assert _changed(old, {"phase": "Running", "trainer": {"attempt": 1}}) is None
     assert TRAINER_INFO_BYTES >= 16 * 1024
+    kube.calls.clear()
+    observe_running(kube, running_body({}), state=state, clock=1.0)  # not due yet
+    assert kube.calls == []
 
 
-def test_a_running_jobs_progress_is_written_with_its_status_only_when_it_changed():
+def test_a_pushed_report_is_written_with_the_status_only_when_it_changed():
+    report = pushed('ACCELERATE_PROGRESS {"step": 3, "total_steps": 10}\n')
     kube = FakeKube()
-    kube.logs["llm-0"] = 'ACCELERATE_PROGRESS {"step": 3, "total_steps": 10}\n'
-    seen = observe_running(kube, running_body({"trainer": {"attempt": 1}}))
+    seen = observe_running(kube, running_body({"trainer": {"attempt": 1}}), [rank0(report)])
     write = _status_write(seen, seen.status, NOW)
     assert write["progress"]["step"] == 3 and write["progress"]["totalSteps"] == 10
+    assert seen.last_step == 3 and seen.last_activity == datetime(2026, 1, 2, 3, 4, 5)
     again = observe_running(kube, running_body({"trainer": {"attempt": 1},
-                                                "progress": write["progress"]}))
+                                                "progress": write["progress"]}), [rank0(report)])
     assert _status_write(again, again.status, NOW) is None
+    assert kube.calls == []  # nothing of a running job's log is read
 
 
-def test_the_last_report_is_found_under_seconds_of_a_tqdm_bar():
-    """transformers' Trainer in a pod: its tqdm bar writes up to 3 lines per step (no terminal)
-    and the relay prints a report every 5 s. At 25 steps/s that is ~375 lines between two
-    reports: the tail read must reach the last one (200 lines lost it in an e2e run)."""
-    kube = FakeKube()
-    bar = "".join(f"{i}/3000 [00:10<00:01, 25.00it/s]\n   \n\n" for i in range(2313, 2438))
-    kube.logs["llm-0"] = 'ACCELERATE_PROGRESS {"step": 2313, "total_steps": 3000}\n' + bar
-    seen = observe_running(kube, running_body({"trainer": {"attempt": 1}}))
-    assert len(bar.splitlines()) >= 375
-    assert _status_write(seen, seen.status, NOW)["progress"]["step"] == 2313
-
-
-def test_a_failed_read_is_tried_again_even_after_the_job_finished():
-    """The pass that finishes a job may fail to read rank 0's last report (a slow node agent):
-    the read is retried soon, and its report still reaches the status."""
-    from accelerate_operator.plan import Actions
-    from accelerate_operator.reconciler import READ_RETRY_SECONDS, requeue_after
-
-    class SlowLogs(FakeKube):
-        fail = True
-
-        async def read_pod_log(self, *args, **kwargs):
-            if self.fail:
-                raise TimeoutError("the node agent did not answer")
-            return await super().read_pod_log(*args, **kwargs)
-
-    kube = SlowLogs()
-    kube.logs["llm-0"] = 'ACCELERATE_PROGRESS {"step": 10, "total_steps": 10}\n'
+def test_progress_is_written_at_most_once_per_interval_however_often_the_pod_reports():
+    state, kube = JobState("uid"), FakeKube()
     body = running_body({"trainer": {"attempt": 1}})
-    state = JobState(body["metadata"]["uid"])
-    seen = asyncio.run(observe(kube, state, body, parse_job(body), pods=[]))
-    assert seen.progress_report is None and state.progress_read_failed
-    finished = Actions(status={"phase": "Succeeded"})
-    assert requeue_after(seen, finished, ttl=False, read_failed=True) == READ_RETRY_SECONDS
-    kube.fail = False
-    body["status"]["phase"] = "Succeeded"
-    seen = asyncio.run(observe(kube, state, body, parse_job(body), pods=[]))
-    assert _status_write(seen, seen.status, NOW)["progress"]["summary"] == "10/10 (100%)"
-    assert not state.progress_read_failed
+    first = observe_running(kube, body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 1}\n'))],
+                            state, clock=10.0)
+    assert first.progress_report == {"step": 1}
+    body["status"]["progress"] = build_progress_status(first.progress_report, NOW)
+    held = observe_running(kube, body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 2}\n'))],
+                           state, clock=11.0)
+    assert held.progress_report is None and held.due_in == PROGRESS_WRITE_SECONDS - 1.0
+    due = observe_running(kube, body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 2}\n'))],
+                          state, clock=10.0 + PROGRESS_WRITE_SECONDS)
+    assert due.progress_report == {"step": 2}
+    # The last report of a pod that has ended is never held back: the job may finish now.
+    last = observe_running(kube, body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 3}\n'),
+                                              phase="Succeeded")], state, clock=16.0)
+    assert last.progress_report == {"step": 3}
+
+
+def test_only_pod_0_of_the_current_attempt_reports():
+    report = pushed('ACCELERATE_PROGRESS {"step": 7}\n')
+    other_rank = PodState(name="llm-1", index=1, attempt=1, phase="Running", report=report)
+    old_attempt = PodState(name="llm-0", index=0, attempt=0, phase="Running", report=report)
+    seen = observe_running(FakeKube(), running_body({"trainer": {"attempt": 1}}),
+                           [other_rank, old_attempt])
+    assert seen.progress_report is None and seen.last_activity is None
+
+
+@pytest.mark.parametrize("annotation", [
+    "not json", "[1, 2]", '{"progress": {"step": -1}}', '{"progress": {"step": 1.5}}',
+    '{"progress": "step 3"}', '{"lastOutputTime": "yesterday"}',
+    '{"progress": {"step": 1, "pad": "' + "x" * MAX_REPORT_BYTES + '"}}',
+])
+def test_a_malformed_or_oversized_report_leaves_the_status_as_it_was(annotation):
+    body = running_body({"trainer": {"attempt": 1}, "progress": {"step": 5, "summary": "step 5"}})
+    seen = observe_running(FakeKube(), body, [rank0(annotation)])
+    assert seen.progress_report is None and _status_write(seen, seen.status, NOW) is None
+
+
+def test_a_tqdm_bar_before_the_report_on_its_line_does_not_hide_it():
+    """tqdm in a pod (no terminal) redraws with carriage returns and no newline, so a report
+    printed after a bar shares the bar's line."""
+    bar = "".join(f"\r{i}/3000 [00:10<00:01, 25.00it/s]" for i in range(2313, 2438))
+    output = bar + 'ACCELERATE_PROGRESS {"step": 2437, "total_steps": 3000}\n' + bar
+    assert pushed_progress(output) == {"step": 2437, "total_steps": 3000}

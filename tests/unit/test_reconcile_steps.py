@@ -5,10 +5,10 @@ plan_pass, is also tested alone, and when a pass asks to be run again (requeue_a
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import datetime
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.observe import PROGRESS_SECONDS
 from accelerate_operator.plan import Actions, Observed, plan_pass
 from accelerate_operator.reconciler import RESYNC_SECONDS, Reconciler, requeue_after
 from accelerate_operator.resources.configmap import ConfigSource
@@ -57,11 +57,10 @@ def test_a_pass_with_nothing_to_change_makes_no_api_call():
     cluster.reconcile()
     for name in ("llm-0", "llm-1"):
         cluster.kube.set_pod_phase(name, "Running")
-    cluster.reconcile()
-    assert cluster.phase() == "Running"
     cluster.kube.calls.clear()
-    cluster.reconcile()  # a running job's first pass reads rank 0's log (progress, versions)
-    assert cluster.kube.calls == [("log-head", "llm-0"), ("log", "llm-0")]
+    cluster.reconcile()  # pod 0 runs: the head of its log, once, for its trainer's versions
+    assert cluster.phase() == "Running"
+    assert cluster.kube.calls[0] == ("log-head", "llm-0")
     cluster.kube.calls.clear()
     cluster.reconcile()  # nothing changed and no read due (the clock stands still here)
     assert cluster.kube.calls == []
@@ -189,7 +188,8 @@ def test_plan_builds_only_the_missing_children():
     body = JobBuilder("llm").nodes(1).build()
     actions = plan_pass(observed(body, children=frozenset({("ConfigMap",
                                                               "llm-accelerate-config")})), NOW)
-    assert [(m["kind"], m["metadata"]["name"]) for m in actions.children] == [("Service", "llm")]
+    assert [(m["kind"], m["metadata"]["name"]) for m in actions.children] == [
+        ("Service", "llm"), ("Role", "llm-report"), ("RoleBinding", "llm-report")]
     assert [m["metadata"]["name"] for m in actions.pods] == ["llm-0"]
 
 
@@ -217,10 +217,14 @@ def seen_with(phase: str | None) -> Observed:
     return observed(body)
 
 
-def test_a_running_job_comes_back_for_its_progress_and_a_pending_one_for_the_resync():
-    assert requeue_after(seen_with("Running"), Actions(), ttl=False) == PROGRESS_SECONDS
+def test_an_unfinished_job_comes_back_for_the_resync_or_what_is_due_sooner():
+    """A running job's progress comes as pod events: no timer reads it."""
+    assert requeue_after(seen_with("Running"), Actions(), ttl=False) == RESYNC_SECONDS
     assert requeue_after(seen_with("Pending"), Actions(), ttl=False) == RESYNC_SECONDS
     assert requeue_after(seen_with("Running"), Actions(requeue_after=2.0), ttl=False) == 2.0
+    held = replace(seen_with("Running"), due_in=3.0)  # a progress write held back
+    assert requeue_after(held, Actions(), ttl=False) == 3.0
+    assert requeue_after(replace(seen_with("Succeeded"), due_in=1.0), Actions(), ttl=False) == 1.0
 
 
 def test_a_finished_job_comes_back_only_for_its_ttl():

@@ -312,7 +312,7 @@ def test_a_pod_of_a_job_with_code_mounts_it_read_only_with_a_writable_workspace(
     body = JobBuilder().build()
     body["spec"]["code"] = {"configMap": "train-code", "sha256": SHA,
                             "requirements": "requirements.txt"}
-    pod = build_pod(parse_job(body), 0, attempt=0)
+    pod = build_pod(parse_job(body), 1, attempt=0)  # pod 0 also has its report channel
     trainer = pod["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in trainer["env"]}
     assert {k: v for k, v in env.items() if k.startswith("ACCELERATE_CODE_")} == {
@@ -341,7 +341,8 @@ def test_a_workspace_the_template_mounts_is_used_as_it_is():
     body["spec"]["code"] = {"configMap": "train-code", "sha256": SHA}
     pod = build_pod(parse_job(body), 0, attempt=0)
     names = [v["name"] for v in pod["spec"]["volumes"]]
-    assert names == ["workspace", "accelerate-config", "dshm", "accelerate-code"]
+    assert names == ["workspace", "accelerate-config", "dshm", "accelerate-code",
+                     "accelerate-report"]
     env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert "ACCELERATE_CODE_REQUIREMENTS" not in env
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import deepspeed_cpu
+from . import deepspeed_cpu, supervise
 from .checkpoints import find_resume_checkpoint
 from .command import build_launch_plan
 from .config import (
@@ -245,14 +245,24 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         topology.node_rank, topology.num_nodes, topology.nproc_per_node, topology.world_size,
         " ".join(plan.argv),
     )
-    # transformers.Trainer scripts report progress with no code change (kubeflow_relay.py).
-    launch_env.update(start_relay({**environ, **launch_env}, node_rank=topology.node_rank))
+    return launch(plan.argv, {**environ, **plan.env, **launch_env}, topology.node_rank)
+
+
+def launch(argv: list[str], env: dict[str, str], node_rank: int) -> int:
+    """Replace this process with the launcher; on pod 0, with the supervisor that runs it and
+    pushes its progress onto the pod (supervise.py). transformers.Trainer scripts report
+    progress with no code change through the relay (kubeflow_relay.py), which the supervisor
+    starts itself where there is one."""
+    if supervise.wanted(env, node_rank):
+        argv = supervise.command(argv)
+    else:
+        env.update(start_relay(env, node_rank=node_rank))
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(plan.argv[0], plan.argv, {**environ, **plan.env, **launch_env})
+        os.execvpe(argv[0], argv, env)
     except OSError as error:
-        return fail(f"cannot run {plan.argv[0]!r} ({error.strerror}); is accelerate installed "
+        return fail(f"cannot run {argv[0]!r} ({error.strerror}); is accelerate installed "
                     "and on PATH?", 127)
     return 0  # not reached: exec replaced this process
 

@@ -88,3 +88,20 @@ def format_trainer_info_line(info: Mapping[str, Any]) -> str:
 def format_progress_line(report: Mapping[str, Any]) -> str:
     """One progress line, newline included; keys whose value is None are left out."""
     return f"{PROGRESS_PREFIX} {json.dumps({k: v for k, v in report.items() if v is not None})}\n"
+
+
+# ---- the pushed report: pod `<job>-0` writes it onto itself (accelerate_trainer.supervise) ----
+# The value of REPORT_ANNOTATION is one JSON object, at most MAX_REPORT_BYTES:
+#   {"progress": {<the newest ACCELERATE_PROGRESS object>}, "lastOutputTime": "<RFC 3339 UTC>"}
+# `lastOutputTime` is when rank 0's container last wrote anything (stall detection). The pod may
+# change nothing else (the chart's ValidatingAdmissionPolicy), and only its own pod (a Role per
+# job naming that pod, and the policy comparing the caller's pod-bound token with the object).
+REPORT_ANNOTATION = "accelerate-operator.io/report"
+MAX_REPORT_BYTES = 4096
+# Set by the operator on pod `<job>-0` only: where to write (the downward API) and the
+# service-account token and cluster CA it writes with (a projected volume at REPORT_DIR).
+ENV_REPORT_POD = "ACCELERATE_REPORT_POD"
+ENV_REPORT_NAMESPACE = "ACCELERATE_REPORT_NAMESPACE"
+REPORT_DIR = "/var/run/secrets/accelerate-operator.io/report"
+REPORT_TOKEN_FILE = "token"
+REPORT_CA_FILE = "ca.crt"

@@ -8,17 +8,17 @@ lastUpdatedTime}}` there, at most every 5 s, with the bearer token read from the
 `KUBEFLOW_TRAINER_SERVER_TOKEN` names. Served by the operator, that endpoint would need TLS, a
 projected token with its own audience, a TokenReview per request and a check that the caller is a
 pod of the job it writes, or a pod of one job could write another job's status. Served on the pod's
-own loopback, only processes of this pod can reach it, and what it accepts only becomes a line in
-this pod's log, which the operator already reads (and validates again) into status.progress. The
-training pod still gets no API access at all.
+own loopback, only processes of this pod can reach it, and what it accepts only becomes a line of
+this pod's output, which pod 0's supervisor (supervise.py) pushes like any other progress line
+and the operator validates again into status.progress. The script gets no API access at all.
 
-How it runs: `accelerate-trainer` execs `accelerate launch`, so a thread would die at the exec.
-`start_relay` (called just before the exec, on node 0 only) binds the socket itself, so the port
-is known before the launch, and hands it to `python -m accelerate_trainer.kubeflow_relay`, a small
-process of its own that writes to the container's stdout and ends when its parent (the launcher,
-after the exec) ends. It is not started when `DISABLE_KUBEFLOW_INTEGRATION=TRUE` (transformers'
-own switch), when the user set `KUBEFLOW_TRAINER_SERVER_URL` themselves, or when transformers is
-not installed.
+How it runs: `accelerate-trainer` execs the launcher (or, on pod 0, the supervisor that runs it),
+so a thread would die at the exec. `start_relay` (on node 0 only; the supervisor calls it, with
+its output pipe as `stdout`) binds the socket itself, so the port is known before the launch, and
+hands it to `python -m accelerate_trainer.kubeflow_relay`, a small process of its own that writes
+its lines to that stdout and ends when its parent ends. It is not started when
+`DISABLE_KUBEFLOW_INTEGRATION=TRUE` (transformers' own switch), when the user set
+`KUBEFLOW_TRAINER_SERVER_URL` themselves, or when transformers is not installed.
 
 Bad input is answered with an HTTP error and dropped, never printed: bodies over MAX_BODY bytes,
 malformed JSON, a wrong token, percentages outside 0-100, negative or absurd step counts and ETAs,
@@ -262,10 +262,11 @@ def is_disabled(environ: Mapping[str, str]) -> bool:
 
 
 def start_relay(environ: Mapping[str, str], *, node_rank: int, python: str = sys.executable,
-                token_dir: str | None = None) -> dict[str, str]:
+                token_dir: str | None = None, stdout: int | None = None) -> dict[str, str]:
     """Start the relay for this pod and return the env the launch needs to reach it
     ({} when it is not wanted here, or cannot start: progress lines printed by the script
-    itself keep working either way)."""
+    itself keep working either way). `stdout`: where its lines go (a file descriptor; the
+    supervisor's pipe), else this process's stdout."""
     if node_rank != 0 or is_disabled(environ) or environ.get(ENV_SERVER_URL):
         return {}
     import importlib.util
@@ -284,7 +285,7 @@ def start_relay(environ: Mapping[str, str], *, node_rank: int, python: str = sys
         subprocess.Popen(
             [python, "-m", "accelerate_trainer.kubeflow_relay", "--fd", str(sock.fileno()),
              "--token-file", token_file, "--parent", str(os.getpid())],
-            pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL, close_fds=True,
+            pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL, stdout=stdout, close_fds=True,
         )
         sock.close()  # the relay holds its own copy
     except OSError as error:

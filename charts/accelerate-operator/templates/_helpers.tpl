@@ -71,9 +71,14 @@ the operator never reads one.
 - apiGroups: ["accelerate-operator.io"]
   resources: ["acceleratejobs/finalizers"]
   verbs: ["update"]
+# patch: never used by the operator itself, but RBAC lets it grant only what it holds, and each
+# job's Role `<job>-report` grants pod `<job>-0` a patch of itself (its progress report).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]

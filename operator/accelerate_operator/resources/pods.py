@@ -25,12 +25,17 @@ from accelerate_trainer.contract import (
     ENV_NODE_RANK,
     ENV_NPROC_PER_NODE,
     ENV_NUM_NODES,
+    ENV_REPORT_NAMESPACE,
+    ENV_REPORT_POD,
     ENV_WORLD_SIZE,
+    REPORT_CA_FILE,
+    REPORT_DIR,
+    REPORT_TOKEN_FILE,
     WORKSPACE_DIR,
 )
 
 from ..api import JobSpec
-from ..constants import CODE_VOLUME, CONFIG_VOLUME, SHM_VOLUME, WORKSPACE_VOLUME
+from ..constants import CODE_VOLUME, CONFIG_VOLUME, REPORT_VOLUME, SHM_VOLUME, WORKSPACE_VOLUME
 from ..labels import pod_labels
 from ..naming import configmap_name, master_address, pod_name, service_name
 
@@ -41,6 +46,9 @@ DEFAULT_TERMINATION_GRACE_SECONDS = 120
 # torchrun (under `accelerate launch`) sends SIGKILL to its ranks this long after passing SIGTERM
 # on: 30 s unless told. Set to the pod's grace period, so the kubelet's deadline is the one.
 ENV_LAUNCHER_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+
+# The report token's lifetime; the kubelet renews it at 80%. The API server's minimum is 600 s.
+REPORT_TOKEN_SECONDS = 3600
 
 RESTRICTED_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 RESTRICTED_CONTAINER_SECURITY = {
@@ -115,6 +123,8 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
                "value": str(spec["terminationGracePeriodSeconds"])}]
     trainer["env"] = build_topology_env(job, index, attempt) + launcher_env + user_env
     _add_volumes(job, spec, trainer)
+    if index == 0:
+        _add_report_channel(job, spec, trainer)
 
     return {
         "apiVersion": "v1",
@@ -158,3 +168,21 @@ def _add_code(job: JobSpec, volumes: list[dict[str, Any]], mounts: list[dict[str
     if WORKSPACE_DIR not in mounted_paths:
         volumes.append({"name": WORKSPACE_VOLUME, "emptyDir": {}})
         mounts.append({"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_DIR})
+
+
+def _add_report_channel(job: JobSpec, spec: dict[str, Any], trainer: dict[str, Any]) -> None:
+    """Pod 0 pushes its progress onto itself (accelerate_trainer.supervise): where (its own name
+    and namespace) and with what (a token of the pod's service account bound to this pod, and
+    the cluster's CA), mounted on the trainer container only. Projected explicitly, so a
+    template with automountServiceAccountToken false still reports; the token can do nothing
+    but what the job's Role and the chart's admission policy allow."""
+    trainer["env"][:0] = [{"name": ENV_REPORT_POD, "value": pod_name(job.name, 0)},
+                          {"name": ENV_REPORT_NAMESPACE, "value": job.namespace}]
+    spec["volumes"].append({"name": REPORT_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"path": REPORT_TOKEN_FILE,
+                                 "expirationSeconds": REPORT_TOKEN_SECONDS}},
+        {"configMap": {"name": "kube-root-ca.crt",
+                       "items": [{"key": "ca.crt", "path": REPORT_CA_FILE}]}},
+    ]}})
+    trainer["volumeMounts"].append({"name": REPORT_VOLUME, "mountPath": REPORT_DIR,
+                                    "readOnly": True})

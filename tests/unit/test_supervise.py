@@ -1,0 +1,198 @@
+"""Pod 0's supervisor (accelerate_trainer.supervise): a real child process's output passes through
+unchanged, its progress and last output reach a loopback stand-in for the API server as merge
+patches of one annotation (with the token, re-read), signals reach the child, its exit code is
+the container's, and a refused push never stops the training. The real API server's side (who
+may push what) is tests/integration/test_report_security.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from accelerate_trainer.contract import MAX_REPORT_BYTES, REPORT_ANNOTATION
+from accelerate_trainer.supervise import (
+    HEARTBEAT_SECONDS,
+    PUSH_SECONDS,
+    QUIET_SECONDS,
+    Reports,
+    Snapshot,
+    encode,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ApiServer(ThreadingHTTPServer):
+    """Records every PATCH; answers `status` (with a Status message when it is an error)."""
+
+    def __init__(self, status: int = 200):
+        self.patches: list[tuple[str, dict, dict]] = []
+        self.status = status
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PATCH(handler):  # noqa: N802, N805 - http.server's naming
+                body = handler.rfile.read(int(handler.headers["Content-Length"]))
+                self.patches.append((handler.path, dict(handler.headers), json.loads(body)))
+                answer = b"{}" if self.status < 300 else json.dumps(
+                    {"kind": "Status", "message": "denied by policy"}).encode()
+                handler.send_response(self.status)
+                handler.send_header("Content-Length", str(len(answer)))
+                handler.end_headers()
+                handler.wfile.write(answer)
+
+            def log_message(handler, *args):  # noqa: N805
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def reports(self) -> list[dict]:
+        return [json.loads(body["metadata"]["annotations"][REPORT_ANNOTATION])
+                for _, _, body in self.patches]
+
+
+DRIVER = """
+import http.client, os, sys
+from accelerate_trainer.supervise import PodPatcher, supervise
+patcher = PodPatcher("ml", "train-0", "127.0.0.1", int(sys.argv[1]), directory=sys.argv[2],
+                     connection=http.client.HTTPConnection)
+sys.exit(supervise(sys.argv[3:], os.environ, patcher))
+"""
+
+
+def run_supervised(server: ApiServer, tmp_path: Path, script: str,
+                   **kwargs) -> subprocess.Popen:
+    (tmp_path / "token").write_text("secret-token\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'trainer'}:{ROOT / 'operator'}",
+           "DISABLE_KUBEFLOW_INTEGRATION": "TRUE"}
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(server.server_address[1]), str(tmp_path),
+         sys.executable, "-u", "-c", script], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+PRINTS = r"""
+import sys, time
+sys.stdout.write("starting\n")
+for step in (1, 2, 3):
+    sys.stderr.write(f"\r{step}/3 [00:01<00:02, 1.00it/s]")
+    print(f'ACCELERATE_PROGRESS {{"step": {step}, "total_steps": 3}}')
+    time.sleep(0.1)
+print("done")
+sys.exit(3)
+"""
+
+
+def test_output_passes_through_and_the_last_report_and_exit_code_arrive(tmp_path):
+    server = ApiServer()
+    child = run_supervised(server, tmp_path, PRINTS)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 3
+    assert out.splitlines()[0] == "starting" and out.splitlines()[-1] == "done"
+    assert '"step": 3' in out and "3/3 [00:01<00:02" in err  # unchanged, each on its stream
+    path, headers, _ = server.patches[-1]
+    assert path == "/api/v1/namespaces/ml/pods/train-0"
+    assert headers["Authorization"] == "Bearer secret-token"
+    assert headers["Content-Type"] == "application/merge-patch+json"
+    last = server.reports()[-1]
+    assert last["progress"] == {"step": 3, "total_steps": 3}
+    assert last["lastOutputTime"].endswith("Z")
+    assert len(server.patches) <= 2  # the first sign of life, then the last report
+
+
+def test_sigterm_reaches_the_child_and_its_exit_code_is_the_containers(tmp_path):
+    server = ApiServer()
+    script = ("import signal, sys, time\n"
+              "def stop(*_):\n"
+              "    print('checkpoint saved')\n"
+              "    sys.exit(83)\n"
+              "signal.signal(signal.SIGTERM, stop)\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(60)\n")
+    child = run_supervised(server, tmp_path, script)
+    assert child.stdout.readline() == "ready\n"
+    child.send_signal(signal.SIGTERM)
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 83 and "checkpoint saved" in out
+
+
+def test_a_child_killed_by_a_signal_exits_as_a_shell_would_say(tmp_path):
+    child = run_supervised(ApiServer(), tmp_path, "import os, signal\n"
+                           "os.kill(os.getpid(), signal.SIGKILL)\n")
+    child.communicate(timeout=30)
+    assert child.returncode == 128 + signal.SIGKILL
+
+
+def test_a_refused_push_is_said_once_and_the_training_goes_on(tmp_path):
+    server = ApiServer(status=403)
+    child = run_supervised(server, tmp_path, PRINTS)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 3 and out.splitlines()[-1] == "done"
+    assert err.count("could not report progress") == 1 and "denied by policy" in err
+
+
+# ---- when a push is due (Reports.due) -----------------------------------------------------
+
+
+def fed(text: str, wall: float) -> Reports:
+    reports = Reports()
+    reports.feed(1, text.encode(), wall)
+    return reports
+
+
+def test_new_progress_is_pushed_at_once_then_at_most_every_push_interval():
+    reports = fed('ACCELERATE_PROGRESS {"step": 1}\n', wall=1000.0)
+    first = reports.due(now=0.0, wall=1000.0)
+    assert first is not None and first.progress == {"step": 1}
+    reports.tried(first, 0.0, ok=True)
+    reports.feed(1, b'ACCELERATE_PROGRESS {"step": 2}\n', 1001.0)
+    assert reports.due(now=1.0, wall=1001.0) is None
+    assert reports.due(now=PUSH_SECONDS, wall=1000.0 + PUSH_SECONDS).progress == {"step": 2}
+
+
+def test_output_without_progress_is_a_heartbeat_and_a_pause_is_said_once():
+    reports = fed("loading data\n", wall=1000.0)
+    reports.tried(reports.due(now=0.0, wall=1000.0), 0.0, ok=True)
+    reports.feed(1, b"still loading\n", 1000.0 + PUSH_SECONDS)
+    # Output goes on: nothing before the heartbeat is due.
+    assert reports.due(now=PUSH_SECONDS + 0.5, wall=1000.5 + PUSH_SECONDS) is None
+    # It paused QUIET_SECONDS: its last output is pushed, so stall detection times from it.
+    quiet = reports.due(now=PUSH_SECONDS + QUIET_SECONDS,
+                        wall=1000.0 + PUSH_SECONDS + QUIET_SECONDS)
+    assert quiet is not None and quiet.last_output == 1000.0 + PUSH_SECONDS
+    reports.tried(quiet, PUSH_SECONDS + QUIET_SECONDS, ok=True)
+    assert reports.due(now=100.0, wall=1100.0) is None  # nothing new: nothing to push
+    assert HEARTBEAT_SECONDS * 2 < 30  # the smallest stallTimeoutSeconds
+
+
+def test_a_failed_push_is_tried_again_later_and_the_end_is_always_pushed():
+    reports = fed('ACCELERATE_PROGRESS {"step": 1}\n', wall=1000.0)
+    snapshot = reports.due(now=0.0, wall=1000.0)
+    reports.tried(snapshot, 0.0, ok=False)
+    assert reports.due(now=1.0, wall=1001.0) is None
+    assert reports.due(now=1.0, wall=1001.0, final=True) == snapshot
+
+
+def test_a_report_too_big_for_the_annotation_keeps_its_core_fields():
+    metrics = {f"metric_{i}": 0.123456789 for i in range(400)}
+    value = encode(Snapshot({"step": 4, "total_steps": 8, "loss": 0.5, "metrics": metrics},
+                            1000.0))
+    assert len(value) <= MAX_REPORT_BYTES
+    assert json.loads(value)["progress"] == {"step": 4, "total_steps": 8, "loss": 0.5}
+
+
+@pytest.mark.parametrize("line", [
+    'ACCELERATE_PROGRESS {"step": -1}', 'ACCELERATE_PROGRESS {"step": true}',
+    'ACCELERATE_PROGRESS {"step": 1.5}', "ACCELERATE_PROGRESS [1]", 'ACCELERATE_PROGRESS {"ste',
+])
+def test_a_line_that_is_not_a_valid_report_is_not_pushed(line):
+    reports = fed("x\n" + line + "\n", wall=time.time())
+    assert reports.current.progress is None
