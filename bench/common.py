@@ -809,22 +809,33 @@ def add_burst_arguments(parser: argparse.ArgumentParser, *, timeout: float) -> N
     parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
 
 
-def control_plane_processes() -> dict[str, OperatorProcess]:
-    """The API server's and etcd's processes on this host (the local cluster runs them as host
-    processes), by command name, newest first: their CPU time shows when they, not the
-    operator, limit a burst. Empty on other clusters."""
-    found: dict[str, tuple[int, int]] = {}
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+def host_processes(names: Iterable[str], marker: bytes | None = None) -> dict[str, list[int]]:
+    """The pids of this host's processes by the basename of their argv[0], for each of `names`
+    (the local cluster runs its control plane and kubelets as host processes); with `marker`,
+    only those whose command line holds it."""
+    found: dict[str, list[int]] = {name: [] for name in names}
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
         try:
-            argv0 = os.path.basename(Path(cmdline).read_bytes().split(b"\0")[0]).decode()
+            cmdline = Path(path).read_bytes()
+            argv0 = os.path.basename(cmdline.split(b"\0")[0]).decode()
         except (OSError, UnicodeDecodeError):
             continue
-        if argv0 in ("kube-apiserver", "etcd"):
-            pid = int(cmdline.split("/")[2])
+        if argv0 in found and (marker is None or marker in cmdline):
+            found[argv0].append(int(path.split("/")[2]))
+    return found
+
+
+def control_plane_processes() -> dict[str, OperatorProcess]:
+    """The API server's and etcd's processes on this host, by command name, the newest of each:
+    their CPU time shows when they, not the operator, limit a burst. Empty on other clusters."""
+    newest: dict[str, OperatorProcess] = {}
+    for name, pids in host_processes(("kube-apiserver", "etcd")).items():
+        started = []
+        for pid in pids:
             try:
-                ticks = OperatorProcess(pid).start_ticks()
+                started.append((OperatorProcess(pid).start_ticks(), pid))
             except OSError:
                 continue
-            if ticks > found.get(argv0, (-1, 0))[0]:
-                found[argv0] = (ticks, pid)
-    return {name: OperatorProcess(pid) for name, (_, pid) in found.items()}
+        if started:
+            newest[name] = OperatorProcess(max(started)[1])
+    return newest

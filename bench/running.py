@@ -26,7 +26,6 @@ Usage: python bench/running.py [--jobs 100] [--lines-per-second 20] [--window 45
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
@@ -35,7 +34,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from pathlib import Path
 
 from common import (
     CACHE,
@@ -47,6 +45,7 @@ from common import (
     OperatorProcess,
     delete_leftovers,
     emit_result,
+    host_processes,
     job_of,
     machine_line,
     median,
@@ -118,18 +117,8 @@ def job_body(namespace: str, name: str, args: argparse.Namespace) -> dict:
 # ------------------------------------------------------------------ CPU of the components
 def host_pids() -> dict[str, list[int]]:
     """The pids of each HOST_COMPONENTS component (two kubelets: one per node)."""
-    by_argv0 = {argv0: name for name, argv0 in HOST_COMPONENTS.items()}
-    found: dict[str, list[int]] = {name: [] for name in HOST_COMPONENTS}
-    marker = str(CACHE / "cluster").encode()
-    for path in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            cmdline = Path(path).read_bytes()
-        except OSError:
-            continue
-        name = by_argv0.get(os.path.basename(cmdline.split(b"\0")[0]).decode(errors="replace"))
-        if name and marker in cmdline:
-            found[name].append(int(path.split("/")[2]))
-    return found
+    found = host_processes(HOST_COMPONENTS.values(), marker=str(CACHE / "cluster").encode())
+    return {name: found[argv0] for name, argv0 in HOST_COMPONENTS.items()}
 
 
 def components(cluster: Cluster) -> dict[str, list[OperatorProcess]]:
