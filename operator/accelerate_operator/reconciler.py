@@ -46,7 +46,7 @@ def parse_spec(body: Mapping[str, Any], status: Mapping[str, Any]) -> JobSpec | 
     return None if metadata.get("deletionTimestamp") else job
 
 
-def requeue_after(seen: Observed, actions: Actions, ttl: bool) -> float | None:
+def requeue_after(seen: Observed, actions: Actions) -> float | None:
     """When time alone will next change the job: the plan's own time (a deadline, a TTL, a
     stall), what observing held back (a progress write, the trainer's versions), the resync of
     an unfinished job; None for a finished job with none of these. A running job's progress
@@ -54,8 +54,6 @@ def requeue_after(seen: Observed, actions: Actions, ttl: bool) -> float | None:
     phase = (actions.status or {}).get("phase") or seen.status.get("phase")
     due = [RESYNC_SECONDS if phase not in FINISHED_PHASES else None, actions.requeue_after,
            seen.due_in]
-    if phase in FINISHED_PHASES and not ttl and all(d is None for d in due):
-        return None
     known = [d for d in due if d is not None]
     return min(known) if known else None
 
@@ -87,4 +85,4 @@ class Reconciler:
             seen = replace(seen, refused=refused)
             actions = plan_pass(seen, now)
             await self.applier.apply(state, seen, actions, now)
-        return requeue_after(seen, actions, job.run_policy.ttl_seconds_after_finished is not None)
+        return requeue_after(seen, actions)

@@ -219,19 +219,19 @@ def seen_with(phase: str | None) -> Observed:
 
 def test_an_unfinished_job_comes_back_for_the_resync_or_what_is_due_sooner():
     """A running job's progress comes as pod events: no timer reads it."""
-    assert requeue_after(seen_with("Running"), Actions(), ttl=False) == RESYNC_SECONDS
-    assert requeue_after(seen_with("Pending"), Actions(), ttl=False) == RESYNC_SECONDS
-    assert requeue_after(seen_with("Running"), Actions(requeue_after=2.0), ttl=False) == 2.0
+    assert requeue_after(seen_with("Running"), Actions()) == RESYNC_SECONDS
+    assert requeue_after(seen_with("Pending"), Actions()) == RESYNC_SECONDS
+    assert requeue_after(seen_with("Running"), Actions(requeue_after=2.0)) == 2.0
     held = replace(seen_with("Running"), due_in=3.0)  # a progress write held back
-    assert requeue_after(held, Actions(), ttl=False) == 3.0
-    assert requeue_after(replace(seen_with("Succeeded"), due_in=1.0), Actions(), ttl=False) == 1.0
+    assert requeue_after(held, Actions()) == 3.0
+    assert requeue_after(replace(seen_with("Succeeded"), due_in=1.0), Actions()) == 1.0
 
 
 def test_a_finished_job_comes_back_only_for_its_ttl():
-    assert requeue_after(seen_with("Succeeded"), Actions(), ttl=False) is None
-    assert requeue_after(seen_with("Succeeded"), Actions(requeue_after=60.0), ttl=True) == 60.0
+    assert requeue_after(seen_with("Succeeded"), Actions()) is None
+    assert requeue_after(seen_with("Succeeded"), Actions(requeue_after=60.0)) == 60.0
     finishing = Actions(status={"phase": "Failed"})
-    assert requeue_after(seen_with("Running"), finishing, ttl=False) is None
+    assert requeue_after(seen_with("Running"), finishing) is None
 
 
 def test_in_flight_objects_expire_so_a_pod_deleted_unseen_is_not_hidden_long():
