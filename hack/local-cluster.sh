@@ -9,6 +9,8 @@
 #   hack/local-cluster.sh down [--purge]  stop everything; --purge also deletes cluster state
 #   hack/local-cluster.sh status          what runs
 #   hack/local-cluster.sh exec NODE CMD   run CMD on a node (e.g. `exec ao-node-1 crictl ps`)
+#   hack/local-cluster.sh node-kill NODE  a power loss: every process of the node killed; `up`
+#                                         starts it again
 #
 # Everything generated lives in $CACHE/cluster (PKI, etcd data, logs, node folders with their
 # containerd image stores). Nodes and pods reach the API server at $NODE_GATEWAY_IP:6443 (the
@@ -394,6 +396,23 @@ cmd_exec() {  # cmd_exec NODE CMD...: a shell on a node, as `docker exec` on a k
   in_node "${BASH_REMATCH[1]}" "$@"
 }
 
+cmd_node_kill() {  # cmd_node_kill NODE: a power loss; `up` starts the node again
+  local node=${1:?usage: node-kill NODE} c pid i
+  [[ $node =~ ^ao-node-([0-9]+)$ ]] || die "no node '$node'"
+  i=${BASH_REMATCH[1]}
+  # A node without power says nothing more: its link goes first (no FIN or RST from the sockets
+  # of the processes killed below), and packets to its pods vanish (no ICMP either), so its
+  # peers' connections hang, as at a real loss. `up` links and routes the node again.
+  ip route replace blackhole "$(node_pod_cidr "$i")"
+  ip link set "aon$i" down 2>/dev/null || true
+  # Then SIGKILL, every agent at once: nothing of the node says goodbye to the API server.
+  for c in kubelet kube-proxy containerd; do
+    if pid=$(pid_of "$c@$node"); then kill -KILL "$pid" 2>/dev/null || true; fi
+  done
+  node_stop "$i"
+  ip route replace blackhole "$(node_pod_cidr "$i")"
+}
+
 lock() {  # serialise concurrent up/down (several test sessions share one cluster)
   command -v flock >/dev/null || need flock util-linux
   mkdir -p "$C"
@@ -406,5 +425,7 @@ case "${1:-}" in
   down) shift; lock; cmd_down "$@" ;;
   status) cmd_status ;;
   exec) shift; cmd_exec "$@" ;;
-  *) echo "usage: $0 up | down [--purge] | status | exec NODE CMD..." >&2; exit 2 ;;
+  node-kill) shift; lock; cmd_node_kill "$@" ;;
+  *) echo "usage: $0 up | down [--purge] | status | exec NODE CMD... | node-kill NODE" >&2
+     exit 2 ;;
 esac

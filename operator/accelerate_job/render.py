@@ -33,8 +33,32 @@ def summarize(job: Mapping[str, Any]) -> dict[str, Any]:
         "attempt": status.get("attempt"),
         "lastFailure": status.get("lastFailure"),
         "progress": status.get("progress"),
+        "goodput": {k: v for k, v in (status.get("goodput") or {}).items() if k != "ledger"}
+        or None,
         "conditions": status.get("conditions") or [],
     }
+
+
+def goodput_line(goodput: Mapping[str, Any] | None) -> str | None:
+    """`87.5% of 1h20m kept; lost: recovery 40s, startup 15s (2 interruptions, the last
+    recovered in 21s)`, or None before the operator wrote any."""
+    if not goodput or goodput.get("percent") is None:
+        return None
+    lost = sorted(((seconds, cause) for cause, seconds in (goodput.get("lostSeconds") or {})
+                   .items() if seconds), reverse=True)
+    text = (f"{goodput['percent']:.1f}% of {format_duration(int(goodput.get('wallSeconds', 0)))}"
+            " kept")
+    if lost:
+        text += "; lost: " + ", ".join(f"{cause} {format_duration(int(seconds))}"
+                                       for seconds, cause in lost)
+    count = int(goodput.get("interruptions") or 0)
+    if count:
+        text += f" ({count} interruption{'s' if count > 1 else ''}"
+        last = goodput.get("lastRecoverySeconds")
+        if last is not None:
+            text += f", the last recovered in {format_duration(int(last))}"
+        text += ")"
+    return text
 
 
 def progress_bar(progress: Mapping[str, Any] | None, width: int = BAR_WIDTH) -> str:
@@ -68,6 +92,8 @@ def render_status(job: Mapping[str, Any]) -> str:
         + (f" (attempt {summary['attempt']})" if summary["attempt"] is not None else ""),
         f"{'Progress:':<14}{progress_bar(summary['progress'])}",
     ]
+    if goodput_line(summary["goodput"]):
+        lines.append(f"{'Goodput:':<14}{goodput_line(summary['goodput'])}")
     current = next((c for c in summary["conditions"]
                     if c.get("type") == summary["phase"] and c.get("status") == "True"), None)
     if current and current.get("message"):

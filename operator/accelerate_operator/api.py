@@ -50,6 +50,9 @@ class RunPolicy:
     # How long a Running group may go without a log line or progress report from rank 0, or a
     # new group without all its pods running, before it is Stalled and restarted; None: never.
     stall_timeout_seconds: int | None = None
+    # How long a node holding one of the group's pods may be NotReady or unreachable before the
+    # group restarts without it (status.py).
+    node_lost_timeout_seconds: int = 10
     # A PodDisruptionBudget (minAvailable numNodes) over each running group: voluntary drains
     # wait until the job finishes instead of stopping it.
     pod_disruption_budget: bool = False
@@ -344,5 +347,6 @@ def _run_policy(policy: Mapping[str, Any]) -> RunPolicy:
         clean_pod_policy=policy.get("cleanPodPolicy", "Running"),
         suspend=bool(policy.get("suspend", False)),
         stall_timeout_seconds=policy.get("stallTimeoutSeconds"),
+        node_lost_timeout_seconds=int(policy.get("nodeLostTimeoutSeconds", 10)),
         pod_disruption_budget=bool(policy.get("podDisruptionBudget", False)),
     )

@@ -54,7 +54,9 @@ class Applier:
         if actions.archive:
             await self._archive_logs(job, actions.archive)
         await asyncio.gather(*(self.kube.delete_pod(job.namespace, name)
-                               for name in actions.delete))
+                               for name in actions.delete),
+                             *(self.kube.delete_pod(job.namespace, name, grace_period_seconds=0)
+                               for name in actions.force_delete))
         for write in actions.workload_writes:  # after the deletes: a release needs no pod left
             await self._write_workload(job.namespace, write)
         children = actions.children + ((actions.workload,) if actions.workload else ())

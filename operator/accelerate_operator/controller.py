@@ -264,13 +264,14 @@ class Controller:
         return QueueContext(workload=owned[0] if owned else None,
                             version=self.kube.kueue_version)
 
-    def job_statuses(self) -> list[Any]:
-        """Every job's status as kopf's index shows it, for the jobs{phase} gauge. Read from the
-        metrics server's thread: list() snapshots each view in one step under the GIL."""
+    def job_bodies(self) -> list[Any]:
+        """Every job as kopf's index shows it (metadata and status), for the jobs{phase} and
+        goodput gauges. Read from the metrics server's thread: list() snapshots each view in one
+        step under the GIL."""
         index = self.indexes.get("job_bodies")
         if index is None:
             return []
-        return [body.get("status") for bodies in list(index.values()) for body in list(bodies)]
+        return [body for bodies in list(index.values()) for body in list(bodies)]
 
     # ---- the pass -----------------------------------------------------------------------------
     async def reconcile(self, key: Hashable) -> float | None:

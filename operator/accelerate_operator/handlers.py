@@ -150,7 +150,7 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
     RUNTIME.controller = controller
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
     if port and not RUNTIME.metrics_served:
-        metrics.count_jobs_from(controller.job_statuses)
+        metrics.count_jobs_from(controller.job_bodies)
         metrics.start_metrics_server(int(port))
         RUNTIME.metrics_served = True  # one server per process, across kopf runs in tests
 

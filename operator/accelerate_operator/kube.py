@@ -244,9 +244,17 @@ class Kube:
         version = (api_version or "").rpartition("/")[2] or self.kueue_version
         return f"/apis/{self.kueue_group}/{version}/namespaces/{namespace}/workloads"
 
-    async def delete_pod(self, namespace: str, name: str) -> None:
+    async def delete_pod(self, namespace: str, name: str,
+                         grace_period_seconds: int | None = None) -> None:
+        """Delete a pod: gracefully (its own terminationGracePeriodSeconds), or, with 0, at once
+        (kubectl delete --force), for a pod on a node whose kubelet is gone."""
         await _ignore_gone(self._run("DELETE", self.core.delete_namespaced_pod, name, namespace,
+                                     grace_period_seconds=grace_period_seconds,
                                      _preload_content=False))
+
+    async def read_node(self, name: str) -> dict[str, Any] | None:
+        """A Node, or None when it is gone."""
+        return await _ignore_gone(self.request("GET", f"/api/v1/nodes/{name}"))
 
     # ---- Kueue ----------------------------------------------------------------------------
     async def discover_kueue_version(self) -> str | None:

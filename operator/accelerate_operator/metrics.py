@@ -9,7 +9,7 @@ the runtime already knows the number.
 Where the runtime calls what (the operator's runtime wires these; nothing here starts itself):
     start_metrics_server(int(os.environ["ACCELERATE_OPERATOR_METRICS_PORT"]))   at start-up,
         when the env is set (the chart sets it from metrics.port);
-    count_jobs_from(lambda: statuses of the jobs held)                           once, at start-up;
+    count_jobs_from(lambda: the jobs held (metadata and status))                 once, at start-up;
     observe_pass(seconds)                                                        after each pass;
     record_status_change(old, merged(old, patch), created_at, now)               after each
         accepted status patch;
@@ -19,14 +19,20 @@ Where the runtime calls what (the operator's runtime wires these; nothing here s
 Exported, all prefixed `accelerate_operator_`:
 
     jobs{phase}                    gauge      AccelerateJobs by status.phase
+    job_goodput_ratio{namespace,job}            gauge  status.goodput.percent / 100
+    job_lost_seconds{namespace,job,cause}       gauge  status.goodput.lostSeconds, by cause
+    job_interruptions{namespace,job}            gauge  status.goodput.interruptions
+    job_last_recovery_seconds{namespace,job}    gauge  status.goodput.lastRecoverySeconds
     restarts_total{reason}         counter    whole-group restarts, by the failure that caused them
     job_seconds_to_running         histogram  creation -> first Running
     job_seconds_to_first_step      histogram  creation -> first progress step > 0
     pass_duration_seconds          histogram  one reconcile pass of one job
     api_errors_total{verb,code}    counter    API requests that failed
 
-The label values are bounded (phases and verbs are fixed sets, reasons and codes are checked), so
-no label can grow without end. No API calls here.
+The label values are bounded (phases, verbs and causes are fixed sets, reasons and codes are
+checked), so no label can grow without end; the per-job gauges have one series per job the
+operator holds (as kube-state-metrics has), gone with the job. The job gauges are read from the
+jobs' stored status at scrape time: the values of their last status write. No API calls here.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+LOST_CAUSES = ("waiting", "startup", "recovery", "recomputed")
 PHASES = ("Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
 STARTUP_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200)
@@ -59,8 +66,9 @@ class Metrics:
         # jobs{phase} is counted when scraped, from the source the runtime registers (its job
         # store or index), else from the counts it last set: no timer keeps it fresh.
         self.phase_counts: dict[str, int] = dict.fromkeys(PHASES, 0)
-        self.jobs_source: Callable[[], Iterable[Mapping[str, Any] | None]] | None = None
+        self.jobs_source: Callable[[], Iterable[Mapping[str, Any]]] | None = None
         self.registry.register(_JobsByPhase(self))
+        self.registry.register(_JobGoodput(self))
         self.restarts = Counter(f"{prefix}restarts", "Whole-group restarts, by the failure "
                                 "that caused them", ["reason"], registry=self.registry)
         self.to_running = Histogram(f"{prefix}job_seconds_to_running", "Seconds from a job's "
@@ -91,10 +99,59 @@ class _JobsByPhase:
         family = GaugeMetricFamily("accelerate_operator_jobs", "AccelerateJobs by phase",
                                    labels=["phase"])
         source = self.metrics.jobs_source
-        counts = count_phases(source()) if source is not None else self.metrics.phase_counts
+        counts = (count_phases(job.get("status") for job in source()) if source is not None
+                  else self.metrics.phase_counts)
         for phase in PHASES:
             family.add_metric([phase], counts.get(phase, 0))
         yield family
+
+
+GOODPUT_FAMILIES = (
+    ("job_goodput_ratio", "The share of a job's wall time spent on training that was kept"),
+    ("job_lost_seconds", "Seconds of a job's wall time lost, by cause (waiting, startup, "
+     "recovery, recomputed)"),
+    ("job_interruptions", "Faults that stopped a job's group (restarts, Kueue evictions)"),
+    ("job_last_recovery_seconds", "A job's last fault to its next group's first step"),
+)
+
+
+class _JobGoodput:
+    """The per-job goodput gauges, from each job's status.goodput at scrape time."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families().values())
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        families = self._families()
+        source = self.metrics.jobs_source
+        for job in source() if source is not None else ():
+            add_goodput(families, job)
+        yield from families.values()
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily]:
+        return {name: GaugeMetricFamily(
+            f"accelerate_operator_{name}", text,
+            labels=["namespace", "job", "cause"] if name == "job_lost_seconds"
+            else ["namespace", "job"]) for name, text in GOODPUT_FAMILIES}
+
+
+def add_goodput(families: Mapping[str, GaugeMetricFamily], job: Mapping[str, Any]) -> None:
+    """One job's samples, when its status has a goodput."""
+    metadata, goodput = job.get("metadata") or {}, (job.get("status") or {}).get("goodput")
+    if not isinstance(goodput, Mapping) or not isinstance(goodput.get("percent"), int | float):
+        return
+    labels = [metadata.get("namespace") or "", metadata.get("name") or ""]
+    families["job_goodput_ratio"].add_metric(labels, goodput["percent"] / 100.0)
+    for cause, seconds in (goodput.get("lostSeconds") or {}).items():
+        if cause in LOST_CAUSES and isinstance(seconds, int | float):
+            families["job_lost_seconds"].add_metric([*labels, cause], seconds)
+    families["job_interruptions"].add_metric(labels, int(goodput.get("interruptions") or 0))
+    if isinstance(goodput.get("lastRecoverySeconds"), int | float):
+        families["job_last_recovery_seconds"].add_metric(labels, goodput["lastRecoverySeconds"])
 
 
 METRICS = Metrics()
@@ -190,11 +247,11 @@ def set_jobs_by_phase(counts: Mapping[str, int], metrics: Metrics = METRICS) -> 
     metrics.phase_counts = {phase: counts.get(phase, 0) for phase in PHASES}
 
 
-def count_jobs_from(source: Callable[[], Iterable[Mapping[str, Any] | None]],
+def count_jobs_from(source: Callable[[], Iterable[Mapping[str, Any]]],
                     metrics: Metrics = METRICS) -> None:
-    """Count jobs{phase} at each scrape from `source()`: the statuses of the jobs the runtime
-    holds (for example `lambda: (job.get("status") for job in store.values())`). The source
-    runs in the metrics server's thread: it must only read."""
+    """Count jobs{phase} and the per-job goodput at each scrape from `source()`: the jobs the
+    runtime holds, each with its metadata and status (for example `lambda: store.values()`).
+    The source runs in the metrics server's thread: it must only read."""
     metrics.jobs_source = source
 
 

@@ -9,9 +9,11 @@ The reads that call the API server, through kube.py: the user's ConfigMap named 
 spec.accelerateConfigFrom (the YAML and the files beside it), only while the rendered config has
 yet to be created or the topology still depends on that YAML (no status.topology yet); for a
 queued job, the WorkloadPriorityClass its label names (until its Workload exists) and the
-ResourceFlavors its admission names (until its group is all there); and once per attempt, the
-head of pod 0's log, for the versions its trainer printed first thing. The job's Workload itself
-comes from a store, passed in as a QueueContext. Observing decides nothing: that is plan.py's."""
+ResourceFlavors its admission names (until its group is all there); the Node of a pod whose state
+says its node may be lost (PodState.waits_on_node), at most once per node and pass; and once per
+attempt, the head of pod 0's log, for the versions its trainer printed first thing. The job's
+Workload itself comes from a store, passed in as a QueueContext. Observing decides nothing: that
+is plan.py's."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from .naming import configmap_name, pod_name, trainer_container_name
 from .plan import Observed
 from .progress import build_progress_status, parse_report, parse_trainer_info, progress_changed
 from .state import JobState
-from .status import PodState
+from .status import NodeState, PodState, parse_time
 
 log = logging.getLogger("accelerate_operator")
 
@@ -45,9 +47,11 @@ TRAINER_INFO_RETRY_SECONDS = 5.0
 async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: JobSpec,
                   pods: Iterable[PodState],
                   children: Iterable[tuple[str, str]] = (),
-                  queue: QueueContext | None = None, clock: float = 0.0) -> Observed:
+                  queue: QueueContext | None = None, clock: float = 0.0,
+                  now: datetime | None = None) -> Observed:
     """`clock` is the operator's monotonic time, for what is due (in-flight expiry, the next
-    progress write, the next read of the trainer's versions)."""
+    progress write, the next read of the trainer's versions); `now` the wall clock the pass
+    plans with (UTC), for pods overdue on their node."""
     status = state.latest_status(body.get("status") or {})
     attempt = int(status.get("attempt") or 0)
     children = frozenset(children) | state.kept
@@ -58,6 +62,8 @@ async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: Job
                     children=all_children, queue=queue)
     if queue is not None and queue_name(body) and not seen.finished:
         seen = await _read_kueue(kube, seen, queue)
+    if now is not None:
+        seen = await _read_lost_nodes(kube, seen, now)
     rank0 = next((p for p in seen.pods if p.index == 0 and p.attempt == attempt), None)
     if rank0 is not None:
         seen = with_report(state, seen, rank0, clock)
@@ -85,9 +91,9 @@ def with_report(state: JobState, seen: Observed, rank0: PodState, clock: float) 
             seen.status.get("progress"), build_progress_status(report.progress, datetime.min)):
         return seen
     if clock < state.next_progress_write and not rank0.finished:
-        return replace(seen, due_in=state.next_progress_write - clock)
+        return replace(seen, due_in=_sooner(seen.due_in, state.next_progress_write - clock))
     state.next_progress_write = clock + PROGRESS_WRITE_SECONDS
-    return replace(seen, progress_report=report.progress)
+    return replace(seen, progress_report=report.progress, progress_time=report.progress_time)
 
 
 async def _read_trainer_info(kube: Kube, state: JobState, seen: Observed, rank0: PodState,
@@ -109,6 +115,34 @@ async def _read_trainer_info(kube: Kube, state: JobState, seen: Observed, rank0:
     if not head and not rank0.finished:  # nothing printed yet
         return replace(seen, due_in=_sooner(seen.due_in, TRAINER_INFO_RETRY_SECONDS))
     return replace(seen, trainer_info_read=True, trainer_versions=parse_trainer_info(head))
+
+
+async def _read_lost_nodes(kube: Kube, seen: Observed, now: datetime) -> Observed:
+    """The nodes of the pods that may be lost with them, those not Ready (plan.py decides);
+    and, for a pod being deleted, a pass when its grace period ends (nothing else may come: a
+    lost node sends no event)."""
+    names = sorted({p.node for p in seen.pods if p.waits_on_node(now)})
+    lost = {}
+    for name in names:
+        node = read_node_state(name, await kube.read_node(name))
+        if node is not None:
+            lost[name] = node
+    ends = [(p.gone_by - now).total_seconds() + 1.0 for p in seen.pods
+            if p.node and p.gone_by is not None and p.gone_by > now and not p.finished]
+    due = _sooner(seen.due_in, min(ends)) if ends else seen.due_in
+    return replace(seen, lost_nodes=lost, due_in=due)
+
+
+def read_node_state(name: str, node: Mapping[str, Any] | None) -> NodeState | None:
+    """A Node (None: gone) as the planner needs it: None while it is Ready."""
+    if node is None:
+        return NodeState(name, None, reporting=False)
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or []
+                  if c.get("type") == "Ready"), {})
+    if ready.get("status") == "True":
+        return None
+    return NodeState(name, parse_time(ready.get("lastTransitionTime")),
+                     reporting=ready.get("status") == "False")
 
 
 def _sooner(current: float | None, other: float) -> float:

@@ -14,7 +14,7 @@ planning call."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +22,7 @@ from accelerate_trainer.config import ConfigError
 
 from .api import JobSpec, SpecError
 from .constants import FINISHED_PHASES
+from .goodput import Moment, update_goodput
 from .kueue import (
     QueueContext,
     TopologyError,
@@ -50,7 +51,17 @@ from .resources.pods import build_pod
 from .resources.report_access import build_report_binding, build_report_role
 from .resources.service import build_service
 from .resources.workload import Placement, build_placement, build_workload, with_placement
-from .status import Activity, Event, Plan, PodState, QueueState, format_time, plan_reconcile
+from .status import (
+    Activity,
+    Event,
+    NodeState,
+    Plan,
+    PodState,
+    QueueState,
+    format_time,
+    parse_time,
+    plan_reconcile,
+)
 
 # The operator's own field managers for the Workload conditions it sets (Kueue's UpdateStatus
 # names them <controller>-<condition>).
@@ -82,6 +93,7 @@ class Observed:
     # Pod 0's pushed progress, when it changed and a write is due (observe.py); the versions its
     # trainer printed, when this pass read them (once per attempt).
     progress_report: Mapping[str, Any] | None = None
+    progress_time: datetime | None = None  # when pod 0 saw it (its own clock)
     trainer_info_read: bool = False
     trainer_versions: Mapping[str, str] | None = None
     # For spec.runPolicy.stallTimeoutSeconds, what pod 0 of the current attempt last pushed:
@@ -92,6 +104,8 @@ class Observed:
     last_step: int | None = None
     # When observing wants another pass (seconds): a progress write held back, versions unread.
     due_in: float | None = None
+    # The nodes of the job's pods that are not Ready, by name (status.NodeState).
+    lost_nodes: Mapping[str, NodeState] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -116,6 +130,7 @@ class Actions:
 
     archive: Archive | None = None
     delete: tuple[str, ...] = ()  # pod names
+    force_delete: tuple[str, ...] = ()  # pods on a lost node: no grace period
     children: tuple[dict[str, Any], ...] = ()  # ConfigMap and Service manifests
     pods: tuple[dict[str, Any], ...] = ()  # Pod manifests
     status: dict[str, Any] | None = None  # what to write (progress aside), None: unchanged
@@ -153,7 +168,8 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
         config_error, reason = placement, "AdmissionNotApplicable"
     plan = plan_reconcile(job, seen.status, seen.pods, now, config_error=config_error,
                           config_error_reason=reason, queue=queue,
-                          activity=Activity(seen.last_activity, seen.last_step))
+                          activity=Activity(seen.last_activity, seen.last_step),
+                          lost_nodes=seen.lost_nodes)
     finishing = not seen.finished and plan.status.get("phase") in FINISHED_PHASES
     pods = tuple(build_pod(job, index, plan.attempt) for index in plan.create)
     requeue_after = plan.requeue_after
@@ -166,6 +182,7 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
     return Actions(
         archive=_archive(seen, plan),
         delete=plan.delete,
+        force_delete=plan.force_delete,
         children=() if finishing else tuple(children),
         pods=pods,
         status=_status_write(seen, plan.status, now),
@@ -269,17 +286,18 @@ def _missing_children(seen: Observed) -> tuple[JobSpec, list[dict[str, Any]], st
 def _archive(seen: Observed, plan: Plan) -> Archive | None:
     """A restart deletes the group of the previous attempt: keep what its pods printed."""
     previous = int(seen.status.get("attempt") or 0)
-    if plan.attempt <= previous or not plan.delete:
+    if plan.attempt <= previous or not (plan.delete or plan.force_delete):
         return None
-    names = sorted({p.name for p in seen.pods if p.attempt == previous} & set(plan.delete))
+    names = sorted({p.name for p in seen.pods if p.attempt == previous}
+                   & set(plan.delete + plan.force_delete))
     if not names:
         return None
     return Archive(previous, tuple(names), trainer_container_name(seen.job.template))
 
 
-# Status keys from what pod 0 reported (observe.py): written only when this pass has them, never
-# put back from an older copy, and not compared with the planned status.
-READER_KEYS = ("progress", "trainer")
+# Status keys from what pod 0 reported (observe.py), and the goodput they move: written only when
+# this pass writes, never put back from an older copy, and not compared with the planned status.
+READER_KEYS = ("progress", "trainer", "goodput")
 
 
 def _status_write(seen: Observed, planned: Mapping[str, Any], now: datetime
@@ -299,9 +317,21 @@ def _status_write(seen: Observed, planned: Mapping[str, Any], now: datetime
         readings["trainer"] = build_trainer_status(
             seen.trainer_versions, int(seen.status.get("attempt") or 0),
             containers[0].get("image"))
-    if not readings:
-        return status
-    return {**(status or {}), **readings}
+    if status is None and not readings:
+        return None
+    return {**(status or {}), **readings,
+            "goodput": _goodput(seen, planned, (readings.get("progress") or {}).get("step"), now)}
+
+
+def _goodput(seen: Observed, planned: Mapping[str, Any], step: int | None,
+             now: datetime) -> dict[str, Any]:
+    """status.goodput, moved by this pass (goodput.py); written only with a status write that
+    happens anyway, so it costs no request of its own."""
+    created = parse_time(seen.body["metadata"].get("creationTimestamp")) or now
+    moment = Moment(now, created, seen.status.get("phase"), planned.get("phase"),
+                    int(seen.status.get("attempt") or 0), int(planned.get("attempt") or 0), step,
+                    seen.progress_time if step is not None else None)
+    return update_goodput(seen.status.get("goodput"), moment)
 
 
 def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -39,6 +39,8 @@ class PushedReport:
 
     progress: Mapping[str, Any] | None
     last_output: datetime | None
+    # When pod 0 saw the progress line (naive UTC): the step's time, for goodput.
+    progress_time: datetime | None = None
 
     @property
     def step(self) -> int | None:
@@ -62,7 +64,9 @@ def parse_report(text: str | None) -> PushedReport | None:
     last_output = _parse_time(stamp) if isinstance(stamp, str) else None
     if progress is None and last_output is None:
         return None
-    return PushedReport(progress, last_output)
+    stamp = value.get("progressTime") if progress is not None else None
+    return PushedReport(progress, last_output,
+                        _parse_time(stamp) if isinstance(stamp, str) else None)
 
 
 # status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),

@@ -75,8 +75,9 @@ class Reconciler:
         job = parse_spec(body, state.latest_status(body.get("status") or {}))
         if job is None:
             return None
-        seen = await observe(self.kube, state, body, job, pods, children, queue, self.clock())
         now = utcnow()
+        seen = await observe(self.kube, state, body, job, pods, children, queue, self.clock(),
+                             now)
         actions = plan_pass(seen, now)
         refused = await self.applier.apply(state, seen, actions, now)
         if refused is not None:

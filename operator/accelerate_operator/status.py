@@ -18,6 +18,19 @@ eviction or shutdown), a pod whose node is gone, and a pod of a running group de
 but the operator. The Restarting condition's reason names the cause: PodFailed, Disrupted or
 Stalled.
 
+A node that stops being Ready takes its pods' ranks with it, but Kubernetes evicts them only after
+their toleration (300 s by default), and a pod on a node whose kubelet is gone stays Terminating,
+holding its name, until the node returns. So once a node holding one of the group's pods has not
+been Ready for spec.runPolicy.nodeLostTimeoutSeconds (`NodeState`, read by observe.py), the group
+restarts (a disruption, not counted) and its pods are deleted with no grace period: those on a
+node that no longer reports would otherwise stay Terminating, and the others' ranks wait in
+collectives on the lost ones, so they could not checkpoint in a grace period anyway (stale pods
+stuck Terminating on such a node are deleted so too). That is safe because nothing on such a node
+can train on: the group's other ranks have been stopped, so a rank left running there (a
+partition, not a crash) fails its next collective, a checkpoint counts only once every rank of
+the group has written it, and a replaced group may not save over a newer attempt's checkpoint
+(accelerate_trainer.checkpoints).
+
 Stall detection (spec.runPolicy.stallTimeoutSeconds) decides from `Activity`, what pod 0 last
 pushed (when rank 0's container last wrote anything, and its last step): a Running group with no
 output for longer than the timeout, or a group whose pods have not all run within the timeout of
@@ -31,7 +44,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -85,21 +98,43 @@ class PodState:
     disruption: str | None = None
     # Pod 0's pushed report (contract.REPORT_ANNOTATION), as written: parsed by observe.py.
     report: str | None = None
+    # The node it is bound to (spec.nodeName), and, once deleted, when its grace period ends
+    # (metadata.deletionTimestamp): a pod still there after that waits on its node's kubelet.
+    node: str | None = None
+    gone_by: datetime | None = None
 
     @property
     def finished(self) -> bool:
         return self.phase in (SUCCEEDED, FAILED)
 
-    def decisive(self) -> PodState:
-        """What a pass decides from now. A pod's reason and message are read only once it has
-        failed or been disrupted (the failure's text), and when a stall is declared, by the
-        pass then due, from the indexes. Before that they are a Pending pod's scheduling
-        condition, which the scheduler rewrites at each of its attempts: two states that
-        differ only there plan alike (JobState.planned_pods)."""
-        if self.phase == FAILED or self.disruption or (self.reason is None
-                                                       and self.message is None):
-            return self
-        return replace(self, reason=None, message=None)
+    def waits_on_node(self, now: datetime) -> bool:
+        """Whether this pod's state says its node may be lost, so the pass reads the Node: it
+        runs but is not Ready (the node controller marks every pod of a node it stops hearing
+        from), or it outlived its deletion's grace period (only a kubelet confirms a deletion).
+        """
+        if not self.node or self.finished:
+            return False
+        overdue = self.gone_by is not None and now >= self.gone_by
+        return (self.phase == RUNNING and not self.ready) or overdue
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node holding one of the job's pods that is not Ready, as the pass read it: since when
+    (its Ready condition's last transition; None: the Node object is gone), and whether its
+    kubelet still reports (Ready False: the kubelet runs and ends its pods itself) or not
+    (Unknown, or the Node gone: nothing on it confirms a deletion)."""
+
+    name: str
+    since: datetime | None
+    reporting: bool
+
+    def describe(self, now: datetime) -> str:
+        if self.since is None:
+            return f"node {self.name} is gone"
+        seconds = int((now - self.since).total_seconds())
+        state = "NotReady" if self.reporting else "unreachable (its kubelet stopped reporting)"
+        return f"node {self.name} has been {state} for {seconds}s"
 
 
 # status.reason values the kubelet or the node controller set on a pod it ends for reasons of the
@@ -178,6 +213,8 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None
     queue: QueueWrites = field(default_factory=QueueWrites)
+    # Pods on a lost node, deleted with no grace period: no kubelet would ever confirm it.
+    force_delete: tuple[str, ...] = ()
 
 
 def _active_write(workload: WorkloadView, wants_active: bool) -> bool | None:
@@ -252,6 +289,8 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         message=message,
         disruption=disruption,
         report=(metadata.get("annotations") or {}).get(REPORT_ANNOTATION),
+        node=(pod.get("spec") or {}).get("nodeName"),
+        gone_by=parse_time(metadata.get("deletionTimestamp")),
     )
 
 
@@ -353,14 +392,19 @@ class _StatusBuilder:
         return self.status
 
 
-def _failures(job: JobSpec, current: Sequence[PodState], was_running: bool) -> list[Failure]:
+def _failures(job: JobSpec, current: Sequence[PodState], was_running: bool,
+              lost: Mapping[str, str]) -> list[Failure]:
     """Why the current group cannot go on: its failed pods (counted), and its disrupted ones
-    (not counted): a DisruptionTarget or a node gone, and, once the group runs, a pod being
-    deleted or gone. The operator deletes a group's pods only after it has moved to a new
-    attempt, so a pod of the current attempt being deleted was deleted by someone else."""
+    (not counted): a node lost (`lost`: pod name -> why), a DisruptionTarget or a node gone,
+    and, once the group runs, a pod being deleted or gone. The operator deletes a group's pods
+    only after it has moved to a new attempt, so a pod of the current attempt being deleted was
+    deleted by someone else."""
     failures = []
     for p in sorted(current, key=lambda p: p.index):
-        if p.disruption:
+        if p.name in lost:
+            failures.append(Failure(p.name, f"was lost with its node: {lost[p.name]}",
+                                    disrupted=True))
+        elif p.disruption:
             failures.append(Failure(p.name, f"was disrupted ({p.disruption})", p.exit_code,
                                     p.message, disrupted=True))
         elif p.deleting and p.phase != SUCCEEDED and (was_running or p.phase == RUNNING):
@@ -396,10 +440,14 @@ class _Pass:
 
     def __init__(self, job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodState],
                  now: datetime, queue: QueueState | None = None,
-                 activity: Activity | None = None):
+                 activity: Activity | None = None,
+                 lost_nodes: Mapping[str, NodeState] | None = None):
         self.job, self.pods, self.now, self.queue = job, list(pods), now, queue
         self.activity = activity or Activity()
+        self.lost_nodes = lost_nodes or {}
         self.stall_due: datetime | None = None  # when the group would be Stalled
+        self.node_due: datetime | None = None  # when a NotReady node would count as lost
+        self.node_lost = False  # the group restarts for a lost node: no grace period for any
         self.out = _StatusBuilder(job, status, now)
         self.status = status
         self.attempt = int(status.get("attempt") or 0)
@@ -411,13 +459,36 @@ class _Pass:
     def done(self, create=(), delete=(), delete_job=False, requeue_after=None) -> Plan:
         self.out.status["attempt"] = self.attempt
         status = self.out.finish()
+        force = tuple(p.name for p in self.pods if (p.deleting or p.name in delete)
+                      and (self._unreachable(p) or (self.node_lost and not p.deleting)))
         if requeue_after is None and status.get("phase") not in FINISHED_PHASES:
-            requeue_after = self._seconds_to_deadline()
-            if self.stall_due is not None:
-                stall = max((self.stall_due - self.now).total_seconds(), 0.0)
-                requeue_after = stall if requeue_after is None else min(requeue_after, stall)
-        return Plan(status, self.attempt, tuple(create), tuple(delete), tuple(self.out.events),
-                    delete_job, requeue_after, self._queue_writes(status))
+            due = [self._deadline(), self.stall_due, self.node_due]
+            known = [max((d - self.now).total_seconds(), 0.0) for d in due if d is not None]
+            requeue_after = min(known) if known else None
+        return Plan(status, self.attempt, tuple(create),
+                    tuple(name for name in delete if name not in force),
+                    tuple(self.out.events), delete_job, requeue_after,
+                    self._queue_writes(status), force)
+
+    def _node_lost(self, pod: PodState) -> str | None:
+        """Why the pod is lost with its node, once the node has not been Ready for
+        spec.runPolicy.nodeLostTimeoutSeconds, else None; until then, the time it would be is
+        kept for the clock's requeue."""
+        node = self.lost_nodes.get(pod.node) if pod.node else None
+        if node is None:
+            return None
+        timeout = self.job.run_policy.node_lost_timeout_seconds
+        if node.since is not None and self.now < node.since + timedelta(seconds=timeout):
+            due = node.since + timedelta(seconds=timeout)
+            self.node_due = due if self.node_due is None else min(self.node_due, due)
+            return None
+        return f"{node.describe(self.now)} (spec.runPolicy.nodeLostTimeoutSeconds={timeout})"
+
+    def _unreachable(self, pod: PodState) -> bool:
+        """A pod lost with a node whose kubelet no longer reports: deleted with no grace period,
+        or it would stay Terminating (and hold its name) until the node came back."""
+        node = self.lost_nodes.get(pod.node) if pod.node else None
+        return node is not None and not node.reporting and self._node_lost(pod) is not None
 
     def _queue_writes(self, status: Mapping[str, Any]) -> QueueWrites:
         if self.queue is None:
@@ -465,11 +536,6 @@ class _Pass:
         seconds = self.job.run_policy.active_deadline_seconds
         started = parse_time(self.status.get("startTime"))
         return started + timedelta(seconds=seconds) if seconds and started else None
-
-    def _seconds_to_deadline(self) -> float | None:
-        """When the active deadline will need a pass of its own (the clock's requeue)."""
-        deadline = self._deadline()
-        return max((deadline - self.now).total_seconds(), 0.0) if deadline else None
 
     def finished(self) -> Plan:
         """A finished job only cleans up, and deletes itself when its TTL has passed."""
@@ -607,7 +673,13 @@ class _Pass:
         wait, create, or report how far the group is."""
         current = [p for p in self.pods if p.attempt == self.attempt]
         stale = [p for p in self.pods if p.attempt != self.attempt]
-        failures = _failures(self.job, current, self.out.previous_phase == RUNNING)
+        lost = {p.name: why for p in current if not p.finished
+                and (why := self._node_lost(p)) is not None}
+        # The ranks left on healthy nodes wait in collectives on the lost ones: they can
+        # neither stop cleanly nor checkpoint (that takes every rank), and a grace period would
+        # only keep their names from the next group.
+        self.node_lost = bool(lost)
+        failures = _failures(self.job, current, self.out.previous_phase == RUNNING, lost)
         if failures:
             return self.restart_or_fail(failures)
         if stale:
@@ -761,13 +833,15 @@ def plan_reconcile(
     config_error_reason: str = "InvalidConfig",
     queue: QueueState | None = None,
     activity: Activity | None = None,
+    lost_nodes: Mapping[str, NodeState] | None = None,
 ) -> Plan:
     """The whole decision for one pass; `config_error` is set when the accelerate config (or
     anything else only the operator can check) means the job cannot run. `requeue_after` says
     when time alone will change the decision (a TTL or a deadline), for the operator's clock.
     `queue` is set for a job queued with Kueue: its group runs only while admitted. `activity`
-    is what the runtime last saw of rank 0, for spec.runPolicy.stallTimeoutSeconds."""
-    run = _Pass(job, status, pods, now, queue, activity)
+    is what the runtime last saw of rank 0, for spec.runPolicy.stallTimeoutSeconds;
+    `lost_nodes` the nodes of its pods that are not Ready, by name (observe.py reads them)."""
+    run = _Pass(job, status, pods, now, queue, activity, lost_nodes)
     if run.out.previous_phase in FINISHED_PHASES:
         return run.finished()
     if config_error:

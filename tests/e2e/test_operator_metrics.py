@@ -1,6 +1,7 @@
 """End to end: the operator installed by the chart serves Prometheus metrics through its metrics
 Service, and they move with real jobs: a job that runs and fails once moves jobs{phase},
-restarts_total{reason}, the seconds-to-Running histogram and the pass duration histogram.
+restarts_total{reason}, the seconds-to-Running histogram and the pass duration histogram, and
+shows as one interruption in its own goodput gauges.
 
 Scraped through the API server's service proxy (`kubectl get --raw .../services/NAME:metrics/
 proxy/metrics`), so no port-forward is needed."""
@@ -54,9 +55,13 @@ def test_metrics_endpoint_serves_counters_that_move_with_jobs(kubeconfig, namesp
         passes = (value(after, "accelerate_operator_pass_duration_seconds_count")
                   - value(before, "accelerate_operator_pass_duration_seconds_count"))
         succeeded = value(after, "accelerate_operator_jobs", phase="Succeeded")
+        job = {"namespace": namespace, "job": "metrics-restart"}
+        interruptions = value(after, "accelerate_operator_job_interruptions", **job)
+        goodput = value(after, "accelerate_operator_job_goodput_ratio", **job)
         return (restarts >= 1 and running >= 1 and passes >= 3 and succeeded >= 1
-                and (restarts, running, passes, succeeded))
-    restarts, running, passes, succeeded = wait_for(
+                and interruptions == 1 and 0 < goodput <= 1
+                and (restarts, running, passes, succeeded, goodput))
+    restarts, running, passes, succeeded, goodput = wait_for(
         moved, timeout=60, interval=2, description="the operator's counters to move")
     print(f"restarts(Error) +{restarts:.0f}, to-Running +{running:.0f}, passes +{passes:.0f}, "
-          f"Succeeded jobs {succeeded:.0f}")
+          f"Succeeded jobs {succeeded:.0f}, the job's goodput {goodput:.1%}")

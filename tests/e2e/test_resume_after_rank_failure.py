@@ -71,7 +71,18 @@ def test_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint(
     assert steps == list(range(resumed_step + 1, MAX_STEPS + 1))
     checkpoints = sorted(p.name for p in (host_dir / "checkpoints").iterdir())
     assert all((host_dir / "checkpoints" / c / "COMPLETE").exists() for c in checkpoints)
+    # The fault shows in the job's goodput: one interruption, its recovery, what was lost.
+    goodput = status["goodput"]
+    assert goodput["interruptions"] == 1 and goodput["lastRecoverySeconds"] > 0, goodput
+    assert goodput["lostSeconds"]["recovery"] >= goodput["lastRecoverySeconds"], goodput
+    assert 0 < goodput["percent"] < 100, goodput
+    table = kubectl("-n", namespace, "get", "ajob", "resume", kubeconfig=kubeconfig).stdout
+    assert re.search(r"GOODPUT", table) and goodput["summary"] in table, table
+    described = kubectl("-n", namespace, "describe", "ajob", "resume",
+                        kubeconfig=kubeconfig).stdout
+    assert "Goodput:" in described and "Last Recovery Seconds:" in described, described
     recovery = recovery_seconds(kubeconfig, namespace)
     print(f"\nkill-a-rank: planned {MAX_STEPS} steps, failed at step {FAIL_AT}, resumed from "
           f"step {resumed_step} (lost {steps_lost} steps), group running again "
-          f"{recovery:.0f}s after the failure was seen")
+          f"{recovery:.0f}s after the failure was seen; goodput {goodput['summary']}, "
+          f"lost {goodput['lostSeconds']}")

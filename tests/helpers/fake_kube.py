@@ -28,6 +28,7 @@ class FakeKube:
         self.jobs_gone: set[str] = set()  # deleted by someone else: job_exists says no
         # Cluster-scoped Kueue objects by (plural, name): ResourceFlavors, priority classes.
         self.kueue_objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}  # Node manifests by name (read_node)
 
     # ---- Kube's interface ----------------------------------------------------------------
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
@@ -44,9 +45,15 @@ class FakeKube:
             self._bump(self.objects[key])
         return True
 
-    async def delete_pod(self, namespace: str, name: str) -> None:
-        self.calls.append(("delete", "Pod", name))
+    async def delete_pod(self, namespace: str, name: str,
+                         grace_period_seconds: int | None = None) -> None:
+        self.calls.append(("delete" if grace_period_seconds is None else "force-delete", "Pod",
+                           name))
         self.objects.pop(("Pod", name), None)
+
+    async def read_node(self, name: str) -> dict[str, Any] | None:
+        self.calls.append(("read", "Node", name))
+        return copy.deepcopy(self.nodes.get(name))
 
     async def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
                            previous: bool = False, container: str | None = None,

@@ -148,11 +148,11 @@ class JobBuilder:
 def pod(job: str, index: int, phase: str = "Running", *, attempt: int = 0,
         ready: bool | None = None,
         exit_code: int | None = None, reason: str | None = None, message: str | None = None,
-        deleting: bool = False) -> PodState:
+        deleting: bool = False, node: str | None = None) -> PodState:
     return PodState(
         name=f"{job}-{index}", index=index, attempt=attempt, phase=phase,
         ready=(phase == "Running") if ready is None else ready, deleting=deleting,
-        exit_code=exit_code, reason=reason, message=message,
+        exit_code=exit_code, reason=reason, message=message, node=node,
     )
 
 

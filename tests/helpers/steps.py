@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import kubernetes
@@ -173,6 +173,50 @@ def disrupt(index: int, reason: str = "PreemptionByScheduler") -> Action:
                            "message": f"{reason}: the pod is being ended",
                            "lastTransitionTime": now()})
         _set_status(cluster, job, index, {"conditions": conditions})
+    return act
+
+
+def ghost_node(cluster: Cluster, name: str) -> None:
+    """A Node object with no kubelet behind it, Ready as a kubelet would report it, tainted and
+    cordoned so the scheduler places nothing on it: pods get there only by a step's binding."""
+    cluster.core.create_node({"metadata": {"name": name}, "spec": {
+        "unschedulable": True,
+        "taints": [{"key": "accelerate-operator.io/test", "effect": "NoSchedule"}]}})
+    node_ready(cluster, name, "True", now())
+
+
+def node_ready(cluster: Cluster, name: str, ready: str, since: str) -> None:
+    cluster.core.patch_node_status(name, {"status": {"conditions": [
+        {"type": "Ready", "status": ready, "reason": "KubeletReady" if ready == "True"
+         else "NodeStatusUnknown", "lastHeartbeatTime": since, "lastTransitionTime": since}]}})
+
+
+def bind(node: str, *indexes: int) -> Action:
+    """The pods are placed on `node` (the binding a scheduler posts)."""
+    def act(cluster: Cluster, job: str) -> None:
+        for index in indexes:
+            name = _current_pod(cluster, job, index)["metadata"]["name"]
+            cluster.core.create_namespaced_binding(cluster.namespace, {
+                "metadata": {"name": name},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+                _preload_content=False)
+    return act
+
+
+def node_lost(node: str, seconds_ago: int) -> Action:
+    """The node controller stopped hearing from the node's kubelet `seconds_ago`: the node's
+    Ready goes Unknown, and every pod on it goes not Ready (MarkPodsNotReady)."""
+    def act(cluster: Cluster, job: str) -> None:
+        since = datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)
+        node_ready(cluster, node, "Unknown", since.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        for pod in cluster.pods(job):
+            if pod["spec"].get("nodeName") != node:
+                continue
+            conditions = [{**c, "status": "False"} if c["type"] == "Ready" else c
+                          for c in pod["status"].get("conditions") or []]
+            cluster.core.patch_namespaced_pod_status(pod["metadata"]["name"], cluster.namespace,
+                                                     {"status": {"conditions": conditions}},
+                                                     _content_type=MERGE)
     return act
 
 

@@ -22,12 +22,15 @@ from tests.helpers.operator import deployed_operator_scaled_down
 from tests.helpers.steps import (
     Cluster,
     Expect,
+    bind,
     create,
     delete_configmap,
     delete_job,
     delete_pod,
     disrupt,
     evict,
+    ghost_node,
+    node_lost,
     nothing,
     pod_exits,
     pod_webhook_back,
@@ -119,6 +122,50 @@ def test_a_drained_preempted_or_deleted_pod_restarts_the_group_without_counting(
         ("the new group runs", pods_running(0, 1), Expect(phase="Running", attempt=2)),
         ("someone deletes pod 1", delete_pod(1),
          replace(disrupted, attempt=3, restarts=3)),
+    ])
+
+
+@pytest.fixture
+def ghost(cluster: Cluster) -> Iterator[str]:
+    """A node no kubelet runs (a Node object only): what a lost node looks like to the API."""
+    name = f"ghost-{cluster.namespace}"
+    ghost_node(cluster, name)
+    try:
+        yield name
+    finally:
+        cluster.core.delete_node(name)
+
+
+def test_a_lost_node_restarts_the_group_and_frees_the_names_its_pods_held(cluster, ghost):
+    """backoffLimit 0: a counted restart would fail the job. No kubelet would ever confirm a
+    graceful deletion of a pod on the ghost node: only a deletion with no grace period lets the
+    new group take the names (Expect.pods counts the live pods of the new attempt)."""
+    run_steps(cluster, "ghosted", [
+        ("created with backoffLimit 0", create(job().run_policy(backoffLimit=0)),
+         Expect(phase="Pending", pods=2)),
+        ("both pods are placed on the node and run", bind(ghost, 0, 1),
+         Expect(phase="Pending", pods=2)),
+        ("they run", pods_running(0, 1), Expect(phase="Running", pods=2)),
+        ("the node stopped reporting 30 s ago (nodeLostTimeoutSeconds is 10)",
+         node_lost(ghost, 30),
+         Expect(phase="Restarting", attempt=1, restarts=1, counted=0, pods=2,
+                reasons={"Restarting": "Disrupted"}, events=["Disrupted"])),
+    ])
+    status = cluster.job("ghosted")["status"]
+    assert f"was lost with its node: node {ghost} has been unreachable" in status["lastFailure"]
+    assert status["goodput"]["interruptions"] == 1, status["goodput"]
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_is_freed_once_the_node_is_lost(cluster, ghost):
+    run_steps(cluster, "stuck", [
+        ("created", create(job()), Expect(phase="Pending", pods=2)),
+        ("both pods are placed on the node and run", bind(ghost, 0, 1),
+         Expect(phase="Pending", pods=2)),
+        ("they run", pods_running(0, 1), Expect(phase="Running", pods=2)),
+        ("someone deletes pod 1: the group restarts, but no kubelet ends the old pods",
+         delete_pod(1), Expect(phase="Restarting", attempt=1, restarts=1, pods=0)),
+        ("the node is found lost: the old pods go, the new group comes", node_lost(ghost, 30),
+         Expect(phase="Restarting", attempt=1, restarts=1, pods=2)),
     ])
 
 

@@ -118,7 +118,9 @@ CLUSTER_DENIED = [
     pytest.param("create", "mutatingwebhookconfigurations.admissionregistration.k8s.io",
                  id="create-mutating-webhooks"),
     pytest.param("create", "certificatesigningrequests.certificates.k8s.io", id="create-csrs"),
-    pytest.param("get", "nodes", id="get-nodes"),
+    pytest.param("list", "nodes", id="list-nodes"),
+    pytest.param("watch", "nodes", id="watch-nodes"),
+    pytest.param("patch", "nodes", id="patch-nodes"),
 ]
 
 
@@ -134,6 +136,11 @@ def test_operator_service_account_cannot_do_more_in_a_namespace(
         kubeconfig: str, rbac_ns: str, verb: str, resource: str, extra: tuple[str, ...]):
     assert not can_i(kubeconfig, rbac_ns, verb, resource, *extra), \
         f"{SERVICE_ACCOUNT} can {verb} {resource} in {rbac_ns}: more than it needs"
+
+
+def test_operator_service_account_reads_nodes_by_name_only(kubeconfig: str):
+    """Is the node of a running, not Ready pod lost (spec.runPolicy.nodeLostTimeoutSeconds)?"""
+    assert can_i(kubeconfig, None, "get", "nodes")
 
 
 @pytest.mark.parametrize(("verb", "resource"), CLUSTER_DENIED)

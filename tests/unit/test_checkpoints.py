@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 from accelerate_trainer.checkpoints import (
     COMPLETE_MARKER,
+    Superseded,
     checkpoint_iteration,
     find_resume_checkpoint,
+    newest_attempt,
     next_checkpoint_iteration,
     resume_from_checkpoint,
     save_checkpoint,
@@ -136,6 +138,28 @@ def test_save_marks_the_checkpoint_complete_after_every_rank_wrote_it(tmp_path):
         "save_state checkpoint_2", "wait_for_everyone", "wait_for_everyone"
     ]
     assert find_resume_checkpoint(tmp_path) == path
+
+
+def test_the_marker_names_the_attempt_that_wrote_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_JOB_ATTEMPT", "2")
+    path = save_checkpoint(FakeAccelerator(tmp_path, iteration=0))
+    assert (path / COMPLETE_MARKER).read_text() == "attempt 2\n"
+    assert newest_attempt(tmp_path) == 2
+
+
+def test_a_group_replaced_by_a_newer_attempt_refuses_to_save(tmp_path, monkeypatch):
+    """The fence for a group left running on a node cut off from the API server: once a newer
+    attempt has completed a checkpoint, the old group writes nothing more."""
+    make_checkpoint(tmp_path, 0, complete=True)  # a marker from before markers named attempts
+    newer = make_checkpoint(tmp_path, 5, complete=False)
+    (newer / COMPLETE_MARKER).write_text("attempt 3\n")
+    monkeypatch.setenv("ACCELERATE_JOB_ATTEMPT", "2")
+    accelerator = FakeAccelerator(tmp_path, iteration=6)
+    with pytest.raises(Superseded, match="attempt 3 of this job has completed a checkpoint"):
+        save_checkpoint(accelerator)
+    assert accelerator.calls == []  # nothing written
+    monkeypatch.setenv("ACCELERATE_JOB_ATTEMPT", "3")  # the newer group itself saves on
+    assert save_checkpoint(accelerator).name == "checkpoint_6"
 
 
 def test_only_the_main_process_writes_the_marker(tmp_path):

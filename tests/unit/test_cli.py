@@ -192,6 +192,18 @@ def test_status_names_the_versions_the_trainer_reported():
     assert "Trainer:      python 3.11.9, accelerate 1.15.0, torch 2.15.0" in text.splitlines()
 
 
+def test_status_shows_the_goodput_and_where_the_rest_went():
+    goodput = {"percent": 87.5, "summary": "87.5%", "wallSeconds": 4800.0,
+               "lostSeconds": {"waiting": 0.0, "startup": 15.0, "recovery": 540.0,
+                               "recomputed": 45.0},
+               "interruptions": 2, "lastRecoverySeconds": 21.0, "ledger": {"segment": "Training"}}
+    text = render.render_status(job(goodput=goodput))
+    assert ("Goodput:      87.5% of 1h20m kept; lost: recovery 9m, recomputed 45s, startup 15s "
+            "(2 interruptions, the last recovered in 21s)") in text.splitlines()
+    assert "ledger" not in render.summarize(job(goodput=goodput))["goodput"]
+    assert "Goodput:" not in render.render_status(job())
+
+
 def test_status_before_any_report():
     assert render.progress_bar(None) == "no progress reported yet"
 
@@ -250,7 +262,8 @@ def test_status_and_list_print_json_for_scripts(fake):
     assert code == 0
     assert json.loads(out) == {
         "name": "llm", "namespace": "team", "phase": "Running", "readyNodes": "2/2",
-        "restarts": 1, "attempt": 1, "lastFailure": None, "progress": PROGRESS, "conditions": [],
+        "restarts": 1, "attempt": 1, "lastFailure": None, "progress": PROGRESS,
+        "goodput": None, "conditions": [],
     }
     code, out, _ = run("list", "-o", "json")
     assert [item["name"] for item in json.loads(out)] == ["llm"]

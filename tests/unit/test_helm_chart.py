@@ -45,7 +45,8 @@ NAMESPACED_RULES = {
     ("events.k8s.io", "events"): {"create", "patch"},
     ("kopf.dev", "kopfpeerings"): READ | {"create", "patch"},  # kopf's peering per namespace
 }
-CLUSTER_ONLY_RULES: dict = {}  # with kueue.enabled, Kueue's flavors and priority classes
+# Nodes by name (is a pod's node lost?); with kueue.enabled, Kueue's flavors and priority classes.
+CLUSTER_ONLY_RULES = {("", "nodes"): {"get"}}
 # An operator of every namespace peers through one ClusterKopfPeering.
 CLUSTER_WIDE_PEERING = {("kopf.dev", "clusterkopfpeerings"): READ | {"create", "patch"}}
 
@@ -251,8 +252,9 @@ def test_watch_namespaces_get_a_role_each_and_no_cluster_wide_pod_access(helm):
         subject = bindings[ns]["subjects"][0]
         assert (subject["kind"], subject["namespace"]) == ("ServiceAccount", NAMESPACE)
         assert bindings[ns]["roleRef"]["name"] == roles[ns]["metadata"]["name"]
-    # Nothing cluster-wide is needed: no ClusterRole at all.
-    assert [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == []
+    # Cluster-wide, only the Nodes, read by name: nothing of any namespace.
+    assert rules_of(only(docs, "ClusterRole")) == CLUSTER_ONLY_RULES
+    assert only(docs, "ClusterRoleBinding")["roleRef"]["kind"] == "ClusterRole"
     container = operator_container(docs)
     assert container["args"] == ("--liveness-port 8080 --peering accelerate-operator "
                                  "--namespace team-a --namespace team-b").split()
@@ -423,5 +425,9 @@ def test_grafana_dashboard_ships_as_a_sidecar_labelled_configmap_of_every_metric
                      "accelerate_operator_job_seconds_to_running",
                      "accelerate_operator_job_seconds_to_first_step",
                      "accelerate_operator_pass_duration_seconds",
-                     "accelerate_operator_api_errors"}
+                     "accelerate_operator_api_errors",
+                     "accelerate_operator_job_goodput_ratio",
+                     "accelerate_operator_job_lost_seconds",
+                     "accelerate_operator_job_interruptions",
+                     "accelerate_operator_job_last_recovery_seconds"}
     assert all(name in exprs for name in names), exprs

@@ -106,7 +106,7 @@ def test_jobs_by_phase_counts_every_phase_and_resets_those_gone():
 def test_jobs_by_phase_can_be_counted_at_scrape_time_from_the_runtimes_store():
     metrics = Metrics()
     store = {"a": {"status": {"phase": "Running"}}}
-    count_jobs_from(lambda: (job.get("status") for job in store.values()), metrics)
+    count_jobs_from(lambda: store.values(), metrics)
     assert sample(metrics, "accelerate_operator_jobs", phase="Running") == 1
     store["b"] = {"status": {"phase": "Running"}}
     store["a"] = {"status": {"phase": "Succeeded"}}
@@ -157,3 +157,25 @@ def test_merged_applies_a_status_merge_patch_as_the_api_server_does():
                         "lastFailure": None, "restarts": 1}) == {
         "phase": "Restarting", "progress": {"step": 4}, "restarts": 1}
     assert old["progress"] == {"step": 3, "eta": "1m"}  # the input is left alone
+
+
+def test_each_jobs_goodput_is_exported_from_its_status_at_scrape_time():
+    metrics = Metrics()
+    goodput = {"percent": 87.5, "interruptions": 2, "lastRecoverySeconds": 21.5,
+               "lostSeconds": {"waiting": 3.0, "startup": 15.0, "recovery": 40.0,
+                               "recomputed": 4.5, "bogus": 1.0}}
+    store = {"a": {"metadata": {"namespace": "ml", "name": "llm"},
+                   "status": {"phase": "Running", "goodput": goodput}},
+             "b": {"metadata": {"namespace": "ml", "name": "new"}, "status": {}}}
+    count_jobs_from(lambda: store.values(), metrics)
+    job = {"namespace": "ml", "job": "llm"}
+    assert sample(metrics, "accelerate_operator_job_goodput_ratio", **job) == 0.875
+    assert sample(metrics, "accelerate_operator_job_interruptions", **job) == 2
+    assert sample(metrics, "accelerate_operator_job_last_recovery_seconds", **job) == 21.5
+    assert {cause: sample(metrics, "accelerate_operator_job_lost_seconds", cause=cause, **job)
+            for cause in ("waiting", "startup", "recovery", "recomputed", "bogus")} == {
+        "waiting": 3.0, "startup": 15.0, "recovery": 40.0, "recomputed": 4.5, "bogus": None}
+    assert sample(metrics, "accelerate_operator_job_goodput_ratio", namespace="ml",
+                  job="new") is None  # no goodput yet: no series
+    del store["a"]  # a job gone takes its series with it
+    assert sample(metrics, "accelerate_operator_job_goodput_ratio", **job) is None

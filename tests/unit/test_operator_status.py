@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.status import plan_reconcile, read_pod_state
+from accelerate_operator.status import NodeState, plan_reconcile, read_pod_state
 
 from tests.helpers.jobs import JobBuilder, pod
 
@@ -450,3 +450,85 @@ def test_an_unschedulable_pod_says_why():
              "message": "0/2 nodes are available"}]}})
     assert (state.phase, state.reason, state.message, state.disruption) == (
         "Pending", "Unschedulable", "0/2 nodes are available", None)
+
+
+# A node lost (spec.runPolicy.nodeLostTimeoutSeconds, issue 37).
+
+def on_nodes(attempt=0, ready1=False, deleting1=False):
+    return [pod("train", 0, attempt=attempt, node="node-a"),
+            pod("train", 1, attempt=attempt, node="node-b", ready=ready1, deleting=deleting1)]
+
+
+def unreachable(seconds, reporting=False):
+    return {"node-b": NodeState("node-b", NOW - timedelta(seconds=seconds), reporting)}
+
+
+def test_a_node_not_ready_within_the_timeout_only_brings_the_next_pass_forward():
+    plan = step(job(), running_status(), on_nodes(), lost_nodes=unreachable(4))
+    assert plan.status["phase"] == "Running"
+    assert plan.delete == plan.force_delete == ()
+    assert plan.requeue_after == 6.0  # the default timeout is 10 s
+
+
+def test_a_node_lost_past_the_timeout_restarts_the_group_and_force_deletes_its_pods():
+    plan = step(job(backoffLimit=0), running_status(), on_nodes(), lost_nodes=unreachable(12))
+    assert plan.status["phase"] == "Restarting"
+    assert conditions(plan)["Restarting"] == ("True", "Disrupted")
+    assert (plan.status["restarts"], plan.status["restartsCounted"], plan.attempt) == (1, 0, 1)
+    # No kubelet would ever confirm the lost pod's deletion, and the healthy node's ranks wait
+    # on the lost ones in a collective (no checkpoint can be taken): both go at once.
+    assert (plan.delete, plan.force_delete) == ((), ("train-0", "train-1"))
+    assert plan.status["lastFailure"] == (
+        "pod train-1 was lost with its node: node node-b has been unreachable (its kubelet "
+        "stopped reporting) for 12s (spec.runPolicy.nodeLostTimeoutSeconds=10)")
+
+
+def test_a_node_that_reports_not_ready_is_lost_too_and_named_so():
+    plan = step(job(), running_status(), on_nodes(), lost_nodes=unreachable(12, reporting=True))
+    assert conditions(plan)["Restarting"][1] == "Disrupted"
+    assert plan.force_delete == ("train-0", "train-1")
+    assert "node node-b has been NotReady for 12s" in plan.status["lastFailure"]
+
+
+def test_a_stale_pod_on_a_node_that_reports_waits_for_its_kubelet():
+    stale = on_nodes(attempt=0, deleting1=True)[1:]
+    status = {**running_status(attempt=1), "phase": "Restarting"}
+    plan = step(job(), status, stale, lost_nodes=unreachable(30, reporting=True))
+    assert plan.force_delete == plan.delete == ()
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_is_force_deleted_so_the_group_can_start():
+    # The previous attempt's pod was evicted by the taint manager; its node never confirms.
+    stale = on_nodes(attempt=0, deleting1=True)[1:]
+    status = {**running_status(attempt=1), "phase": "Restarting"}
+    waiting = step(job(), status, stale, lost_nodes=unreachable(3))
+    assert waiting.force_delete == () and waiting.requeue_after == 7.0
+    freed = step(job(), status, stale, lost_nodes=unreachable(10))
+    assert freed.force_delete == ("train-1",)
+    gone = step(job(), status, stale, lost_nodes={"node-b": NodeState("node-b", None, False)})
+    assert gone.force_delete == ("train-1",)
+
+
+def test_the_node_lost_timeout_is_the_jobs_own():
+    plan = step(job(nodeLostTimeoutSeconds=0), running_status(), on_nodes(),
+                lost_nodes=unreachable(0))
+    assert conditions(plan)["Restarting"][1] == "Disrupted"
+
+
+def test_pod_state_reads_its_node_and_when_its_grace_period_ends():
+    manifest = {
+        "metadata": {"name": "train-1", "deletionTimestamp": "2026-01-01T12:02:00Z",
+                     "labels": {"accelerate-operator.io/node-index": "1"}},
+        "spec": {"nodeName": "node-b", "restartPolicy": "Never",
+                 "containers": [{"name": "trainer"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    state = read_pod_state(manifest)
+    assert (state.node, state.gone_by) == ("node-b", NOW + timedelta(minutes=2))
+    assert not state.waits_on_node(NOW)  # Ready, within its grace period
+    assert state.waits_on_node(NOW + timedelta(minutes=2))  # outlived it: is its node there?
+    not_ready = read_pod_state({**manifest, "metadata": {"name": "train-1"},
+                                "status": {"phase": "Running"}})
+    assert not_ready.waits_on_node(NOW)
+    unbound = read_pod_state({**manifest, "spec": {}, "status": {"phase": "Running"}})
+    assert not unbound.waits_on_node(NOW)

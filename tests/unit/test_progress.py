@@ -248,8 +248,10 @@ def test_the_versions_are_read_from_the_head_of_pod_0s_log_once_per_attempt():
     kube.logs["llm-0"] = format_trainer_info_line({"versions": {"accelerate": "1.15.0"}})
     seen = observe_running(kube, running_body({}))
     assert kube.calls == [("log-head", "llm-0")]
-    # Written with the rest of the pass's status, in its one write.
-    assert _status_write(seen, seen.status, NOW) == {"trainer": {
+    # Written with the rest of the pass's status, in its one write (goodput rides along).
+    write = _status_write(seen, seen.status, NOW)
+    assert write.pop("goodput")["ledger"]["segment"] == "Waiting"
+    assert write == {"trainer": {
         "attempt": 1, "image": JobBuilder().build()["spec"]["template"]["spec"]["containers"][0][
             "image"], "versions": {"accelerate": "1.15.0"}, "message": None}}
     kube.calls.clear()
@@ -278,6 +280,8 @@ def test_a_pushed_report_is_written_with_the_status_only_when_it_changed():
     write = _status_write(seen, seen.status, NOW)
     assert write["progress"]["step"] == 3 and write["progress"]["totalSteps"] == 10
     assert seen.last_step == 3 and seen.last_activity == datetime(2026, 1, 2, 3, 4, 5)
+    # The step's own time (when pod 0 saw its line) times the job's goodput.
+    assert seen.progress_time == datetime(2026, 1, 2, 3, 4, 5)
     again = observe_running(kube, running_body({"trainer": {"attempt": 1},
                                                 "progress": write["progress"]}), [rank0(report)])
     assert _status_write(again, again.status, NOW) is None

@@ -158,6 +158,32 @@ def test_a_restart_archives_the_old_groups_logs_then_creates_a_new_group():
     assert {p.attempt for p in cluster.kube.pods()} == {1}
 
 
+def test_a_pod_not_ready_makes_the_pass_read_its_node_and_a_lost_one_is_force_deleted():
+    cluster = Cluster(JobBuilder("llm").nodes(2).build())
+    cluster.reconcile()
+    for name, node in (("llm-0", "node-a"), ("llm-1", "node-b")):
+        cluster.kube.set_pod_phase(name, "Running")
+        cluster.kube.objects[("Pod", name)]["spec"]["nodeName"] = node
+    cluster.reconcile()
+    assert cluster.phase() == "Running"
+    # The node controller marks the pods of a node it no longer hears from not Ready.
+    cluster.kube.objects[("Pod", "llm-1")]["status"]["conditions"] = [
+        {"type": "Ready", "status": "False"}]
+    cluster.kube.nodes["node-b"] = {"metadata": {"name": "node-b"}, "status": {"conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+    cluster.kube.calls.clear()
+    cluster.reconcile()  # a readiness probe, not the node: only readyNodes changes
+    assert cluster.kube.calls[0] == ("read", "Node", "node-b")
+    assert cluster.phase() == "Running" and cluster.body["status"]["readyNodes"] == "1/2"
+    assert not [c for c in cluster.kube.calls if "delete" in c[0]]
+    cluster.kube.nodes["node-b"]["status"]["conditions"][0]["status"] = "Unknown"
+    cluster.kube.calls.clear()
+    cluster.reconcile()
+    assert cluster.phase() == "Restarting"
+    assert {c for c in cluster.kube.calls if c[0] in ("delete", "force-delete")} == {
+        ("force-delete", "Pod", "llm-0"), ("force-delete", "Pod", "llm-1")}
+
+
 def test_a_finished_job_past_its_ttl_is_deleted():
     body = JobBuilder("llm").run_policy(ttlSecondsAfterFinished=0).build()
     body["status"] = {"phase": "Succeeded", "attempt": 0, "completionTime": "2026-01-01T00:00:00Z"}

@@ -158,6 +158,21 @@ def test_new_progress_is_pushed_at_once_then_at_most_every_push_interval():
     assert reports.due(now=PUSH_SECONDS, wall=1000.0 + PUSH_SECONDS).progress == {"step": 2}
 
 
+def test_the_first_progress_goes_soon_after_heartbeats_with_the_time_its_line_came():
+    reports = fed("loading the model\n", wall=1000.0)
+    reports.tried(reports.due(now=0.0, wall=1000.0), 0.0, ok=True)
+    reports.feed(1, b'ACCELERATE_PROGRESS {"step": 1}\n', 1004.0)
+    # Not PUSH_SECONDS after the heartbeat: the group's first step shows soon.
+    first = reports.due(now=QUIET_SECONDS, wall=1000.0 + QUIET_SECONDS + 1)
+    assert first is not None and first.progress == {"step": 1}
+    reports.tried(first, QUIET_SECONDS, ok=True)
+    reports.feed(1, b"more output\n", 1006.0)  # the step keeps the time its line came
+    assert reports.current.progress_time == 1004.0
+    report = json.loads(encode(reports.current))
+    assert report["progressTime"] == "1970-01-01T00:16:44.000Z"
+    assert report["lastOutputTime"] == "1970-01-01T00:16:46.000Z"
+
+
 def test_output_without_progress_is_a_heartbeat_and_a_pause_is_said_once():
     reports = fed("loading data\n", wall=1000.0)
     reports.tried(reports.due(now=0.0, wall=1000.0), 0.0, ok=True)

@@ -12,10 +12,16 @@ being stopped receive the signal at first; the ranks agree at each step boundary
 every rank's flag), so they all save the same step, and the group resumes from it having lost
 at most the step that was in flight. The pod's terminationGracePeriodSeconds (120 s by default
 for an AccelerateJob) must cover a step and a save.
+
+The COMPLETE marker names the job's attempt (ACCELERATE_JOB_ATTEMPT) that wrote it: a fencing
+token. A group the operator has replaced (its node was cut off, and a newer attempt already
+completed a checkpoint in the same folder) refuses to save (`Superseded`) instead of writing over
+its successor's progress.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -24,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .contract import STOPPED_EXIT_CODE
+from .contract import ENV_JOB_ATTEMPT, STOPPED_EXIT_CODE
 
 COMPLETE_MARKER = "COMPLETE"
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
@@ -50,15 +56,42 @@ def checkpoint_iteration(path: str | Path) -> int:
     return int(match.group(1))
 
 
+class Superseded(RuntimeError):
+    """A newer attempt of the job has completed a checkpoint: this group was replaced."""
+
+
+def newest_attempt(project_dir: str | Path) -> int | None:
+    """The highest attempt named by a COMPLETE marker under `<project_dir>/checkpoints` (a
+    marker from before markers named one counts as none)."""
+    root = Path(project_dir) / "checkpoints"
+    attempts = []
+    for marker in root.glob(f"checkpoint_*/{COMPLETE_MARKER}") if root.is_dir() else ():
+        text = marker.read_text(errors="replace").split()
+        if len(text) == 2 and text[0] == "attempt" and text[1].isdigit():
+            attempts.append(int(text[1]))
+    return max(attempts, default=None)
+
+
+def _attempt() -> int | None:
+    value = os.environ.get(ENV_JOB_ATTEMPT, "")
+    return int(value) if value.isdigit() else None
+
+
 def save_checkpoint(accelerator: Any) -> Path:
     """`accelerator.save_state()` into the next numbered folder, then mark it complete once every
-    rank has finished writing. Needs ProjectConfiguration(automatic_checkpoint_naming=True)."""
+    rank has finished writing. Needs ProjectConfiguration(automatic_checkpoint_naming=True).
+    Raises Superseded, on every rank that sees it, when a newer attempt completed one."""
+    config = accelerator.project_configuration
+    attempt, newest = _attempt(), newest_attempt(config.project_dir)
+    if attempt is not None and newest is not None and newest > attempt:
+        raise Superseded(f"attempt {newest} of this job has completed a checkpoint in "
+                         f"{config.project_dir}; attempt {attempt} (this group) was replaced "
+                         "and stops without saving")
     accelerator.save_state()
     accelerator.wait_for_everyone()
-    config = accelerator.project_configuration
     path = Path(config.project_dir) / "checkpoints" / f"checkpoint_{config.iteration - 1}"
     if accelerator.is_main_process:
-        (path / COMPLETE_MARKER).write_text("ok\n")
+        (path / COMPLETE_MARKER).write_text(f"attempt {attempt or 0}\n")
     accelerator.wait_for_everyone()
     return path
 

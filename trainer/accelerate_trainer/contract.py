@@ -92,8 +92,10 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 
 # ---- the pushed report: pod `<job>-0` writes it onto itself (accelerate_trainer.supervise) ----
 # The value of REPORT_ANNOTATION is one JSON object, at most MAX_REPORT_BYTES:
-#   {"progress": {<the newest ACCELERATE_PROGRESS object>}, "lastOutputTime": "<RFC 3339 UTC>"}
-# `lastOutputTime` is when rank 0's container last wrote anything (stall detection). The pod may
+#   {"progress": {<the newest ACCELERATE_PROGRESS object>}, "lastOutputTime": "<RFC 3339 UTC>",
+#    "progressTime": "<RFC 3339 UTC>"}
+# `lastOutputTime` is when rank 0's container last wrote anything (stall detection),
+# `progressTime` when the progress line came (the step's time, for goodput). The pod may
 # change nothing else (the chart's ValidatingAdmissionPolicy), and only its own pod (a Role per
 # job naming that pod, and the policy comparing the caller's pod-bound token with the object).
 REPORT_ANNOTATION = "accelerate-operator.io/report"

@@ -17,11 +17,13 @@ Kubernetes sends (SIGTERM: checkpoint and stop), and exits with the launcher's c
 push.
 
 What is pushed: the newest `ACCELERATE_PROGRESS {json}` line on either stream (the script's own,
-accelerate_trainer.progress's, or the Kubeflow relay's), and when anything was last written. A
-push happens when the progress changed and PUSH_SECONDS have passed since the last one; while
-output goes on with no new progress, every HEARTBEAT_SECONDS; once output has paused
-QUIET_SECONDS (stall detection then sees the true last sign of life); and at the end. A failed push
-is said once on stderr and tried again later; it never stops the training.
+accelerate_trainer.progress's, or the Kubeflow relay's) and when it came, and when anything was
+last written. The first progress goes at once (unless a push was tried in the last
+QUIET_SECONDS): `kubectl get` shows a new group's first step soon. After it, a push happens when
+the progress changed and PUSH_SECONDS have passed since the last one; while output goes on with
+no new progress, every HEARTBEAT_SECONDS; once output has paused QUIET_SECONDS (stall detection
+then sees the true last sign of life); and at the end. A failed push is said once on stderr and
+tried again later; it never stops the training.
 
 Why http.client and not the `kubernetes` package: this runs in the user's training image, which
 need not have `kubernetes` (nor its pydantic, which may clash with the user's pins); it makes one
@@ -109,17 +111,24 @@ def parse_progress_line(line: bytes) -> dict[str, Any] | None:
 class Snapshot:
     progress: Mapping[str, Any] | None
     last_output: float | None  # wall clock
+    progress_time: float | None = None  # wall clock: when the progress line came
+
+
+def _stamp(moment: float | None) -> str | None:
+    if moment is None:
+        return None
+    return datetime.fromtimestamp(moment, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def encode(snapshot: Snapshot) -> str:
     """The annotation's value (contract.py), cut to MAX_REPORT_BYTES: metrics go first."""
-    when = None
-    if snapshot.last_output is not None:
-        stamp = datetime.fromtimestamp(snapshot.last_output, timezone.utc)
-        when = stamp.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    when, progress_time = _stamp(snapshot.last_output), _stamp(snapshot.progress_time)
     for progress in (snapshot.progress,
                      {k: v for k, v in (snapshot.progress or {}).items() if k in CORE_FIELDS}):
-        value = json.dumps({"progress": progress, "lastOutputTime": when}, separators=(",", ":"))
+        report = {"progress": progress, "lastOutputTime": when}
+        if progress is not None and progress_time is not None:
+            report["progressTime"] = progress_time
+        value = json.dumps(report, separators=(",", ":"))
         if len(value.encode()) <= MAX_REPORT_BYTES:
             return value
     return json.dumps({"progress": None, "lastOutputTime": when}, separators=(",", ":"))
@@ -146,7 +155,9 @@ class Reports:
             for line in lines:
                 report = parse_progress_line(line) or report
         with self._lock:
-            self.current = Snapshot(report or self.current.progress, now)
+            current = self.current
+            self.current = (Snapshot(report, now, now) if report is not None
+                            else Snapshot(current.progress, now, current.progress_time))
 
     def due(self, now: float, wall: float, final: bool = False) -> Snapshot | None:
         """What to push now (monotonic `now`, wall clock `wall`), or None (the module's rule)."""
@@ -158,7 +169,8 @@ class Reports:
         if not (new_progress or new_output):
             return None
         quiet = current.last_output is not None and wall - current.last_output >= QUIET_SECONDS
-        if final or (since >= PUSH_SECONDS and (new_progress or quiet)) \
+        first = new_progress and pushed.progress is None and since >= QUIET_SECONDS
+        if final or first or (since >= PUSH_SECONDS and (new_progress or quiet)) \
                 or since >= HEARTBEAT_SECONDS:
             return current
         return None

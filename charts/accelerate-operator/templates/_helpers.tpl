@@ -123,6 +123,11 @@ ResourceFlavors and WorkloadPriorityClasses; nothing otherwise (the operator wat
 collections by path: it needs neither CRDs nor namespaces listed).
 */}}
 {{- define "accelerate-operator.clusterRules" -}}
+# The node of a pod that runs but is not Ready, or outlived its deletion's grace period: whether
+# the node is lost (spec.runPolicy.nodeLostTimeoutSeconds). Read by name, never listed.
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get"]
 {{- if empty .Values.watchNamespaces }}
 # kopf's peering for an operator watching every namespace: one ClusterKopfPeering.
 - apiGroups: ["kopf.dev"]

@@ -1,0 +1,142 @@
+"""status.goodput over whole job histories: each pass's Moment applied to the stored ledger, as
+the operator does, and the totals it shows."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from accelerate_operator.goodput import Moment, update_goodput
+
+T0 = datetime(2026, 1, 1, 12, 0, 0)
+
+
+class History:
+    """A job's passes in order: each `at(seconds, ...)` is one status write."""
+
+    def __init__(self) -> None:
+        self.goodput: dict | None = None
+        self.phase, self.attempt = "Pending", 0
+
+    def at(self, seconds: float, phase: str | None = None, *, attempt: int | None = None,
+           step: int | None = None) -> dict:
+        after_phase = phase or self.phase
+        after_attempt = self.attempt if attempt is None else attempt
+        moment = Moment(T0 + timedelta(seconds=seconds), T0, self.phase, after_phase,
+                        self.attempt, after_attempt, step)
+        self.goodput = update_goodput(self.goodput, moment)
+        self.phase, self.attempt = after_phase, after_attempt
+        return self.goodput
+
+
+def test_a_run_without_faults_loses_its_wait_and_its_startup():
+    job = History()
+    job.at(10, "Running")
+    job.at(25, step=1)
+    for second, step in ((50, 40), (75, 80), (100, 120)):
+        job.at(second, step=step)
+    done = job.at(105, "Succeeded")
+    assert done["lostSeconds"] == {"waiting": 10.0, "startup": 15.0, "recovery": 0.0,
+                                   "recomputed": 0.0}
+    assert (done["wallSeconds"], done["productiveSeconds"]) == (105.0, 80.0)
+    assert (done["percent"], done["summary"], done["interruptions"]) == (76.2, "76.2%", 0)
+    assert "lastRecoverySeconds" not in done
+    # A finished job's goodput no longer moves.
+    assert {k: v for k, v in job.at(500)["lostSeconds"].items()} == done["lostSeconds"]
+    assert job.goodput["wallSeconds"] == 105.0
+
+
+def test_a_crash_costs_its_recovery_and_the_steps_trained_again():
+    job = History()
+    job.at(0, "Running")
+    job.at(5, step=1)
+    job.at(60, step=40)  # the last report before rank 2 dies
+    job.at(62, "Restarting", attempt=1)
+    shown = job.at(75, "Running")
+    assert shown["lostSeconds"]["recovery"] == 15.0  # open: from the last report, so far
+    job.at(80, step=32)  # resumed from the checkpoint at step 30
+    job.at(84, step=40)  # steps 33..40 again
+    job.at(86, step=44)  # new ground
+    done = job.at(100, "Succeeded")
+    assert done["lostSeconds"] == {"waiting": 0.0, "startup": 5.0, "recovery": 20.0,
+                                   "recomputed": 4.0}
+    assert (done["interruptions"], done["lastRecoverySeconds"]) == (1, 20.0)
+    assert done["productiveSeconds"] == 71.0
+
+
+def test_a_report_that_crosses_the_highest_step_counts_only_the_steps_below_it():
+    job = History()
+    job.at(0, "Running")
+    job.at(10, step=50)
+    job.at(11, "Restarting", attempt=1)
+    job.at(20, "Running")
+    job.at(30, step=40)
+    shown = job.at(40, step=60)  # 40 -> 60 in 10 s: half of it below 50
+    assert shown["lostSeconds"]["recomputed"] == 5.0
+
+
+def test_two_faults_before_the_first_step_are_two_interruptions_of_one_recovery():
+    job = History()
+    job.at(0, "Running")
+    job.at(10, step=10)
+    job.at(12, "Restarting", attempt=1)
+    job.at(30, "Restarting", attempt=2)  # the new group failed before its first step
+    job.at(40, "Running")
+    shown = job.at(50, step=12)
+    assert (shown["interruptions"], shown["lastRecoverySeconds"]) == (2, 40.0)
+    assert shown["lostSeconds"]["recovery"] == 40.0
+
+
+def test_a_script_that_reports_nothing_counts_its_running_time_as_productive():
+    job = History()
+    job.at(20, "Running")
+    job.at(100, "Restarting", attempt=1)
+    job.at(130, "Running")
+    done = job.at(200, "Succeeded")
+    assert done["lostSeconds"] == {"waiting": 20.0, "startup": 0.0, "recovery": 30.0,
+                                   "recomputed": 0.0}
+    assert done["lastRecoverySeconds"] == 30.0
+
+
+def test_a_kueue_eviction_is_an_interruption_and_a_suspension_is_waiting():
+    job = History()
+    job.at(0, "Running")
+    job.at(10, step=10)
+    job.at(20, "Queued", attempt=1)  # evicted
+    job.at(50, "Running")
+    job.at(60, step=12)
+    job.at(70, "Suspended")
+    job.at(100, "Pending", attempt=2)  # resumed
+    job.at(110, "Running")
+    shown = job.at(115, step=14)
+    assert shown["interruptions"] == 1
+    assert shown["lostSeconds"] == {"waiting": 40.0, "startup": 15.0, "recovery": 50.0,
+                                    "recomputed": 0.0}
+
+
+def test_a_step_is_timed_by_when_pod_0_saw_it_not_when_the_operator_read_it():
+    job = History()
+    job.at(10, "Running")
+    # The first step came at 22 s; the operator wrote it at 26 s (its write interval).
+    moment = Moment(T0 + timedelta(seconds=26), T0, "Running", "Running", 0, 0, 1,
+                    T0 + timedelta(seconds=22))
+    shown = update_goodput(job.goodput, moment)
+    assert shown["lostSeconds"]["startup"] == 12.0
+    # A pod clock ahead of the operator's is kept to now; one behind, to the last boundary.
+    ahead = Moment(T0 + timedelta(seconds=26), T0, "Running", "Running", 0, 0, 1,
+                   T0 + timedelta(seconds=40))
+    assert update_goodput(job.goodput, ahead)["lostSeconds"]["startup"] == 16.0
+    behind = Moment(T0 + timedelta(seconds=26), T0, "Running", "Running", 0, 0, 1, T0)
+    assert update_goodput(job.goodput, behind)["lostSeconds"]["startup"] == 0.0
+
+
+def test_the_ledger_survives_a_round_trip_through_the_status():
+    """A restarted operator goes on from the stored status: the same totals."""
+    job = History()
+    job.at(0, "Running")
+    job.at(5, step=1)
+    stored = job.at(30, step=20)
+    assert stored["ledger"]["segment"] == "Training"
+    assert stored["ledger"]["highestStep"] == 20
+    again = update_goodput(stored, Moment(T0 + timedelta(seconds=30), T0, "Running", "Running",
+                                          0, 0, None))
+    assert again == stored
