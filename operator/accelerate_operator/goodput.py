@@ -163,7 +163,7 @@ def show(ledger: Ledger, created: datetime, now: datetime) -> dict[str, Any]:
     wall = max((end - created).total_seconds(), 0.0)
     lost = ledger.close(end, ledger.segment).lost if ledger.segment != DONE else ledger.lost
     lost_total = min(sum(lost.values()), wall)
-    percent = round(100.0 * (wall - lost_total) / wall, 1) if wall > 0 else 100.0
+    percent = round(100.0 * (wall - lost_total) / wall, 1) if wall > 0 else 0.0
     shown = {
         "percent": percent, "summary": f"{percent:.1f}%",
         "wallSeconds": _seconds(wall), "productiveSeconds": _seconds(wall - lost_total),

@@ -96,7 +96,10 @@ def test_a_drained_node_costs_the_step_in_flight_not_the_restart_budget(kubeconf
     assert (host_dir / "checkpoints" / "checkpoint_0" / "COMPLETE").is_file()
     table = kubectl("-n", namespace, "get", "ajob", "drain", kubeconfig=kubeconfig).stdout
     assert re.search(r"RESTARTS\s+COUNTED", table) and re.search(r"\s1\s+0\s", table), table
-    print(f"\ndrain: trained {trained_before} steps, resumed from step {resumed_step}")
+    goodput = status["goodput"]
+    assert goodput["interruptions"] == 1 and goodput["lostSeconds"]["recomputed"] <= 2, goodput
+    print(f"\ndrain: trained {trained_before} steps, resumed from step {resumed_step}; "
+          f"{goodput['lastRecoverySeconds']}s with no step running, goodput {goodput['summary']}")
 
 
 def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubeconfig, namespace):

@@ -19,7 +19,12 @@ import pytest
 from devtools.cluster import ROOT, kubectl, wait_for
 from tests.e2e.test_disruptions import checkpointed_job, shared_dir
 from tests.helpers.jobs import apply_job, condition, phase_is, wait_for_job
-from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator
+from tests.helpers.operator import (
+    OPERATOR_NAMESPACE,
+    OPERATOR_SELECTOR,
+    active_operator,
+    running_operator_pods,
+)
 
 NAME = "lost"
 MAX_STEPS, CHECKPOINT_EVERY, KILL_AFTER_STEP = 120, 10, 15
@@ -72,10 +77,17 @@ def spread_job(host_dir) -> dict:
     return body
 
 
-def restore(node: str) -> None:
-    """Start the node again (`up` restarts what is not running) for the tests that follow."""
+def restore(node: str, kubeconfig: str) -> None:
+    """Start the node again (`up` restarts what is not running), and wait for the operator's
+    replica there to serve again, for the tests that follow (the failover test wants both)."""
     done = subprocess.run([LOCAL_CLUSTER, "up"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{node} did not come back:\n{done.stderr[-3000:]}"
+    deployment = kubectl("-n", OPERATOR_NAMESPACE, "get", "deployment", "-l", OPERATOR_SELECTOR,
+                         "-o", "name", kubeconfig=kubeconfig).stdout.split()[0]
+    kubectl("-n", OPERATOR_NAMESPACE, "rollout", "status", deployment, "--timeout=300s",
+            kubeconfig=kubeconfig, timeout=320)
+    wait_for(lambda: len(running_operator_pods(kubeconfig)) >= 2, timeout=180, interval=1,
+             description="both operator replicas running again")
 
 
 def test_a_lost_node_restarts_the_group_on_the_node_left_within_about_a_minute(
@@ -90,7 +102,8 @@ def test_a_lost_node_restarts_the_group_on_the_node_left_within_about_a_minute(
     assert victim in placed, (victim, placed)
 
     killed = time.time()
-    subprocess.run([LOCAL_CLUSTER, "node-kill", victim], check=True, timeout=120)
+    subprocess.run([LOCAL_CLUSTER, "node-kill", victim], check=True, timeout=120,
+                   capture_output=True)
     try:
         restarted = wait_for_job(kubeconfig, namespace, NAME,
                                  lambda job: job["status"].get("attempt", 0) >= 1,
@@ -107,7 +120,7 @@ def test_a_lost_node_restarts_the_group_on_the_node_left_within_about_a_minute(
             timeout=240, description="the new group to train")
         training_after = time.time() - killed
     finally:
-        restore(victim)
+        restore(victim, kubeconfig)
 
     status = restarted["status"]
     assert condition(restarted, "Restarting")["reason"] == "Disrupted", status
