@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .constants import FINISHED_PHASES, QUEUED, RESTARTING, RUNNING, SUSPENDED
+from .constants import FINISHED_PHASES, PENDING, QUEUED, RESTARTING, RUNNING, SUSPENDED
 
 WAITING, STARTUP, TRAINING, RECOVERY, DONE = "Waiting", "Startup", "Training", "Recovery", "Done"
 CAUSES = {WAITING: "waiting", STARTUP: "startup", RECOVERY: "recovery"}
@@ -86,7 +86,7 @@ class Ledger:
 
 def update_goodput(stored: Mapping[str, Any] | None, moment: Moment) -> dict[str, Any]:
     """status.goodput after this pass: the stored ledger moved by `moment`, then shown."""
-    ledger = read_ledger(stored, moment.created)
+    ledger = read_ledger(stored, moment.created) if stored else _first_ledger(moment)
     ledger = _stopped(ledger, moment)
     ledger = _ran(ledger, moment)
     if moment.step is not None:
@@ -94,6 +94,18 @@ def update_goodput(stored: Mapping[str, Any] | None, moment: Moment) -> dict[str
     if moment.phase_after in FINISHED_PHASES and ledger.segment != DONE:
         ledger = replace(ledger.close(moment.now, DONE), ended=moment.now)
     return show(ledger, moment.created, moment.now)
+
+
+def _first_ledger(moment: Moment) -> Ledger:
+    """A job's first ledger: waiting since its creation. A job that is past that already (it ran
+    under an operator that kept no goodput) starts from now, its earlier time counted
+    productive: nothing says how it went."""
+    phase = moment.phase_before
+    if phase in (None, PENDING, QUEUED):
+        return Ledger(since=moment.created)
+    segment = {RUNNING: TRAINING, RESTARTING: RECOVERY, SUSPENDED: WAITING}.get(phase, DONE)
+    return Ledger(segment=segment, since=moment.now,
+                  ended=moment.now if segment == DONE else None)
 
 
 def _stopped(ledger: Ledger, moment: Moment) -> Ledger:

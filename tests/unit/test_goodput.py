@@ -140,3 +140,14 @@ def test_the_ledger_survives_a_round_trip_through_the_status():
     again = update_goodput(stored, Moment(T0 + timedelta(seconds=30), T0, "Running", "Running",
                                           0, 0, None))
     assert again == stored
+
+
+def test_a_job_that_ran_before_goodput_existed_starts_its_ledger_now():
+    """Upgrading the operator under a running job: its past is unknown, not all waiting."""
+    now = T0 + timedelta(hours=2)
+    running = update_goodput(None, Moment(now, T0, "Running", "Running", 3, 3, 500, now))
+    assert running["lostSeconds"] == dict.fromkeys(("waiting", "startup", "recovery",
+                                                    "recomputed"), 0.0)
+    assert running["percent"] == 100.0 and running["ledger"]["segment"] == "Training"
+    restarting = update_goodput(None, Moment(now, T0, "Restarting", "Restarting", 4, 4))
+    assert restarting["ledger"]["segment"] == "Recovery"
