@@ -250,7 +250,7 @@ def test_the_versions_are_read_from_the_head_of_pod_0s_log_once_per_attempt():
     assert kube.calls == [("log-head", "llm-0")]
     # Written with the rest of the pass's status, in its one write (goodput rides along).
     write = _status_write(seen, seen.status, NOW)
-    assert write.pop("goodput")["ledger"]["segment"] == "Waiting"
+    assert write.pop("goodput")["ledger"]["segment"] == "Training"  # a running job's first
     assert write == {"trainer": {
         "attempt": 1, "image": JobBuilder().build()["spec"]["template"]["spec"]["containers"][0][
             "image"], "versions": {"accelerate": "1.15.0"}, "message": None}}
