@@ -92,8 +92,9 @@ def render_status(job: Mapping[str, Any]) -> str:
         + (f" (attempt {summary['attempt']})" if summary["attempt"] is not None else ""),
         f"{'Progress:':<14}{progress_bar(summary['progress'])}",
     ]
-    if goodput_line(summary["goodput"]):
-        lines.append(f"{'Goodput:':<14}{goodput_line(summary['goodput'])}")
+    goodput = goodput_line(summary["goodput"])
+    if goodput:
+        lines.append(f"{'Goodput:':<14}{goodput}")
     current = next((c for c in summary["conditions"]
                     if c.get("type") == summary["phase"] and c.get("status") == "True"), None)
     if current and current.get("message"):

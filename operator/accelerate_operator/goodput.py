@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from .constants import FINISHED_PHASES, PENDING, QUEUED, RESTARTING, RUNNING, SUSPENDED
+from .status import parse_time
 
 WAITING, STARTUP, TRAINING, RECOVERY, DONE = "Waiting", "Startup", "Training", "Recovery", "Done"
 CAUSES = {WAITING: "waiting", STARTUP: "startup", RECOVERY: "recovery"}
@@ -210,15 +211,9 @@ def read_ledger(stored: Mapping[str, Any] | None, created: datetime) -> Ledger:
         return Ledger(since=created)
     lost = {key: float((kept.get("lost") or {}).get(key) or 0.0) for key in LOST_KEYS}
     return Ledger(lost=lost, segment=kept.get("segment") or WAITING,
-                  since=_parse(kept.get("since")) or created,
+                  since=parse_time(kept.get("since")) or created,
                   interruptions=int(stored.get("interruptions") or 0),
                   last_recovery=stored.get("lastRecoverySeconds"),
                   highest=kept.get("highestStep"), last_step=kept.get("lastStep"),
-                  last_step_time=_parse(kept.get("lastStepTime")),
-                  ended=_parse(kept.get("ended")))
-
-
-def _parse(stamp: str | None) -> datetime | None:
-    if not stamp:
-        return None
-    return datetime.fromisoformat(stamp.rstrip("Z"))
+                  last_step_time=parse_time(kept.get("lastStepTime")),
+                  ended=parse_time(kept.get("ended")))

@@ -254,7 +254,9 @@ class Kube:
 
     async def read_node(self, name: str) -> dict[str, Any] | None:
         """A Node, or None when it is gone."""
-        return await _ignore_gone(self.request("GET", f"/api/v1/nodes/{name}"))
+        response = await _ignore_gone(self._run("GET", self.core.read_node, name,
+                                                _preload_content=False))
+        return None if response is None else json.loads(response.data)
 
     # ---- Kueue ----------------------------------------------------------------------------
     async def discover_kueue_version(self) -> str | None:

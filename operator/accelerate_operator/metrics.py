@@ -46,7 +46,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-LOST_CAUSES = ("waiting", "startup", "recovery", "recomputed")
+from .goodput import LOST_KEYS
+
 PHASES = ("Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
 STARTUP_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200)
@@ -147,7 +148,7 @@ def add_goodput(families: Mapping[str, GaugeMetricFamily], job: Mapping[str, Any
     labels = [metadata.get("namespace") or "", metadata.get("name") or ""]
     families["job_goodput_ratio"].add_metric(labels, goodput["percent"] / 100.0)
     for cause, seconds in (goodput.get("lostSeconds") or {}).items():
-        if cause in LOST_CAUSES and isinstance(seconds, int | float):
+        if cause in LOST_KEYS and isinstance(seconds, int | float):
             families["job_lost_seconds"].add_metric([*labels, cause], seconds)
     families["job_interruptions"].add_metric(labels, int(goodput.get("interruptions") or 0))
     if isinstance(goodput.get("lastRecoverySeconds"), int | float):

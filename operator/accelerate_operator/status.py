@@ -474,7 +474,7 @@ class _Pass:
         """Why the pod is lost with its node, once the node has not been Ready for
         spec.runPolicy.nodeLostTimeoutSeconds, else None; until then, the time it would be is
         kept for the clock's requeue."""
-        node = self.lost_nodes.get(pod.node) if pod.node else None
+        node = self._node_of(pod)
         if node is None:
             return None
         timeout = self.job.run_policy.node_lost_timeout_seconds
@@ -487,8 +487,12 @@ class _Pass:
     def _unreachable(self, pod: PodState) -> bool:
         """A pod lost with a node whose kubelet no longer reports: deleted with no grace period,
         or it would stay Terminating (and hold its name) until the node came back."""
-        node = self.lost_nodes.get(pod.node) if pod.node else None
+        node = self._node_of(pod)
         return node is not None and not node.reporting and self._node_lost(pod) is not None
+
+    def _node_of(self, pod: PodState) -> NodeState | None:
+        """The pod's node when it is not Ready (observe.py read it), else None."""
+        return self.lost_nodes.get(pod.node) if pod.node else None
 
     def _queue_writes(self, status: Mapping[str, Any]) -> QueueWrites:
         if self.queue is None:

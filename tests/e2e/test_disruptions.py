@@ -11,32 +11,20 @@ import copy
 import json
 import re
 import subprocess
-import uuid
-from pathlib import Path
 
 import yaml
 
 from devtools.cluster import ROOT, kubectl, kubectl_binary
-from tests.helpers.jobs import JobBuilder, apply_job, condition, phase_is, wait_for_job
+from tests.helpers.jobs import (
+    apply_job,
+    checkpointed_job,
+    condition,
+    phase_is,
+    shared_dir,
+    wait_for_job,
+)
 
 JOB_NAME_LABEL = "accelerate-operator.io/job-name"
-
-
-def checkpointed_job(name: str, host_dir: Path, *args: str) -> dict:
-    """The CPU example with a checkpoint folder both nodes share (the local nodes share the
-    host's disk, as pods share an NFS volume), writable by the image's non-root user."""
-    return (JobBuilder.from_example(name).run_policy(backoffLimit=1, cleanPodPolicy="None")
-            .checkpoint("checkpoints", "/checkpoints")
-            .volume(name="checkpoints",
-                    hostPath={"path": str(host_dir), "type": "DirectoryOrCreate"})
-            .args("/opt/accelerate/examples/train.py", *args).build())
-
-
-def shared_dir() -> Path:
-    path = Path("/tmp") / f"accelerate-operator-ckpt-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    path.chmod(0o777)
-    return path
 
 
 def follow_log(kubeconfig: str, namespace: str, pod: str) -> subprocess.Popen:

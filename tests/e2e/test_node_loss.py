@@ -17,8 +17,14 @@ import time
 import pytest
 
 from devtools.cluster import ROOT, kubectl, wait_for
-from tests.e2e.test_disruptions import checkpointed_job, shared_dir
-from tests.helpers.jobs import apply_job, condition, phase_is, wait_for_job
+from tests.helpers.jobs import (
+    apply_job,
+    checkpointed_job,
+    condition,
+    phase_is,
+    shared_dir,
+    wait_for_job,
+)
 from tests.helpers.operator import (
     OPERATOR_NAMESPACE,
     OPERATOR_SELECTOR,

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from datetime import datetime
-from pathlib import Path
 
 from devtools.cluster import kubectl
-from tests.helpers.jobs import JobBuilder, apply_job, phase_is, wait_for_job
+from tests.helpers.jobs import JobBuilder, apply_job, phase_is, shared_dir, wait_for_job
 
 MAX_STEPS, CHECKPOINT_EVERY, FAIL_AT = 30, 10, 25
 
@@ -44,9 +42,7 @@ def test_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint(
         kubeconfig, namespace):
     # A host folder both nodes mount (the local nodes share the host's disk, as pods share an
     # NFS volume), writable by the image's non-root trainer user.
-    host_dir = Path("/tmp") / f"accelerate-operator-ckpt-{uuid.uuid4().hex[:8]}"
-    host_dir.mkdir()
-    host_dir.chmod(0o777)
+    host_dir = shared_dir()
     apply_job(kubeconfig, namespace, resumable_job(str(host_dir)))
     done = wait_for_job(kubeconfig, namespace, "resume", phase_is("Succeeded", "Failed"),
                         timeout=900, description="the resumed job to finish")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import uuid
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -209,3 +211,21 @@ def phase_is(*phases: str):
 
 def condition(job: dict, type_: str) -> dict:
     return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def checkpointed_job(name: str, host_dir: Path, *args: str) -> dict:
+    """The CPU example with a checkpoint folder both nodes share (the local nodes share the
+    host's disk, as pods share an NFS volume), writable by the image's non-root user."""
+    return (JobBuilder.from_example(name).run_policy(backoffLimit=1, cleanPodPolicy="None")
+            .checkpoint("checkpoints", "/checkpoints")
+            .volume(name="checkpoints",
+                    hostPath={"path": str(host_dir), "type": "DirectoryOrCreate"})
+            .args("/opt/accelerate/examples/train.py", *args).build())
+
+
+def shared_dir() -> Path:
+    """A fresh host folder both local nodes mount as the jobs' checkpoint volume."""
+    path = Path("/tmp") / f"accelerate-operator-ckpt-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    path.chmod(0o777)
+    return path
