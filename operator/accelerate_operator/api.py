@@ -56,6 +56,9 @@ class RunPolicy:
     # A PodDisruptionBudget (minAvailable numNodes) over each running group: voluntary drains
     # wait until the job finishes instead of stopping it.
     pod_disruption_budget: bool = False
+    # A failed training process restarts the processes inside the running pods (every pod of
+    # the group on a healthy node), not the pods (supervise.py, status.py).
+    restart_in_place: bool = True
 
 
 @dataclass(frozen=True)
@@ -349,4 +352,5 @@ def _run_policy(policy: Mapping[str, Any]) -> RunPolicy:
         stall_timeout_seconds=policy.get("stallTimeoutSeconds"),
         node_lost_timeout_seconds=int(policy.get("nodeLostTimeoutSeconds", 10)),
         pod_disruption_budget=bool(policy.get("podDisruptionBudget", False)),
+        restart_in_place=bool(policy.get("restartInPlace", True)),
     )

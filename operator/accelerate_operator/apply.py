@@ -73,6 +73,8 @@ class Applier:
             state.remember_status(actions.status)
             record_status_change(seen.status, merged(seen.status, actions.status),
                                  created_at=_created_at(seen.body) or now, now=now)
+        await asyncio.gather(*(self.kube.tell_attempt(job.namespace, name, actions.attempt)
+                               for name in actions.tell))
         for event in actions.events:
             await self.kube.post_event(seen.body, event, now)
         if actions.delete_job:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
+from accelerate_trainer.contract import RUN_ATTEMPT_ANNOTATION
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
@@ -251,6 +252,13 @@ class Kube:
         await _ignore_gone(self._run("DELETE", self.core.delete_namespaced_pod, name, namespace,
                                      grace_period_seconds=grace_period_seconds,
                                      _preload_content=False))
+
+    async def tell_attempt(self, namespace: str, name: str, attempt: int) -> None:
+        """Ask a running pod to launch `attempt` in place (contract.RUN_ATTEMPT_ANNOTATION,
+        which its supervisor reads through the downward API); a pod gone meanwhile is no error."""
+        body = {"metadata": {"annotations": {RUN_ATTEMPT_ANNOTATION: str(attempt)}}}
+        await _ignore_gone(self._run("PATCH", self.core.patch_namespaced_pod, name, namespace,
+                                     body, _preload_content=False))
 
     async def read_node(self, name: str) -> dict[str, Any] | None:
         """A Node, or None when it is gone."""

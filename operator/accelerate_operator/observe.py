@@ -28,7 +28,7 @@ from .constants import PENDING
 from .kube import ConfigMapMissing, Kube
 from .kueue import QueueContext, priority_class, queue_name, read_workload
 from .naming import configmap_name, pod_name, trainer_container_name
-from .plan import Observed
+from .plan import Observed, group_attempt
 from .progress import build_progress_status, parse_report, parse_trainer_info, progress_changed
 from .state import JobState
 from .status import NodeState, PodState, parse_time
@@ -53,7 +53,7 @@ async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: Job
     progress write, the next read of the trainer's versions); `now` the wall clock the pass
     plans with (UTC), for pods overdue on their node."""
     status = state.latest_status(body.get("status") or {})
-    attempt = int(status.get("attempt") or 0)
+    attempt = group_attempt(status)  # the current pods' (in-place restarts keep them)
     children = frozenset(children) | state.kept
     if queue is not None and queue.workload is not None:
         children |= {("Workload", queue.workload["metadata"]["name"])}

@@ -136,6 +136,10 @@ class Actions:
     status: dict[str, Any] | None = None  # what to write (progress aside), None: unchanged
     events: tuple[Event, ...] = ()
     delete_job: bool = False
+    # Running pods to tell the attempt to run (an in-place restart): after the status write,
+    # which counts the restart first.
+    tell: tuple[str, ...] = ()
+    attempt: int = 0
     # When time alone will change the plan (a TTL, a deadline), for the operator's clock.
     requeue_after: float | None = None
     workload: dict[str, Any] | None = None  # the Kueue Workload to create
@@ -171,7 +175,8 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
                           activity=Activity(seen.last_activity, seen.last_step),
                           lost_nodes=seen.lost_nodes)
     finishing = not seen.finished and plan.status.get("phase") in FINISHED_PHASES
-    pods = tuple(build_pod(job, index, plan.attempt) for index in plan.create)
+    group = plan.attempt if plan.group is None else plan.group
+    pods = tuple(build_pod(job, index, group, plan.attempt) for index in plan.create)
     requeue_after = plan.requeue_after
     if pods and queue is not None:
         if not isinstance(placement, Placement):  # a flavor the index does not show yet
@@ -188,6 +193,8 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
         status=_status_write(seen, plan.status, now),
         events=plan.events,
         delete_job=plan.delete_job,
+        tell=plan.tell,
+        attempt=plan.attempt,
         requeue_after=requeue_after,
         workload=_workload_to_create(seen, job, plan),
         workload_writes=_workload_writes(seen, plan, now),
@@ -284,15 +291,23 @@ def _missing_children(seen: Observed) -> tuple[JobSpec, list[dict[str, Any]], st
 
 
 def _archive(seen: Observed, plan: Plan) -> Archive | None:
-    """A restart deletes the group of the previous attempt: keep what its pods printed."""
+    """A restart deletes the group of the previous attempt: keep what its pods printed (the
+    attempts they ran in place too)."""
     previous = int(seen.status.get("attempt") or 0)
+    group = group_attempt(seen.status)
     if plan.attempt <= previous or not (plan.delete or plan.force_delete):
         return None
-    names = sorted({p.name for p in seen.pods if p.attempt == previous}
+    names = sorted({p.name for p in seen.pods if p.attempt == group}
                    & set(plan.delete + plan.force_delete))
     if not names:
         return None
     return Archive(previous, tuple(names), trainer_container_name(seen.job.template))
+
+
+def group_attempt(status: Mapping[str, Any]) -> int:
+    """The attempt the group's pods were created for (their label): status.groupAttempt, left
+    out while it is status.attempt."""
+    return int(status.get("groupAttempt", status.get("attempt")) or 0)
 
 
 # Status keys from what pod 0 reported (observe.py), and the goodput they move: written only when
@@ -315,8 +330,7 @@ def _status_write(seen: Observed, planned: Mapping[str, Any], now: datetime
     if seen.trainer_info_read:
         containers = (seen.job.template.get("spec") or {}).get("containers") or [{}]
         readings["trainer"] = build_trainer_status(
-            seen.trainer_versions, int(seen.status.get("attempt") or 0),
-            containers[0].get("image"))
+            seen.trainer_versions, group_attempt(seen.status), containers[0].get("image"))
     if status is None and not readings:
         return None
     return {**(status or {}), **readings,

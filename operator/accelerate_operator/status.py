@@ -4,10 +4,15 @@ Pure: `plan_reconcile(job, status, pods, now)` takes everything as arguments (th
 returns a Plan; kube.py carries it out. Running it twice on the same input gives the same plan,
 so a restarted operator, or two events arriving together, never double-count a restart.
 
-The group is the unit: one failed, evicted or deleted pod stops and recreates every pod under a
-new attempt number, so all ranks meet in a fresh rendezvous (a lone restarted rank never rejoins
-a torchrun static rendezvous). The other pods are deleted gracefully, so every rank gets SIGTERM
-and its grace period to save one checkpoint together (accelerate_trainer.checkpoints).
+The group is the unit: every restart moves all ranks to a new attempt number, so they meet in a
+fresh rendezvous (a lone restarted rank never rejoins a torchrun rendezvous). A launch that
+failed in a running pod (the pod's report, `ProcessExit`) restarts in place when every pod of the
+group runs on a node that answers (spec.runPolicy.restartInPlace): the same pods are told the new
+attempt (`Plan.tell`, after the status write that counts it) and launch it themselves
+(accelerate_trainer.supervise); `status.groupAttempt` keeps the attempt the pods were created
+for. Otherwise one failed, evicted or deleted pod stops and recreates every pod: the others are
+deleted gracefully, so every rank gets SIGTERM and its grace period to save one checkpoint
+together (accelerate_trainer.checkpoints).
 
 Not every restart is the job's fault. A restart is counted against spec.runPolicy.backoffLimit
 (`status.restartsCounted`) when the training failed: a non-zero exit (OOMKilled included: the
@@ -43,6 +48,7 @@ counting a restart: an eviction is not a failure."""
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -53,6 +59,7 @@ from accelerate_trainer.contract import (
     CONFIG_ERROR_EXIT_CODE,
     NODE_INDEX_LABEL,
     REPORT_ANNOTATION,
+    RUN_ATTEMPT_ANNOTATION,
 )
 
 from .api import JobSpec, build_topology_status
@@ -102,6 +109,11 @@ class PodState:
     # (metadata.deletionTimestamp): a pod still there after that waits on its node's kubelet.
     node: str | None = None
     gone_by: datetime | None = None
+    # In-place restarts: the attempt the operator last asked this pod to run
+    # (contract.RUN_ATTEMPT_ANNOTATION; None: a pod that cannot restart in place), and the
+    # failed launch it reported.
+    run_attempt: int | None = None
+    exit: ProcessExit | None = None
 
     @property
     def finished(self) -> bool:
@@ -144,6 +156,34 @@ NODE_DISRUPTION_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "NodeShu
 
 # The Restarting condition's reasons: why the group restarts.
 RESTART_FAILED, RESTART_DISRUPTED, RESTART_STALLED = "PodFailed", "Disrupted", "Stalled"
+RESTART_PROCESS_FAILED = "ProcessFailed"  # a launch failed in a running pod: restarted in place
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """A failed launch a pod reported (contract.REPORT_ANNOTATION's `exit`): the pod runs on and
+    waits for the operator's next attempt."""
+
+    attempt: int
+    exit_code: int
+    message: str | None = None
+
+
+def read_process_exit(report: str | None) -> ProcessExit | None:
+    """The `exit` of a pod's report, or None. The report is the pod's own writing (bounded by
+    the chart's admission policy): anything malformed is no exit."""
+    if not report or '"exit"' not in report:
+        return None
+    try:
+        ended = json.loads(report).get("exit")
+        attempt, code = ended["attempt"], ended["exitCode"]
+        message = ended.get("message")
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, code)) \
+            or code == 0:
+        return None
+    return ProcessExit(attempt, code, message if isinstance(message, str) else None)
 
 
 @dataclass(frozen=True)
@@ -215,6 +255,10 @@ class Plan:
     queue: QueueWrites = field(default_factory=QueueWrites)
     # Pods on a lost node, deleted with no grace period: no kubelet would ever confirm it.
     force_delete: tuple[str, ...] = ()
+    # The attempt the group's pods are created for (status.groupAttempt), and its running pods
+    # to tell `attempt`, the one they must run (an in-place restart).
+    group: int | None = None
+    tell: tuple[str, ...] = ()
 
 
 def _active_write(workload: WorkloadView, wants_active: bool) -> bool | None:
@@ -272,6 +316,7 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
     """Summarise a Pod manifest: phase, readiness, and the trainer's exit code and message."""
     metadata = pod.get("metadata", {})
     labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
     status = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions") or [])
@@ -288,10 +333,19 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         reason=reason,
         message=message,
         disruption=disruption,
-        report=(metadata.get("annotations") or {}).get(REPORT_ANNOTATION),
+        report=annotations.get(REPORT_ANNOTATION),
         node=(pod.get("spec") or {}).get("nodeName"),
         gone_by=parse_time(metadata.get("deletionTimestamp")),
+        run_attempt=_integer(annotations.get(RUN_ATTEMPT_ANNOTATION)),
+        exit=read_process_exit(annotations.get(REPORT_ANNOTATION)),
     )
+
+
+def _integer(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def settled_phase(spec: Mapping[str, Any], status: Mapping[str, Any],
@@ -451,6 +505,9 @@ class _Pass:
         self.out = _StatusBuilder(job, status, now)
         self.status = status
         self.attempt = int(status.get("attempt") or 0)
+        # The attempt the group's pods were created for: `attempt` moves past it with each
+        # in-place restart.
+        self.group_attempt = int(status.get("groupAttempt", self.attempt) or 0)
         self.restarts = int(status.get("restarts") or 0)
         # Before restartsCounted existed every restart was counted.
         self.counted = int(status.get("restartsCounted", self.restarts) or 0)
@@ -458,6 +515,9 @@ class _Pass:
 
     def done(self, create=(), delete=(), delete_job=False, requeue_after=None) -> Plan:
         self.out.status["attempt"] = self.attempt
+        self.out.status.pop("groupAttempt", None)
+        if self.group_attempt != self.attempt:
+            self.out.status["groupAttempt"] = self.group_attempt
         status = self.out.finish()
         force = tuple(p.name for p in self.pods if (p.deleting or p.name in delete)
                       and (self._unreachable(p) or (self.node_lost and not p.deleting)))
@@ -468,7 +528,23 @@ class _Pass:
         return Plan(status, self.attempt, tuple(create),
                     tuple(name for name in delete if name not in force),
                     tuple(self.out.events), delete_job, requeue_after,
-                    self._queue_writes(status), force)
+                    self._queue_writes(status), force, self.group_attempt,
+                    self._behind(status, delete))
+
+    def _behind(self, status: Mapping[str, Any], delete: Sequence[str]) -> tuple[str, ...]:
+        """The group's running pods not yet told the attempt they must run (an in-place
+        restart: this pass's, or one whose write the pod watch does not show yet)."""
+        if status.get("phase") in FINISHED_PHASES:
+            return ()
+        return tuple(p.name for p in self.pods
+                     if p.attempt == self.group_attempt and p.run_attempt is not None
+                     and p.run_attempt < self.attempt and p.name not in delete
+                     and not p.deleting and not p.finished)
+
+    def _new_group(self) -> None:
+        """The next attempt runs in new pods."""
+        self.attempt += 1
+        self.group_attempt = self.attempt
 
     def _node_lost(self, pod: PodState) -> str | None:
         """Why the pod is lost with its node, once the node has not been Ready for
@@ -562,7 +638,7 @@ class _Pass:
 
     def resume(self) -> None:
         """A fresh group: pods of the suspended attempt may still be terminating."""
-        self.attempt += 1
+        self._new_group()
         self.out.condition(SUSPENDED, False, "Resumed",
                            "spec.runPolicy.suspend is false: starting a fresh group")
         self.out.events.append(
@@ -583,7 +659,7 @@ class _Pass:
         self._stop_group(workload, recorded)
         if self.job.run_policy.suspend:
             return self.suspend()
-        self.out.counts([p for p in self.pods if p.attempt == self.attempt])
+        self.out.counts([p for p in self.pods if p.attempt == self.group_attempt])
         self._queued_phase(workload)
         return self.done(delete=[p.name for p in self.pods if not p.deleting])
 
@@ -616,9 +692,9 @@ class _Pass:
         restart is counted. The quota goes back once no pod holds its node's resources: a pod
         still terminating (saving a checkpoint in its grace period) does, and the next admitted
         group must not share the nodes with it."""
-        current = [p for p in self.pods if p.attempt == self.attempt]
+        current = [p for p in self.pods if p.attempt == self.group_attempt]
         if any(not p.deleting and not p.finished for p in current):
-            self.attempt += 1
+            self._new_group()
             if workload is not None and workload.evicted is not None:
                 self.out.status["queue"]["evictions"] = int(recorded.get("evictions") or 0) + 1
         holding = [p for p in self.pods if not p.finished]
@@ -675,8 +751,8 @@ class _Pass:
     def group(self) -> Plan:
         """The pods of the current attempt: restart on a failure, a disruption or a stall, else
         wait, create, or report how far the group is."""
-        current = [p for p in self.pods if p.attempt == self.attempt]
-        stale = [p for p in self.pods if p.attempt != self.attempt]
+        current = [p for p in self.pods if p.attempt == self.group_attempt]
+        stale = [p for p in self.pods if p.attempt != self.group_attempt]
         lost = {p.name: why for p in current if not p.finished
                 and (why := self._node_lost(p)) is not None}
         # The ranks left on healthy nodes wait in collectives on the lost ones: they can
@@ -686,6 +762,11 @@ class _Pass:
         failures = _failures(self.job, current, self.out.previous_phase == RUNNING, lost)
         if failures:
             return self.restart_or_fail(failures)
+        ended = [Failure(p.name, "ended its training processes", p.exit.exit_code,
+                         p.exit.message) for p in sorted(current, key=lambda p: p.index)
+                 if p.exit is not None and p.exit.attempt == self.attempt]
+        if ended:
+            return self.restart_or_fail(ended, in_place=self._in_place(current))
         if stale:
             # Wait until the previous attempt's pods are gone: the new ones reuse their names.
             # They were deleted gracefully: each rank may be saving its share of a checkpoint.
@@ -693,9 +774,17 @@ class _Pass:
             return self.done(delete=[p.name for p in stale if not p.deleting])
         return self.stalled(current) or self.progress(current)
 
-    def restart_or_fail(self, failures: Sequence[Failure]) -> Plan:
+    def _in_place(self, current: Sequence[PodState]) -> bool:
+        """Whether the group can restart in place: asked for, and every pod of it runs, able
+        to (an attempt file), on a node that answers."""
+        return self.job.run_policy.restart_in_place and len(current) == self.job.num_nodes \
+            and all(p.phase == RUNNING and not p.deleting and p.run_attempt is not None
+                    and not p.waits_on_node(self.now) for p in current)
+
+    def restart_or_fail(self, failures: Sequence[Failure], in_place: bool = False) -> Plan:
         """Restart the group for the first disruption (not counted) or else the first failure
-        (counted, unless the job can never run: a config error or a permanent exit code)."""
+        (counted, unless the job can never run: a config error or a permanent exit code);
+        `in_place`: the failures are launches that ended in running pods, restarted there."""
         policy = self.job.run_policy
         disrupted = [f for f in failures if f.disrupted]
         first = (disrupted or list(failures))[0]
@@ -707,11 +796,16 @@ class _Pass:
         if first.exit_code is not None and first.exit_code in policy.permanent_exit_codes:
             return self.fail("PermanentFailure",
                              f"{first.describe()} (listed in spec.runPolicy.permanentExitCodes)")
+        if in_place:
+            return self.restart(first.describe(), RESTART_PROCESS_FAILED, counted=True,
+                                in_place=True)
         return self.restart(first.describe(), RESTART_FAILED, counted=True)
 
-    def restart(self, cause: str, reason: str, *, counted: bool) -> Plan:
+    def restart(self, cause: str, reason: str, *, counted: bool, in_place: bool = False
+                ) -> Plan:
         """A new attempt: every pod of this one is deleted (gracefully: each rank gets SIGTERM
-        and its grace period to checkpoint). A counted restart past backoffLimit fails the job."""
+        and its grace period to checkpoint), or, `in_place`, told to launch the new attempt.
+        A counted restart past backoffLimit fails the job."""
         policy = self.job.run_policy
         if counted and self.counted >= policy.backoff_limit:
             return self.fail("BackoffLimitExceeded",
@@ -719,7 +813,10 @@ class _Pass:
                              f"(spec.runPolicy.backoffLimit={policy.backoff_limit})")
         self.restarts += 1
         self.counted += counted
-        self.attempt += 1
+        if in_place:
+            self.attempt += 1
+        else:
+            self._new_group()
         self.out.status["restarts"] = self.restarts
         self.out.status["restartsCounted"] = self.counted
         self.out.counts(self.pods)
@@ -728,9 +825,12 @@ class _Pass:
         else:
             budget = (f"a disruption, not counted against spec.runPolicy.backoffLimit: "
                       f"{self.counted} of {policy.backoff_limit} used")
+        what = "the processes of all" if in_place else "all"
         self.out.phase(RESTARTING, reason,
-                       f"{cause}; restarting all {self.job.num_nodes} node(s) ({budget})",
-                       warning=True)
+                       f"{cause}; restarting {what} {self.job.num_nodes} node(s)"
+                       f"{' in place' if in_place else ''} ({budget})", warning=True)
+        if in_place:
+            return self.done()
         return self.done(delete=[p.name for p in self.pods if not p.deleting])
 
     def _stall_reference(self, current: Sequence[PodState]) -> tuple[datetime, str] | None:
@@ -793,7 +893,7 @@ class _Pass:
         create = [i for i in range(job.num_nodes) if i not in present]
         # Count the pods this pass creates as Pending: the next pass, which sees them, then finds
         # nothing to change and writes nothing.
-        out.counts(current + [PodState(f"{job.name}-{i}", i, self.attempt, PENDING)
+        out.counts(current + [PodState(f"{job.name}-{i}", i, self.group_attempt, PENDING)
                               for i in create])
         if create and not present:
             out.status.setdefault("startTime", format_time(self.now))

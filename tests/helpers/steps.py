@@ -8,6 +8,7 @@ and written through the API server (the official client), nothing of the operato
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from tests.helpers.jobs import JobBuilder
 GROUP, VERSION, PLURAL = "accelerate-operator.io", "v1alpha1", "acceleratejobs"
 JOB_LABEL = "accelerate-operator.io/job-name"
 ATTEMPT_LABEL = "accelerate-operator.io/attempt"
+REPORT_ANNOTATION = "accelerate-operator.io/report"
+RUN_ATTEMPT_ANNOTATION = "accelerate-operator.io/run-attempt"
 KUEUE_GROUP = "kueue.x-k8s.io"
 MERGE = "application/merge-patch+json"
 
@@ -93,9 +96,14 @@ def create(builder: JobBuilder) -> Action:
     return act
 
 
+def group_attempt(status: Mapping[str, Any]) -> int:
+    """The attempt the job's current pods were created for (in-place restarts keep them)."""
+    return int(status.get("groupAttempt", status.get("attempt", 0)))
+
+
 def _current_pod(cluster: Cluster, job: str, index: int) -> dict[str, Any]:
-    """Pod `index` of the job's current attempt (a step acts on no pod of an earlier one)."""
-    attempt = str((cluster.job(job) or {}).get("status", {}).get("attempt", 0))
+    """Pod `index` of the job's current group (a step acts on no pod of an earlier one)."""
+    attempt = str(group_attempt((cluster.job(job) or {}).get("status", {})))
     pod = next((p for p in cluster.pods(job) if p["metadata"]["name"] == f"{job}-{index}"), None)
     assert pod is not None, f"pod {job}-{index} does not exist"
     assert pod["metadata"]["labels"][ATTEMPT_LABEL] == attempt, (
@@ -142,6 +150,19 @@ def pod_exits(index: int, code: int, message: str = "") -> Action:
             "phase": "Succeeded" if code == 0 else "Failed",
             "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": at}],
             "containerStatuses": [_container(pod, {"terminated": terminated}, False)]})
+    return act
+
+
+def launch_fails(index: int, code: int, message: str = "") -> Action:
+    """Pod `index`'s supervisor reports that its launch of the job's current attempt ended
+    with `code`, as accelerate_trainer.supervise writes it; the pod runs on."""
+    def act(cluster: Cluster, job: str) -> None:
+        pod = _current_pod(cluster, job, index)
+        attempt = (cluster.job(job) or {}).get("status", {}).get("attempt", 0)
+        report = json.dumps({"progress": None, "lastOutputTime": None, "exit": {
+            "attempt": attempt, "exitCode": code, "time": now(), "message": message}})
+        cluster.core.patch_namespaced_pod(pod["metadata"]["name"], cluster.namespace, {
+            "metadata": {"annotations": {REPORT_ANNOTATION: report}}})
     return act
 
 
@@ -343,6 +364,7 @@ class Expect:
     workload: Mapping[str, str] = field(default_factory=dict)
     evictions: int | None = None
     gone: bool = False
+    told: int | None = None  # the attempt every live pod was told to run (in place)
 
     def mismatches(self, cluster: Cluster, job: str) -> list[str]:
         body = cluster.job(job)
@@ -370,9 +392,14 @@ class Expect:
         if self.pods is not None:
             live = [p for p in cluster.pods(job) if not p["metadata"].get("deletionTimestamp")]
             attempts = {p["metadata"]["labels"][ATTEMPT_LABEL] for p in live}
-            if len(live) != self.pods or attempts - {str(status.get("attempt", 0))}:
+            if len(live) != self.pods or attempts - {str(group_attempt(status))}:
                 wrong.append(f"{len(live)} pods of attempts {sorted(attempts)}, want "
-                             f"{self.pods} of attempt {status.get('attempt', 0)}")
+                             f"{self.pods} of attempt {group_attempt(status)}")
+        if self.told is not None:
+            told = [(p["metadata"].get("annotations") or {}).get(RUN_ATTEMPT_ANNOTATION)
+                    for p in cluster.pods(job) if not p["metadata"].get("deletionTimestamp")]
+            if set(told) != {str(self.told)}:
+                wrong.append(f"pods told attempts {told}, want {self.told}")
         missing = set(self.children) - cluster.children(job)
         wrong += [f"no {child}" for child in sorted(missing)]
         if self.events:

@@ -30,6 +30,7 @@ from tests.helpers.steps import (
     disrupt,
     evict,
     ghost_node,
+    launch_fails,
     node_lost,
     nothing,
     pod_exits,
@@ -104,6 +105,31 @@ def test_a_failed_pod_restarts_the_whole_group_until_backoff_limit_fails_the_job
     ])
     status = cluster.job("flaky")["status"]
     assert status["lastFailure"].startswith("pod flaky-0 failed with exit code 3"), status
+
+
+def test_a_failed_launch_restarts_the_processes_in_the_same_pods_until_backoff_limit(cluster):
+    run_steps(cluster, "inplace", [
+        ("created with backoffLimit 1", create(job().run_policy(backoffLimit=1)),
+         Expect(phase="Pending", attempt=0, pods=2, told=0)),
+        ("both pods run", pods_running(0, 1), Expect(phase="Running", pods=2)),
+    ])
+    uids = {p["metadata"]["uid"] for p in cluster.pods("inplace")}
+    run_steps(cluster, "inplace", [
+        ("rank 1's launch ends with 1 and its pod waits: both pods are told attempt 1, counted",
+         launch_fails(1, 1, "RuntimeError: boom"),
+         Expect(phase="Running", attempt=1, restarts=1, counted=1, pods=2, told=1,
+                events=["ProcessFailed"])),
+    ])
+    assert {p["metadata"]["uid"] for p in cluster.pods("inplace")} == uids  # the same pods
+    status = cluster.job("inplace")["status"]
+    assert status["groupAttempt"] == 0 and status["lastFailure"] == (
+        "pod inplace-1 ended its training processes with exit code 1: RuntimeError: boom")
+    run_steps(cluster, "inplace", [
+        ("rank 0's launch of attempt 1 ends with 1: no restart left, the job fails",
+         launch_fails(0, 1),
+         Expect(phase="Failed", attempt=1, restarts=1, counted=1,
+                reasons={"Failed": "BackoffLimitExceeded"})),
+    ])
 
 
 def test_a_drained_preempted_or_deleted_pod_restarts_the_group_without_counting(cluster):

@@ -122,14 +122,16 @@ def test_a_pod_may_change_nothing_but_its_report_and_not_too_much(kubeconfig, jo
     namespace, uids = jobs
     token = bound_token(kubeconfig, namespace, "beta-0", uids["beta"])
     own = patcher(kubeconfig, namespace, "beta-0", token, tmp_path)
-    label = own.path  # a merge patch of a label, through the same connection
-    body = json.dumps({"metadata": {"labels": {"accelerate-operator.io/job-name": "alpha"}}})
-    connection = own._connect()
-    connection.request("PATCH", label, body, {
-        "Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"})
-    answer = connection.getresponse()
-    message = json.loads(answer.read()).get("message", "")
-    assert answer.status == 403 and "may change only its annotation" in message
+    # A label, or the attempt the operator tells the pod to run (a pod restarting itself in
+    # place would skip the restart count), through the same connection.
+    for change in ({"labels": {"accelerate-operator.io/job-name": "alpha"}},
+                   {"annotations": {"accelerate-operator.io/run-attempt": "9"}}):
+        connection = own._connect()
+        connection.request("PATCH", own.path, json.dumps({"metadata": change}), {
+            "Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"})
+        answer = connection.getresponse()
+        message = json.loads(answer.read()).get("message", "")
+        assert answer.status == 403 and "may change only its annotation" in message, change
     oversized = push(own, "x" * (MAX_REPORT_BYTES + 1))
     assert oversized and "at most 4096 bytes" in oversized
     assert REPORT_ANNOTATION not in _annotations(kubeconfig, namespace, "beta-0")

@@ -31,8 +31,10 @@ LABELS = {
 
 
 def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
+    """Pod 1 of the group created for attempt 2, whose processes run attempt 3 (restarted in
+    place once): the label keeps the group, the env and the annotation the attempt."""
     job = parse_job(JobBuilder().build())
-    assert build_pod(job, 1, attempt=2) == {
+    assert build_pod(job, 1, attempt=2, run_attempt=3) == {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -40,7 +42,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
             "namespace": "ml",
             "labels": {**LABELS, "accelerate-operator.io/node-index": "1",
                        "accelerate-operator.io/attempt": "2"},
-            "annotations": {},
+            "annotations": {"accelerate-operator.io/run-attempt": "3"},
             "ownerReferences": [OWNER],
         },
         "spec": {
@@ -58,6 +60,8 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
                                     "capabilities": {"drop": ["ALL"]}},
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "env": [
+                    {"name": "ACCELERATE_REPORT_POD", "value": "train-1"},
+                    {"name": "ACCELERATE_REPORT_NAMESPACE", "value": "ml"},
                     {"name": "MASTER_ADDR", "value": "train-0.train"},
                     {"name": "MASTER_PORT", "value": "29500"},
                     {"name": "NODE_RANK", "value": "1"},
@@ -66,19 +70,30 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
                     {"name": "WORLD_SIZE", "value": "4"},
                     {"name": "ACCELERATE_CONFIG_FILE", "value": "/etc/accelerate/config.yaml"},
                     {"name": "ACCELERATE_JOB_NAME", "value": "train"},
-                    {"name": "ACCELERATE_JOB_ATTEMPT", "value": "2"},
+                    {"name": "ACCELERATE_JOB_ATTEMPT", "value": "3"},
                     {"name": "PYTHONUNBUFFERED", "value": "1"},
                     {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "120"},
                 ],
                 "volumeMounts": [
                     {"name": "accelerate-config", "mountPath": "/etc/accelerate", "readOnly": True},
                     {"name": "dshm", "mountPath": "/dev/shm"},
+                    {"name": "accelerate-report",
+                     "mountPath": "/var/run/secrets/accelerate-operator.io/report",
+                     "readOnly": True},
                 ],
             }],
             "volumes": [
                 {"name": "accelerate-config", "configMap": {
                     "name": "train-accelerate-config"}},
                 {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                {"name": "accelerate-report", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+                    {"configMap": {"name": "kube-root-ca.crt",
+                                   "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "attempt", "fieldRef": {
+                        "fieldPath":
+                            "metadata.annotations['accelerate-operator.io/run-attempt']"}}]}},
+                ]}},
             ],
         },
     }
@@ -237,8 +252,8 @@ def test_the_templates_grace_period_wins_and_the_launcher_waits_as_long():
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "600"
 
 
-def test_pod_0_alone_gets_a_token_bound_to_itself_and_where_to_report():
-    job = parse_job(JobBuilder("train", "ml").nodes(2).pod_spec(
+def test_without_in_place_restarts_pod_0_alone_gets_a_token_bound_to_itself():
+    job = parse_job(JobBuilder("train", "ml").nodes(2).run_policy(restartInPlace=False).pod_spec(
         serviceAccountName="trainer", automountServiceAccountToken=False).build())
     first, second = build_pod(job, 0, 0), build_pod(job, 1, 0)
     assert first["spec"]["volumes"][-1] == {"name": "accelerate-report", "projected": {"sources": [
@@ -255,16 +270,18 @@ def test_pod_0_alone_gets_a_token_bound_to_itself_and_where_to_report():
     assert "accelerate-report" not in [v["name"] for v in second["spec"]["volumes"]]
     assert not any(e["name"].startswith("ACCELERATE_REPORT_")
                    for e in second["spec"]["containers"][0]["env"])
+    assert first["metadata"]["annotations"] == {}
+    assert build_report_role(job)["rules"][0]["resourceNames"] == ["train-0"]
 
 
-def test_the_report_role_lets_the_pods_account_patch_pod_0_only():
+def test_the_report_role_lets_the_pods_account_patch_the_jobs_pods_only():
     job = parse_job(JobBuilder("train", "ml").pod_spec(serviceAccountName="trainer").build())
     metadata = {"name": "train-report", "namespace": "ml", "labels": LABELS,
                 "ownerReferences": [OWNER]}
     assert build_report_role(job) == {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": metadata,
         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"],
-                   "resourceNames": ["train-0"]}]}
+                   "resourceNames": ["train-0", "train-1"]}]}
     assert build_report_binding(job) == {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": metadata,
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",

@@ -532,3 +532,95 @@ def test_pod_state_reads_its_node_and_when_its_grace_period_ends():
     assert not_ready.waits_on_node(NOW)
     unbound = read_pod_state({**manifest, "spec": {}, "status": {"phase": "Running"}})
     assert not unbound.waits_on_node(NOW)
+
+
+# In-place restarts (spec.runPolicy.restartInPlace, issue 37).
+
+
+def in_place(index, attempt=0, run_attempt=0, exited=None, **kwargs):
+    """A running pod of the group created for `attempt`, told to run `run_attempt`; `exited`:
+    (attempt, exit code) of a failed launch it reported."""
+    from dataclasses import replace
+
+    from accelerate_operator.status import ProcessExit
+    state = pod("train", index, attempt=attempt, **kwargs)
+    ended = ProcessExit(exited[0], exited[1], "RuntimeError: boom") if exited else None
+    return replace(state, run_attempt=run_attempt, exit=ended)
+
+
+def test_a_failed_launch_in_a_running_group_restarts_its_processes_in_place_counted():
+    plan = step(job(), running_status(), [in_place(0), in_place(1, exited=(0, 1))])
+    assert (plan.attempt, plan.group, plan.delete, plan.create) == (1, 0, (), ())
+    assert plan.tell == ("train-0", "train-1")
+    assert (plan.status["attempt"], plan.status["groupAttempt"]) == (1, 0)
+    assert (plan.status["restarts"], plan.status["restartsCounted"]) == (1, 1)
+    assert plan.status["phase"] == "Restarting"
+    assert conditions(plan)["Restarting"] == ("True", "ProcessFailed")
+    assert plan.status["lastFailure"] == (
+        "pod train-1 ended its training processes with exit code 1: RuntimeError: boom")
+    assert [(e.type, e.reason, e.message) for e in plan.events] == [(
+        "Warning", "ProcessFailed",
+        "pod train-1 ended its training processes with exit code 1: RuntimeError: boom; "
+        "restarting the processes of all 2 node(s) in place (restart 1 of 3)")]
+
+
+def test_the_next_passes_run_the_same_pods_and_tell_the_ones_not_yet_told():
+    restarted = step(job(), running_status(), [in_place(0), in_place(1, exited=(0, 1))])
+    # The pod watch shows pod 0 told, pod 1 not yet: the old exit is history, pod 1 is told again.
+    again = step(job(), restarted.status,
+                 [in_place(0, run_attempt=1), in_place(1, exited=(0, 1))])
+    assert (again.attempt, again.delete, again.create, again.tell) == (1, (), (), ("train-1",))
+    assert again.status["restarts"] == 1 and again.status["phase"] == "Running"
+    told = step(job(), again.status, [in_place(0, run_attempt=1), in_place(1, run_attempt=1)])
+    assert told.tell == () and told.status == again.status
+    # A failure of attempt 1 is a second restart, in the same pods again.
+    twice = step(job(), told.status,
+                 [in_place(0, run_attempt=1, exited=(1, 137)), in_place(1, run_attempt=1)])
+    assert (twice.attempt, twice.group, twice.status["restartsCounted"]) == (2, 0, 2)
+
+
+def test_a_failed_launch_uses_the_budget_and_permanent_codes_fail_at_once():
+    spent = step(job(backoffLimit=1), running_status(restarts=1, restartsCounted=1),
+                 [in_place(0), in_place(1, exited=(0, 1))])
+    assert spent.status["phase"] == "Failed" and spent.tell == ()
+    assert conditions(spent)["Failed"] == ("True", "BackoffLimitExceeded")
+    permanent = step(job(permanentExitCodes=[3]), running_status(),
+                     [in_place(0), in_place(1, exited=(0, 3))])
+    assert conditions(permanent)["Failed"] == ("True", "PermanentFailure")
+
+
+def test_a_failed_launch_restarts_the_group_when_a_pod_cannot_restart_in_place():
+    for pods in ([in_place(0, ready=False, node="n0"), in_place(1, exited=(0, 1))],  # not Ready
+                 [in_place(0, deleting=True), in_place(1, exited=(0, 1))]):
+        plan = step(job(), running_status(), pods)
+        assert plan.tell == () and plan.attempt == 1 and "groupAttempt" not in plan.status
+    off = step(job(restartInPlace=False), running_status(),
+               [in_place(0), in_place(1, exited=(0, 1))])
+    assert (off.delete, off.tell, off.group) == (("train-0", "train-1"), (), 1)
+    assert conditions(off)["Restarting"] == ("True", "PodFailed")
+
+
+def test_a_failed_pod_after_in_place_restarts_recreates_the_group_from_the_current_attempt():
+    status = running_status(attempt=2, groupAttempt=0, restarts=2, restartsCounted=2)
+    plan = step(job(), status, [in_place(0, run_attempt=2),
+                                pod("train", 1, "Failed", exit_code=1, attempt=0)])
+    assert (plan.attempt, plan.group, plan.delete) == (3, 3, ("train-0", "train-1"))
+    assert "groupAttempt" not in plan.status
+    gone = step(job(), plan.status, [])
+    assert gone.create == (0, 1) and gone.attempt == 3
+
+
+def test_pod_state_reads_the_attempt_it_runs_and_the_failed_launch_it_reported():
+    manifest = {"metadata": {"name": "train-1", "labels": {
+        "accelerate-operator.io/node-index": "1", "accelerate-operator.io/attempt": "0"},
+        "annotations": {"accelerate-operator.io/run-attempt": "2",
+                        "accelerate-operator.io/report": '{"progress":null,"lastOutputTime":null,'
+                        '"exit":{"attempt":2,"exitCode":1,"time":"x","message":"boom"}}'}},
+        "status": {"phase": "Running"}}
+    state = read_pod_state(manifest)
+    assert (state.attempt, state.run_attempt) == (0, 2)
+    assert (state.exit.attempt, state.exit.exit_code, state.exit.message) == (2, 1, "boom")
+    for report in ('{"exit": {"attempt": "2", "exitCode": 1}}', '{"exit": [1]}', "not json",
+                   '{"exit": {"attempt": 2, "exitCode": 0}}', '{"exit": {"attempt": 2}}'):
+        manifest["metadata"]["annotations"]["accelerate-operator.io/report"] = report
+        assert read_pod_state(manifest).exit is None

@@ -61,18 +61,21 @@ class ApiServer(ThreadingHTTPServer):
 
 DRIVER = """
 import http.client, os, sys
-from accelerate_trainer.supervise import PodPatcher, supervise
+from accelerate_trainer.supervise import Attempts, Launch, PodPatcher, supervise
 patcher = PodPatcher("ml", "train-0", "127.0.0.1", int(sys.argv[1]), directory=sys.argv[2],
                      connection=http.client.HTTPConnection)
-sys.exit(supervise(sys.argv[3:], os.environ, patcher))
+attempts = os.path.join(sys.argv[2], "attempt")
+attempts = Attempts(attempts) if os.path.exists(attempts) else None
+launch = Launch(sys.argv[3:], dict(os.environ), os.environ.get("ACCELERATE_CHECKPOINT_DIR"))
+sys.exit(supervise(launch, patcher, int(os.environ.get("NODE_RANK", "0")), attempts))
 """
 
 
-def run_supervised(server: ApiServer, tmp_path: Path, script: str,
+def run_supervised(server: ApiServer, tmp_path: Path, script: str, env: dict | None = None,
                    **kwargs) -> subprocess.Popen:
     (tmp_path / "token").write_text("secret-token\n")
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'trainer'}:{ROOT / 'operator'}",
-           "DISABLE_KUBEFLOW_INTEGRATION": "TRUE"}
+           "DISABLE_KUBEFLOW_INTEGRATION": "TRUE", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-c", DRIVER, str(server.server_address[1]), str(tmp_path),
          sys.executable, "-u", "-c", script], env=env, stdout=subprocess.PIPE,
@@ -211,3 +214,69 @@ def test_a_report_too_big_for_the_annotation_keeps_its_core_fields():
 def test_a_line_that_is_not_a_valid_report_is_not_pushed(line):
     reports = fed("x\n" + line + "\n", wall=time.time())
     assert reports.current.progress is None
+
+
+# ---- in-place restarts: the attempt file stands in for the downward API's copy of the
+# operator's annotation, written here as the operator would.
+
+ATTEMPTS = r"""
+import os, sys, time
+attempt = os.environ["ACCELERATE_JOB_ATTEMPT"]
+print(f"attempt {attempt} rdzv {os.environ['PET_RDZV_ID']} "
+      f"resume {os.environ.get('ACCELERATE_RESUME_FROM')}", flush=True)
+if attempt == "4":
+    sys.stderr.write("Traceback (most recent call last):\nRuntimeError: rank 3 failed\n")
+    sys.exit(1)
+if attempt == "5":
+    time.sleep(60)  # a rank hanging in a collective on the dead one
+"""
+
+
+def wait_for(predicate, seconds: float = 30.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_a_failed_launch_is_reported_and_the_next_attempt_runs_in_the_same_pod(tmp_path):
+    server = ApiServer()
+    (tmp_path / "attempt").write_text("4")
+    checkpoints = tmp_path / "ckpt" / "checkpoints" / "checkpoint_20"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "COMPLETE").write_text("attempt 4")
+    child = run_supervised(server, tmp_path, ATTEMPTS, env={
+        "NODE_RANK": "1", "ACCELERATE_JOB_NAME": "train",
+        "ACCELERATE_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
+    ended = wait_for(lambda: [r["exit"] for r in server.reports() if "exit" in r])[0]
+    assert ended["attempt"] == 4 and ended["exitCode"] == 1 and ended["time"].endswith("Z")
+    assert ended["message"].endswith("RuntimeError: rank 3 failed")
+    assert server.reports()[0]["progress"] is None  # a pod other than 0 reports no progress
+    (tmp_path / "attempt").write_text("5")  # the operator's next attempt
+    wait_for(lambda: child.poll() is None and len(server.patches) >= 1)
+    time.sleep(1.0)
+    (tmp_path / "attempt").write_text("6")  # attempt 5 hangs: the operator moves on again
+    (checkpoints / "COMPLETE").unlink()
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 0
+    assert out.splitlines() == [
+        "attempt 4 rdzv train-4 resume None",
+        f"attempt 5 rdzv train-5 resume {checkpoints}",
+        "attempt 6 rdzv train-6 resume None",
+    ]
+    assert len(server.patches) == 1  # only the failure: no heartbeats from pod 1
+
+
+def test_without_an_operator_answer_the_pod_ends_with_the_launchs_code(tmp_path, monkeypatch):
+    server = ApiServer()
+    (tmp_path / "attempt").write_text("4")
+    script = "import sys; sys.exit(7)"
+    child = run_supervised(server, tmp_path, script, env={"NODE_RANK": "0"})
+    wait_for(lambda: server.patches)
+    child.send_signal(signal.SIGTERM)  # the operator deleting the pod
+    child.communicate(timeout=30)
+    assert child.returncode == 7
+    assert server.reports()[-1]["exit"]["exitCode"] == 7

@@ -29,7 +29,9 @@ ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_CONFIG_FILE = "ACCELERATE_CONFIG_FILE"
 ENV_CHECKPOINT_DIR = "ACCELERATE_CHECKPOINT_DIR"
 ENV_JOB_NAME = "ACCELERATE_JOB_NAME"
-# Which whole-group attempt a pod belongs to: 0, then 1 after the first restart...
+# Which attempt the training processes run: 0, then 1 after the first restart (in place or of
+# the whole group)... Set on the pod for its first launch; the supervisor sets it for the
+# launches after an in-place restart (RUN_ATTEMPT_FILE).
 ENV_JOB_ATTEMPT = "ACCELERATE_JOB_ATTEMPT"
 
 # ---- the rendered accelerate YAML, mounted from the ConfigMap `<job>-accelerate-config` ----
@@ -90,18 +92,28 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
     return f"{PROGRESS_PREFIX} {json.dumps({k: v for k, v in report.items() if v is not None})}\n"
 
 
-# ---- the pushed report: pod `<job>-0` writes it onto itself (accelerate_trainer.supervise) ----
+# ---- the pushed report: each pod writes it onto itself (accelerate_trainer.supervise) ----
 # The value of REPORT_ANNOTATION is one JSON object, at most MAX_REPORT_BYTES:
 #   {"progress": {<the newest ACCELERATE_PROGRESS object>}, "lastOutputTime": "<RFC 3339 UTC>",
-#    "progressTime": "<RFC 3339 UTC>"}
+#    "progressTime": "<RFC 3339 UTC>",
+#    "exit": {"attempt": N, "exitCode": C, "time": "<RFC 3339 UTC>", "message": "<last lines>"}}
 # `lastOutputTime` is when rank 0's container last wrote anything (stall detection),
-# `progressTime` when the progress line came (the step's time, for goodput). The pod may
-# change nothing else (the chart's ValidatingAdmissionPolicy), and only its own pod (a Role per
-# job naming that pod, and the policy comparing the caller's pod-bound token with the object).
+# `progressTime` when the progress line came (the step's time, for goodput); both from pod 0
+# only. `exit`, from any pod restarted in place: its launcher of attempt N ended with C and the
+# pod waits for the operator's decision (RUN_ATTEMPT_ANNOTATION). The pod may change nothing
+# else (the chart's ValidatingAdmissionPolicy), and only its own pod (a Role per job naming its
+# pods, and the policy comparing the caller's pod-bound token with the object).
 REPORT_ANNOTATION = "accelerate-operator.io/report"
 MAX_REPORT_BYTES = 4096
-# Set by the operator on pod `<job>-0` only: where to write (the downward API) and the
-# service-account token and cluster CA it writes with (a projected volume at REPORT_DIR).
+# ---- in-place restarts: the attempt a pod's processes run, set by the operator ----
+# The operator writes RUN_ATTEMPT_ANNOTATION on every pod of the group (the creation's attempt
+# first); the downward API mounts it at REPORT_DIR/RUN_ATTEMPT_FILE, where the supervisor sees a
+# new value within about 0.2 s, stops whatever runs and launches that attempt in the same pod.
+RUN_ATTEMPT_ANNOTATION = "accelerate-operator.io/run-attempt"
+RUN_ATTEMPT_FILE = "attempt"
+# Set by the operator on every pod with a report channel: where to write (the downward API)
+# and the service-account token and cluster CA it writes with (a projected volume at
+# REPORT_DIR).
 ENV_REPORT_POD = "ACCELERATE_REPORT_POD"
 ENV_REPORT_NAMESPACE = "ACCELERATE_REPORT_NAMESPACE"
 REPORT_DIR = "/var/run/secrets/accelerate-operator.io/report"

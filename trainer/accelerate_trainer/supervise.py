@@ -1,5 +1,6 @@
 """`python -m accelerate_trainer.supervise -- ARGV...`: run ARGV (the launcher) as a child, pass
-its output through unchanged, and push rank 0's progress and signs of life onto this pod.
+its output through unchanged, push rank 0's progress and signs of life onto this pod, and
+restart the launcher in place when the operator asks for a new attempt.
 
 Why push: reading rank 0's log through the API server and the kubelet every 5 s cost about 8 ms
 of control-plane CPU per second per running job, and more the more a job prints. Here the pod
@@ -25,6 +26,18 @@ no new progress, every HEARTBEAT_SECONDS; once output has paused QUIET_SECONDS (
 then sees the true last sign of life); and at the end. A failed push is said once on stderr and
 tried again later; it never stops the training.
 
+In-place restarts (spec.runPolicy.restartInPlace, `Supervisor`): every pod of such a job runs
+under this module. When its launcher ends with a non-zero code, the pod does not end: it reports
+the exit (attempt, code, last lines of stderr) onto itself at once and waits up to HOLD_SECONDS
+for the operator, which counts the restart against backoffLimit and writes the next attempt
+onto every pod of the group (contract.RUN_ATTEMPT_ANNOTATION, seen here through the downward
+API). Each pod then stops whatever of the last attempt still runs (its ranks may hang in a
+collective on the dead one: NCCL does), and launches the new attempt with
+ACCELERATE_JOB_ATTEMPT set and ACCELERATE_RESUME_FROM at the newest complete checkpoint: no pod
+is deleted, scheduled or pulled again. Why the operator decides and not torchrun's
+`--max_restarts`: each restart is counted, with its cause, before it happens; a rank is the
+same pod's whatever the rendezvous; and a pod or node lost still takes the group restart.
+
 Why http.client and not the `kubernetes` package: this runs in the user's training image, which
 need not have `kubernetes` (nor its pydantic, which may clash with the user's pins); it makes one
 kind of request, a JSON merge patch of one pod, with the projected token (re-read for every push:
@@ -45,11 +58,16 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from .checkpoints import find_resume_checkpoint
 from .contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_JOB_ATTEMPT,
+    ENV_JOB_NAME,
+    ENV_NODE_RANK,
     ENV_REPORT_NAMESPACE,
     ENV_REPORT_POD,
     MAX_REPORT_BYTES,
@@ -59,6 +77,7 @@ from .contract import (
     REPORT_CA_FILE,
     REPORT_DIR,
     REPORT_TOKEN_FILE,
+    RUN_ATTEMPT_FILE,
 )
 from .kubeflow_relay import start_relay
 
@@ -80,6 +99,17 @@ CORE_FIELDS = ("step", "total_steps", "epoch", "loss", "samples_per_second", "et
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
 _PREFIX = PROGRESS_PREFIX.encode()
+# In-place restarts (Supervisor): how often the attempt file is read while a launch runs or
+# waits, and how long a pod whose launch failed waits for the operator's next attempt before it
+# ends (the pod then fails, and the operator restarts the whole group as for any failed pod).
+ATTEMPT_POLL_SECONDS = 0.2
+HOLD_SECONDS = 60.0
+# A failed launch's message: its last lines on stderr.
+TAIL_BYTES, TAIL_LINES, TAIL_CHARS = 8192, 12, 1500
+STDERR = 2
+RESUME_ENV = "ACCELERATE_RESUME_FROM"
+# torchrun's --rdzv-id, read from the env by its parser (accelerate does not pass one).
+RDZV_ID_ENV = "PET_RDZV_ID"
 
 
 def say(message: str) -> None:
@@ -112,6 +142,7 @@ class Snapshot:
     progress: Mapping[str, Any] | None
     last_output: float | None  # wall clock
     progress_time: float | None = None  # wall clock: when the progress line came
+    exit: Mapping[str, Any] | None = None  # a failed launch the pod waits on (contract.py)
 
 
 def _stamp(moment: float | None) -> str | None:
@@ -123,30 +154,55 @@ def _stamp(moment: float | None) -> str | None:
 def encode(snapshot: Snapshot) -> str:
     """The annotation's value (contract.py), cut to MAX_REPORT_BYTES: metrics go first."""
     when, progress_time = _stamp(snapshot.last_output), _stamp(snapshot.progress_time)
+    ended = {"exit": dict(snapshot.exit)} if snapshot.exit is not None else {}
     for progress in (snapshot.progress,
                      {k: v for k, v in (snapshot.progress or {}).items() if k in CORE_FIELDS}):
-        report = {"progress": progress, "lastOutputTime": when}
+        report = {"progress": progress, "lastOutputTime": when, **ended}
         if progress is not None and progress_time is not None:
             report["progressTime"] = progress_time
         value = json.dumps(report, separators=(",", ":"))
         if len(value.encode()) <= MAX_REPORT_BYTES:
             return value
-    return json.dumps({"progress": None, "lastOutputTime": when}, separators=(",", ":"))
+    return json.dumps({"progress": None, "lastOutputTime": when, **ended},
+                      separators=(",", ":"))
 
 
 class Reports:
     """What the output has shown and what of it was pushed; fed by the pump threads, read by
-    the pusher's."""
+    the pusher's. `progress` False (a pod other than 0): only a failed launch is reported."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: bool = True) -> None:
         self._lock = threading.Lock()
         self._partial: dict[int, bytes] = {}
         self.current = Snapshot(None, None)
         self._pushed = Snapshot(None, None)
         self._tried_at: float | None = None  # monotonic
+        self.progress = progress
+        self._tail = b""  # the newest bytes on stderr: a failed launch's message
+        self.wake = threading.Event()  # set when a report must go at once
+
+    def ended(self, attempt: int, code: int, now: float) -> None:
+        """The launch of `attempt` failed with `code` at wall time `now`: report it at once, with
+        the last lines it wrote on stderr (a traceback, torchrun's summary)."""
+        lines = self._tail.decode("utf-8", "replace").strip().splitlines()[-TAIL_LINES:]
+        ended = {"attempt": attempt, "exitCode": code, "time": _stamp(now),
+                 "message": "\n".join(lines)[-TAIL_CHARS:]}
+        with self._lock:
+            self.current = replace(self.current, exit=ended)
+        self.wake.set()
+
+    def launched(self) -> None:
+        """A new launch runs: the last one's failure is no longer news."""
+        with self._lock:
+            self.current = replace(self.current, exit=None)
+        self._tail = b""
 
     def feed(self, stream: int, chunk: bytes, now: float) -> None:
         """Bytes the launcher wrote on `stream` at wall time `now`."""
+        if stream == STDERR:
+            self._tail = (self._tail + chunk)[-TAIL_BYTES:]
+        if not self.progress:
+            return
         data = self._partial.pop(stream, b"") + chunk
         lines = data.split(b"\n")
         self._partial[stream] = lines.pop()[-MAX_PARTIAL_LINE:]
@@ -156,14 +212,16 @@ class Reports:
                 report = parse_progress_line(line) or report
         with self._lock:
             current = self.current
-            self.current = (Snapshot(report, now, now) if report is not None
-                            else Snapshot(current.progress, now, current.progress_time))
+            self.current = (Snapshot(report, now, now, current.exit) if report is not None
+                            else replace(current, last_output=now))
 
     def due(self, now: float, wall: float, final: bool = False) -> Snapshot | None:
         """What to push now (monotonic `now`, wall clock `wall`), or None (the module's rule)."""
         with self._lock:
             current, pushed = self.current, self._pushed
             since = math.inf if self._tried_at is None else now - self._tried_at
+        if current.exit is not None and current.exit != pushed.exit:
+            return current
         new_progress = current.progress != pushed.progress
         new_output = current.last_output != pushed.last_output
         if not (new_progress or new_output):
@@ -265,11 +323,15 @@ class Pusher(threading.Thread):
         self._failing = False
 
     def run(self) -> None:
-        while not self._stop_event.wait(TICK_SECONDS):
-            self.push(final=False)
+        while not self._stop_event.is_set():
+            self.reports.wake.wait(TICK_SECONDS)
+            self.reports.wake.clear()
+            if not self._stop_event.is_set():
+                self.push(final=False)
 
     def finish(self) -> None:
         self._stop_event.set()
+        self.reports.wake.set()
         if self.is_alive():
             self.join(REQUEST_TIMEOUT * 2 + TICK_SECONDS)
         self.push(final=True)
@@ -346,34 +408,210 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def supervise(argv: Sequence[str], environ: Mapping[str, str],
-              patcher: PodPatcher | None) -> int:
-    """Run `argv` under this supervisor (the module's docstring); returns its exit code."""
+class Attempts:
+    """The attempt the operator wants this pod's processes to run: RUN_ATTEMPT_FILE, the
+    downward API's copy of the pod's RUN_ATTEMPT_ANNOTATION (the kubelet refreshes it about
+    0.2 s after the operator writes it). None of it when the pod has no such file: an older
+    operator's pod, or spec.runPolicy.restartInPlace false; a failed launch then ends the pod."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self) -> int | None:
+        try:
+            with open(self.path, encoding="utf-8") as file:
+                return int(file.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def newer(self, attempt: int) -> int | None:
+        value = self.read()
+        return value if value is not None and value > attempt else None
+
+
+@dataclass
+class Launch:
+    """What each attempt runs: the launcher's argv and env, and where checkpoints are, to resume
+    an attempt after the first from the newest complete one."""
+
+    argv: Sequence[str]
+    env: dict[str, str]
+    checkpoint_dir: str | None = None
+
+    def env_for(self, attempt: int, first: bool) -> dict[str, str]:
+        """The env of `attempt`: ACCELERATE_JOB_ATTEMPT, a rendezvous id of its own (a launcher
+        of the next attempt that reaches the last one's store, not yet stopped, waits under
+        another prefix instead of joining it), and, after the first, the checkpoint to resume."""
+        env = {**self.env, ENV_JOB_ATTEMPT: str(attempt),
+               RDZV_ID_ENV: f"{self.env.get(ENV_JOB_NAME, 'job')}-{attempt}"}
+        if not first and self.checkpoint_dir:
+            env.pop(RESUME_ENV, None)
+            resume = find_resume_checkpoint(self.checkpoint_dir)
+            if resume is not None:
+                env[RESUME_ENV] = str(resume)
+                say(f"attempt {attempt} resumes from {resume}")
+        return env
+
+
+class Supervisor:
+    """Runs the launches of one pod (the module's docstring) and says how they ended."""
+
+    def __init__(self, launch: Launch, patcher: PodPatcher | None, node_rank: int,
+                 attempts: Attempts | None):
+        self.launch, self.patcher, self.attempts = launch, patcher, attempts
+        self.reports = Reports(progress=node_rank == 0)
+        self.node_rank = node_rank
+        self.child: subprocess.Popen | None = None
+        self.stopping = False  # Kubernetes asked the pod to stop: no launch after this one
+
+    def signal(self, received: int) -> None:
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(received)
+
+    def start(self, attempt: int, first: bool, out: int, err: int) -> bool:
+        argv = list(self.launch.argv)
+        try:
+            self.child = subprocess.Popen(argv, env=self.launch.env_for(attempt, first),
+                                          stdout=out, stderr=err)
+        except OSError as error:
+            say(f"cannot run {argv[0]!r} ({error.strerror})")
+            return False
+        self.reports.launched()
+        return True
+
+    def wait(self, attempt: int) -> int | None:
+        """Until the launcher ends (its exit code) or the operator asks for a newer attempt
+        (None: the launcher is stopped first, with everything it started)."""
+        assert self.child is not None
+        while True:
+            try:
+                return exit_code(self.child.wait(timeout=ATTEMPT_POLL_SECONDS))
+            except subprocess.TimeoutExpired:
+                pass
+            if self.attempts is not None and not self.stopping \
+                    and self.attempts.newer(attempt) is not None:
+                stop_tree(self.child.pid)
+                self.child.wait()
+                return None
+
+    def hold(self, attempt: int, code: int) -> int | None:
+        """After a failed launch: report it, then wait for the operator's next attempt (None:
+        it did not come within HOLD_SECONDS, or the pod is being stopped)."""
+        assert self.attempts is not None
+        self.reports.ended(attempt, code, time.time())
+        deadline = time.monotonic() + HOLD_SECONDS
+        while time.monotonic() < deadline and not self.stopping:
+            newer = self.attempts.newer(attempt)
+            if newer is not None:
+                return newer
+            time.sleep(ATTEMPT_POLL_SECONDS)
+        say(f"no new attempt from the operator within {HOLD_SECONDS:.0f}s; ending the pod")
+        return None
+
+    def run(self, attempt: int, out: int, err: int) -> int:
+        """Launch `attempt`, and the next ones the operator asks for; the last exit code."""
+        first = True
+        while self.start(attempt, first, out, err):
+            code = self.wait(attempt)
+            first = False
+            if code is None:  # the operator moved on while this attempt ran
+                stop_orphans()
+                attempt = self.attempts.read() or attempt + 1  # type: ignore[union-attr]
+                say(f"restarting in place as attempt {attempt}")
+                continue
+            if code == 0 or self.stopping or self.attempts is None:
+                return code
+            say(f"attempt {attempt} ended with exit code {code}; waiting for the operator")
+            newer = self.hold(attempt, code)
+            if newer is None:
+                return code
+            stop_orphans()
+            attempt = newer
+            say(f"restarting in place as attempt {attempt}")
+        return 127
+
+
+def stop_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process under it. torchrun starts each rank in a session of its
+    own, so a process group would miss them; /proc's parent links do not. No checkpoint is
+    possible here anyway: a rank of the group has already ended, and saving takes every rank."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parent = _parent_pid(int(entry))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry))
+    doomed, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        doomed.append(current)
+        todo.extend(children.get(current, ()))
+    for victim in doomed:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def stop_orphans() -> None:
+    """Ranks a failed launcher left behind are this process's children once it is PID 1 (the
+    container's first process): stopped, and reaped, before the next attempt."""
+    if os.getpid() != 1:
+        return
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _parent_pid(int(entry)) == 1 and not _is_relay(int(entry)):
+            stop_tree(int(entry))
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return int(file.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_relay(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return b"accelerate_trainer.kubeflow_relay" in file.read()
+    except OSError:
+        return False
+
+
+def supervise(launch: Launch, patcher: PodPatcher | None, node_rank: int = 0,
+              attempts: Attempts | None = None) -> int:
+    """Run the launch under this supervisor (the module's docstring); returns its exit code."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    env = dict(environ)
     # transformers' KubeflowCallback posts to the relay, whose lines come through the pipe.
-    env.update(start_relay(env, node_rank=0, stdout=out_write))
+    launch.env.update(start_relay(launch.env, node_rank=node_rank, stdout=out_write))
+    supervisor = Supervisor(launch, patcher, node_rank, attempts)
+    for number in FORWARDED_SIGNALS:
+        signal.signal(number, lambda received, _frame: supervisor.signal(received))
+    pumps = [Pump(out_read, sys.stdout.fileno(), supervisor.reports),
+             Pump(err_read, sys.stderr.fileno(), supervisor.reports)]
+    pusher = Pusher(supervisor.reports, patcher)
+    for thread in (*pumps, pusher):
+        thread.start()
+    attempt = int(launch.env.get(ENV_JOB_ATTEMPT) or 0)
+    if attempts is not None:
+        attempt = attempts.read() if attempts.read() is not None else attempt
     try:
-        child = subprocess.Popen(list(argv), env=env, stdout=out_write, stderr=err_write)
-    except OSError as error:
-        say(f"cannot run {argv[0]!r} ({error.strerror})")
-        return 127
+        code = supervisor.run(attempt, out_write, err_write)
     finally:
         os.close(out_write)
         os.close(err_write)
-    for number in FORWARDED_SIGNALS:
-        signal.signal(number, lambda received, _frame: child.send_signal(received))
-    reports = Reports()
-    pumps = [Pump(out_read, sys.stdout.fileno(), reports),
-             Pump(err_read, sys.stderr.fileno(), reports)]
-    pusher = Pusher(reports, patcher)
-    for thread in (*pumps, pusher):
-        thread.start()
-    returncode = child.wait()
     drain(pumps)
     pusher.finish()
-    return exit_code(returncode)
+    return code
 
 
 def command(argv: Sequence[str], python: str = sys.executable) -> list[str]:
@@ -382,9 +620,12 @@ def command(argv: Sequence[str], python: str = sys.executable) -> list[str]:
 
 
 def wanted(environ: Mapping[str, str], node_rank: int) -> bool:
-    """Pod 0, made by an operator that gave it somewhere to report."""
-    return node_rank == 0 and bool(environ.get(ENV_REPORT_POD)) \
-        and os.path.isfile(os.path.join(REPORT_DIR, REPORT_TOKEN_FILE))
+    """A pod made by an operator that gave it somewhere to report: pod 0 reports progress, and
+    every pod restarted in place (an attempt file) reports a failed launch."""
+    if not (environ.get(ENV_REPORT_POD)
+            and os.path.isfile(os.path.join(REPORT_DIR, REPORT_TOKEN_FILE))):
+        return False
+    return node_rank == 0 or os.path.isfile(os.path.join(REPORT_DIR, RUN_ATTEMPT_FILE))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -398,7 +639,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     patcher = PodPatcher.from_env(os.environ)
     if patcher is None:
         say("no report channel in this pod's env: progress is not reported to the operator")
-    return supervise(args, os.environ, patcher)
+    attempt_file = os.path.join(REPORT_DIR, RUN_ATTEMPT_FILE)
+    attempts = Attempts(attempt_file) if os.path.isfile(attempt_file) else None
+    launch = Launch(args, dict(os.environ), os.environ.get(ENV_CHECKPOINT_DIR))
+    return supervise(launch, patcher, int(os.environ.get(ENV_NODE_RANK) or 0), attempts)
 
 
 if __name__ == "__main__":

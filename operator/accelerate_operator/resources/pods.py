@@ -31,6 +31,8 @@ from accelerate_trainer.contract import (
     REPORT_CA_FILE,
     REPORT_DIR,
     REPORT_TOKEN_FILE,
+    RUN_ATTEMPT_ANNOTATION,
+    RUN_ATTEMPT_FILE,
     WORKSPACE_DIR,
 )
 
@@ -99,7 +101,11 @@ def _with_defaults(current: dict[str, Any] | None, defaults: dict[str, Any]) -> 
     return {**copy.deepcopy(defaults), **(current or {})}
 
 
-def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
+def build_pod(job: JobSpec, index: int, attempt: int,
+              run_attempt: int | None = None) -> dict[str, Any]:
+    """Pod `index` of the group created for `attempt` (its label), whose processes run
+    `run_attempt` (the same unless the group was restarted in place since)."""
+    run_attempt = attempt if run_attempt is None else run_attempt
     template = copy.deepcopy(dict(job.template))
     spec = template.get("spec", {})
     metadata = template.get("metadata") or {}
@@ -114,17 +120,12 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
             container.get("securityContext"), _container_security_defaults(container)
         )
     trainer = spec["containers"][0]
-    # The trainer writes config errors to /dev/termination-log; anything else (a traceback from a
-    # training process) reaches the job's status through the last lines of the log.
-    trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    user_env = list(trainer.get("env") or [])
-    launcher_env = [] if any(e.get("name") == ENV_LAUNCHER_SHUTDOWN_TIMEOUT for e in user_env) \
-        else [{"name": ENV_LAUNCHER_SHUTDOWN_TIMEOUT,
-               "value": str(spec["terminationGracePeriodSeconds"])}]
-    trainer["env"] = build_topology_env(job, index, attempt) + launcher_env + user_env
+    _set_trainer_env(job, index, run_attempt, spec, trainer)
     _add_volumes(job, spec, trainer)
-    if index == 0:
-        _add_report_channel(job, spec, trainer)
+    annotations = dict(metadata.get("annotations") or {})
+    if index == 0 or job.run_policy.restart_in_place:
+        _add_report_channel(job, index, spec, trainer)
+        annotations.update(_run_attempt(job, run_attempt))
 
     return {
         "apiVersion": "v1",
@@ -133,7 +134,7 @@ def build_pod(job: JobSpec, index: int, attempt: int) -> dict[str, Any]:
             "name": pod_name(job.name, index),
             "namespace": job.namespace,
             "labels": {**(metadata.get("labels") or {}), **pod_labels(job.name, index, attempt)},
-            "annotations": dict(metadata.get("annotations") or {}),
+            "annotations": annotations,
             "ownerReferences": [job.owner_reference],
         },
         "spec": spec,
@@ -170,19 +171,45 @@ def _add_code(job: JobSpec, volumes: list[dict[str, Any]], mounts: list[dict[str
         mounts.append({"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_DIR})
 
 
-def _add_report_channel(job: JobSpec, spec: dict[str, Any], trainer: dict[str, Any]) -> None:
-    """Pod 0 pushes its progress onto itself (accelerate_trainer.supervise): where (its own name
+def _set_trainer_env(job: JobSpec, index: int, run_attempt: int, spec: dict[str, Any],
+                     trainer: dict[str, Any]) -> None:
+    """The topology env before the template's own, and the launcher's shutdown timeout."""
+    # The trainer writes config errors to /dev/termination-log; anything else (a traceback from a
+    # training process) reaches the job's status through the last lines of the log.
+    trainer.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    user_env = list(trainer.get("env") or [])
+    launcher_env = [] if any(e.get("name") == ENV_LAUNCHER_SHUTDOWN_TIMEOUT for e in user_env) \
+        else [{"name": ENV_LAUNCHER_SHUTDOWN_TIMEOUT,
+               "value": str(spec["terminationGracePeriodSeconds"])}]
+    trainer["env"] = build_topology_env(job, index, run_attempt) + launcher_env + user_env
+
+
+def _run_attempt(job: JobSpec, run_attempt: int) -> dict[str, str]:
+    """The attempt the pod's supervisor launches, for a job restarted in place."""
+    return {RUN_ATTEMPT_ANNOTATION: str(run_attempt)} if job.run_policy.restart_in_place else {}
+
+
+def _add_report_channel(job: JobSpec, index: int, spec: dict[str, Any],
+                        trainer: dict[str, Any]) -> None:
+    """The pod pushes its report onto itself (accelerate_trainer.supervise): where (its own name
     and namespace) and with what (a token of the pod's service account bound to this pod, and
     the cluster's CA), mounted on the trainer container only. Projected explicitly, so a
     template with automountServiceAccountToken false still reports; the token can do nothing
-    but what the job's Role and the chart's admission policy allow."""
-    trainer["env"][:0] = [{"name": ENV_REPORT_POD, "value": pod_name(job.name, 0)},
+    but what the job's Role and the chart's admission policy allow. With in-place restarts, the
+    same volume carries the attempt the operator wants run (the downward API, refreshed by the
+    kubelet within about 0.2 s of the operator's write)."""
+    trainer["env"][:0] = [{"name": ENV_REPORT_POD, "value": pod_name(job.name, index)},
                           {"name": ENV_REPORT_NAMESPACE, "value": job.namespace}]
-    spec["volumes"].append({"name": REPORT_VOLUME, "projected": {"sources": [
+    sources: list[dict[str, Any]] = [
         {"serviceAccountToken": {"path": REPORT_TOKEN_FILE,
                                  "expirationSeconds": REPORT_TOKEN_SECONDS}},
         {"configMap": {"name": "kube-root-ca.crt",
                        "items": [{"key": "ca.crt", "path": REPORT_CA_FILE}]}},
-    ]}})
+    ]
+    if job.run_policy.restart_in_place:
+        field = f"metadata.annotations['{RUN_ATTEMPT_ANNOTATION}']"
+        sources.append({"downwardAPI": {"items": [
+            {"path": RUN_ATTEMPT_FILE, "fieldRef": {"fieldPath": field}}]}})
+    spec["volumes"].append({"name": REPORT_VOLUME, "projected": {"sources": sources}})
     trainer["volumeMounts"].append({"name": REPORT_VOLUME, "mountPath": REPORT_DIR,
                                     "readOnly": True})

@@ -1,10 +1,11 @@
-"""The Role and RoleBinding `<job>-report`: the service account pod `<job>-0` runs as may patch
-that one pod, so the pod can push its progress onto itself (accelerate_trainer.supervise).
+"""The Role and RoleBinding `<job>-report`: the service account the job's pods run as may patch
+those pods (by name), so each can push its report onto itself (accelerate_trainer.supervise):
+pod `<job>-0` its progress, every pod of a job restarted in place a failed launch.
 
-RBAC alone would let any pod running as that account (often `default`) patch pod `<job>-0`, in
+RBAC alone would let any pod running as that account (often `default`) patch those pods, in
 any way. The chart's ValidatingAdmissionPolicy narrows it: such a patch must come with a token
-bound to pod `<job>-0` itself and may change only the report annotation. Both are owned by the
-job, so they go with it."""
+bound to the patched pod itself and may change only the report annotation. Both are owned by
+the job, so they go with it."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def build_report_role(job: JobSpec) -> dict[str, Any]:
         "kind": "Role",
         "metadata": _metadata(job),
         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"],
-                   "resourceNames": [pod_name(job.name, 0)]}],
+                   "resourceNames": [pod_name(job.name, index) for index in
+                                     range(job.num_nodes if job.run_policy.restart_in_place
+                                           else 1)]}],
     }
 
 
