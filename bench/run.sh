@@ -15,9 +15,13 @@
 #                                    single-node jobs printing like a trainer, against the idle
 #                                    cluster; about 4 minutes); not in the default set: its 100
 #                                    pods fill most of the nodes' pod capacity
+#   bench/run.sh recovery            what a crash, a pod deletion and a lost node cost a training
+#                                    job, ours and Kubeflow's PyTorchJob (the Go training-operator
+#                                    as for `kubeflow`) side by side; about 20 minutes; not in the
+#                                    default set: it powers one node off and back on
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
-# BENCH_KUBEFLOW_ARGS, BENCH_RUNNING_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode
+# BENCH_KUBEFLOW_ARGS, BENCH_RUNNING_ARGS, BENCH_RECOVERY_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode
 # both", BENCH_RUNNING_ARGS="--no-supervise"). Raw results, one JSON line per benchmark, go to
 # $BENCH_JSON (default: a file under /tmp, named at the end).
 set -euo pipefail
@@ -29,8 +33,8 @@ selected=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    startup|throughput|overhead|kubeflow|running) selected+=("$arg") ;;
-    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [kubeflow] [running]" >&2
+    startup|throughput|overhead|kubeflow|running|recovery) selected+=("$arg") ;;
+    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [kubeflow] [running] [recovery]" >&2
        exit 2 ;;
   esac
 done
@@ -54,10 +58,10 @@ export KUBECONFIG=$kubeconfig
 export BENCH_JSON="${BENCH_JSON:-$(mktemp /tmp/accelerate-operator-bench.XXXXXX.jsonl)}"
 if [[ $quick == 1 ]]; then
   startup_args="--runs 2"; throughput_args="--jobs 100 --single 10"; overhead_args="--pairs 1 --max-steps 100"
-  kubeflow_args="--jobs 100"; running_args="--jobs 20 --window 20"
+  kubeflow_args="--jobs 100"; running_args="--jobs 20 --window 20"; recovery_args="--faults crash,delete"
 else
   startup_args="--runs 5"; throughput_args="--jobs 500 --single 10 --bursts 5 --curve 100,2000,5000"; overhead_args="--pairs 3"
-  kubeflow_args="--jobs 500"; running_args="--jobs 100"
+  kubeflow_args="--jobs 500"; running_args="--jobs 100"; recovery_args=""
 fi
 
 started=$SECONDS
@@ -68,6 +72,7 @@ for bench in "${selected[@]}"; do
     overhead) "$PY" bench/overhead.py $overhead_args ${BENCH_OVERHEAD_ARGS:-} ;;
     kubeflow) "$PY" bench/kubeflow_compare.py $kubeflow_args ${BENCH_KUBEFLOW_ARGS:-} ;;
     running) "$PY" bench/running.py $running_args ${BENCH_RUNNING_ARGS:-} ;;
+    recovery) "$PY" bench/recovery.py $recovery_args ${BENCH_RECOVERY_ARGS:-} ;;
   esac
   echo
 done

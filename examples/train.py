@@ -48,6 +48,7 @@ from accelerate.utils import (
 )
 from accelerate_trainer.checkpoints import (
     checkpoint_on_stop,
+    find_resume_checkpoint,
     resume_from_checkpoint,
     save_checkpoint,
     stop_on_signal,
@@ -101,7 +102,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="save a checkpoint every N optimizer steps (0: never)")
     ckpt.add_argument("--checkpoints-to-keep", type=int, default=3)
     ckpt.add_argument("--resume-from", default=os.environ.get("ACCELERATE_RESUME_FROM") or None,
-                      help="checkpoint folder to resume from (default: $ACCELERATE_RESUME_FROM)")
+                      help="checkpoint folder to resume from (default: $ACCELERATE_RESUME_FROM), "
+                           "or `latest`: the newest complete one under --checkpoint-dir, for "
+                           "launchers that restart the processes themselves (torchrun "
+                           "--max-restarts)")
 
     debug = parser.add_argument_group("debugging (restart and timing tests)")
     debug.add_argument("--fail-at-step", type=int, default=None,
@@ -365,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # Also moves the checkpoint counter past any folder already there (a half-written one
     # included), so the next save cannot collide with it.
+    if args.resume_from == "latest":
+        latest = find_resume_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
+        args.resume_from = str(latest) if latest else None
     if resume_from_checkpoint(accelerator, args.resume_from):
         print_main(accelerator, f"RESUMED from={args.resume_from} step={state.step}")
     if args.checkpoint_dir:

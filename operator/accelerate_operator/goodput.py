@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .constants import FINISHED_PHASES, PENDING, QUEUED, RESTARTING, RUNNING, SUSPENDED
+from .constants import FAILED, FINISHED_PHASES, PENDING, QUEUED, RESTARTING, RUNNING, SUSPENDED
 from .status import parse_time
 
 WAITING, STARTUP, TRAINING, RECOVERY, DONE = "Waiting", "Startup", "Training", "Recovery", "Done"
@@ -93,7 +93,9 @@ def update_goodput(stored: Mapping[str, Any] | None, moment: Moment) -> dict[str
     if moment.step is not None:
         ledger = _reported(ledger, moment.step, _step_time(ledger, moment))
     if moment.phase_after in FINISHED_PHASES and ledger.segment != DONE:
-        ledger = replace(ledger.close(moment.now, DONE), ended=moment.now)
+        # A job that failed before any step was reported kept nothing: its startup is lost.
+        failed = moment.phase_after == FAILED
+        ledger = replace(ledger.close(moment.now, DONE, first_step=failed), ended=moment.now)
     return show(ledger, moment.created, moment.now)
 
 

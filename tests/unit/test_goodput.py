@@ -97,6 +97,15 @@ def test_a_script_that_reports_nothing_counts_its_running_time_as_productive():
     assert done["lastRecoverySeconds"] == 30.0
 
 
+def test_a_job_that_fails_before_reporting_a_step_kept_nothing():
+    job = History()
+    job.at(20, "Running")
+    done = job.at(30, "Failed")
+    assert done["lostSeconds"] == {"waiting": 20.0, "startup": 10.0, "recovery": 0.0,
+                                   "recomputed": 0.0}
+    assert (done["percent"], done["summary"]) == (0.0, "0.0%")
+
+
 def test_a_kueue_eviction_is_an_interruption_and_a_suspension_is_waiting():
     job = History()
     job.at(0, "Running")

@@ -98,6 +98,7 @@ MAX_PARTIAL_LINE = 64 * 1024
 CORE_FIELDS = ("step", "total_steps", "epoch", "loss", "samples_per_second", "eta_seconds")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _PREFIX = PROGRESS_PREFIX.encode()
 # In-place restarts (Supervisor): how often the attempt file is read while a launch runs or
 # waits, and how long a pod whose launch failed waits for the operator's next attempt before it
@@ -465,7 +466,8 @@ class Supervisor:
         self.stopping = False  # Kubernetes asked the pod to stop: no launch after this one
 
     def signal(self, received: int) -> None:
-        self.stopping = True
+        if received in STOP_SIGNALS:
+            self.stopping = True
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(received)
 
