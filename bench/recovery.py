@@ -304,6 +304,8 @@ def run_one(cluster: Cluster, args: argparse.Namespace, system: System, fault: s
         collector.join()
     result = {"system": system.name, "fault": fault, "outcome": outcome,
               **timeline.figures(applied)}
+    if outcome.startswith("no step"):  # the gaps before the fault say nothing
+        result["no_step_s"] = None
     if system.name == "ours":
         result.update(_goodput(job, result))
     cluster.delete_namespace(namespace, wait=False)
@@ -341,7 +343,9 @@ def _goodput(job: dict, figures: dict) -> dict:
     lost = figures["first_step_s"] + figures["no_step_s"] \
         + figures["recomputed_steps"] * figures["step_s"]
     return {"status_goodput": goodput.get("percent"),
-            "bench_goodput": round(100.0 * max(wall_s - lost, 0.0) / wall_s, 1)}
+            "bench_goodput": round(100.0 * max(wall_s - lost, 0.0) / wall_s, 1),
+            "status_lost_s": goodput.get("lostSeconds"), "wall_s": wall_s,
+            "bench_lost_s": round(lost, 1)}
 
 
 # ------------------------------------------------------------------ main
@@ -352,10 +356,11 @@ def _row(result: dict) -> str:
         goodput = f"; goodput in its status {result['status_goodput']}%"
         if result.get("bench_goodput") is not None:
             goodput += f", from these timings {result['bench_goodput']}%"
-    return (f"  {result['fault']:<6} {result['system']:<8} {result['outcome']:<10} "
+    no_step = seconds(result["no_step_s"]) if result["no_step_s"] is not None \
+        or result["outcome"] == "Succeeded" else result["outcome"]
+    return (f"  {result['fault']:<6} {result['system']:<8} {result['outcome'][:9]:<10} "
             f"apply->first step {seconds(result['first_step_s'])}, no step running "
-            f"{seconds(result['no_step_s'])}, steps computed twice "
-            f"{result['recomputed_steps']}{goodput}")
+            f"{no_step}, steps computed twice {result['recomputed_steps']}{goodput}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,9 @@ class Moment:
     attempt_after: int
     step: int | None = None
     step_time: datetime | None = None
+    # Restarted in place: the last step of the attempt before, and when pod 0 saw it.
+    previous_step: int | None = None
+    previous_time: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -88,10 +91,13 @@ class Ledger:
 def update_goodput(stored: Mapping[str, Any] | None, moment: Moment) -> dict[str, Any]:
     """status.goodput after this pass: the stored ledger moved by `moment`, then shown."""
     ledger = read_ledger(stored, moment.created) if stored else _first_ledger(moment)
-    ledger = _stopped(ledger, moment)
     ledger = _ran(ledger, moment)
+    ledger = _recovery_began(ledger, moment)
+    # A report comes from the group the pass observed: a step it brings was trained before
+    # whatever fault the same pass acts on.
     if moment.step is not None:
         ledger = _reported(ledger, moment.step, _step_time(ledger, moment))
+    ledger = _stopped(ledger, moment)
     if moment.phase_after in FINISHED_PHASES and ledger.segment != DONE:
         # A job that failed before any step was reported kept nothing: its startup is lost.
         failed = moment.phase_after == FAILED
@@ -125,6 +131,20 @@ def _stopped(ledger: Ledger, moment: Moment) -> Ledger:
     if moment.phase_after == SUSPENDED and moment.phase_before != SUSPENDED:
         return ledger.close(moment.now, WAITING)
     return ledger
+
+
+def _recovery_began(ledger: Ledger, moment: Moment) -> Ledger:
+    """A recovery opens at the last step the operator had seen, which pod 0's pushes (at most
+    every 8 s) leave behind the last one trained. Restarted in place, pod 0's report names the
+    true last step of the attempt before: the recovery began there, and the steps up to it were
+    trained (the ones after the checkpoint are then computed again)."""
+    when = moment.previous_time
+    if ledger.segment != RECOVERY or when is None or ledger.since is None \
+            or not ledger.since < when <= moment.now:
+        return ledger
+    highest = moment.previous_step if ledger.highest is None or moment.previous_step is None \
+        else max(ledger.highest, moment.previous_step)
+    return replace(ledger, since=when, highest=highest)
 
 
 def _step_time(ledger: Ledger, moment: Moment) -> datetime:

@@ -86,7 +86,11 @@ def with_report(state: JobState, seen: Observed, rank0: PodState, clock: float) 
     report = parse_report(rank0.report)
     if report is None:
         return seen
-    seen = replace(seen, last_activity=report.last_output, last_step=report.step)
+    seen = replace(seen, last_activity=report.last_output)
+    if report.attempt is not None and report.attempt < int(seen.status.get("attempt") or 0):
+        return seen  # the progress of an attempt restarted in place since: history
+    seen = replace(seen, last_step=report.step, previous_step=report.previous_step,
+                   previous_time=report.previous_time)
     if report.progress is None or not progress_changed(
             seen.status.get("progress"), build_progress_status(report.progress, datetime.min)):
         return seen

@@ -94,6 +94,9 @@ class Observed:
     # trainer printed, when this pass read them (once per attempt).
     progress_report: Mapping[str, Any] | None = None
     progress_time: datetime | None = None  # when pod 0 saw it (its own clock)
+    # Restarted in place: the last step of the attempt before, and when pod 0 saw it.
+    previous_step: int | None = None
+    previous_time: datetime | None = None
     trainer_info_read: bool = False
     trainer_versions: Mapping[str, str] | None = None
     # For spec.runPolicy.stallTimeoutSeconds, what pod 0 of the current attempt last pushed:
@@ -344,7 +347,8 @@ def _goodput(seen: Observed, planned: Mapping[str, Any], step: int | None,
     created = parse_time(seen.body["metadata"].get("creationTimestamp")) or now
     moment = Moment(now, created, seen.status.get("phase"), planned.get("phase"),
                     int(seen.status.get("attempt") or 0), int(planned.get("attempt") or 0), step,
-                    seen.progress_time if step is not None else None)
+                    seen.progress_time if step is not None else None,
+                    seen.previous_step, seen.previous_time)
     return update_goodput(seen.status.get("goodput"), moment)
 
 

@@ -41,6 +41,11 @@ class PushedReport:
     last_output: datetime | None
     # When pod 0 saw the progress line (naive UTC): the step's time, for goodput.
     progress_time: datetime | None = None
+    # The attempt whose launch printed it (None: a report that does not say).
+    attempt: int | None = None
+    # Restarted in place: the last step of the attempt before, and when pod 0 saw it.
+    previous_step: int | None = None
+    previous_time: datetime | None = None
 
     @property
     def step(self) -> int | None:
@@ -65,8 +70,12 @@ def parse_report(text: str | None) -> PushedReport | None:
     if progress is None and last_output is None:
         return None
     stamp = value.get("progressTime") if progress is not None else None
+    previous = value.get("previous") if isinstance(value.get("previous"), dict) else {}
+    when = previous.get("progressTime")
     return PushedReport(progress, last_output,
-                        _parse_time(stamp) if isinstance(stamp, str) else None)
+                        _parse_time(stamp) if isinstance(stamp, str) else None,
+                        _count(value.get("attempt")), _count(previous.get("step")),
+                        _parse_time(when) if isinstance(when, str) else None)
 
 
 # status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),

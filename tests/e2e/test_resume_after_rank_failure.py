@@ -91,6 +91,9 @@ def test_a_killed_rank_restarts_the_processes_in_place_resuming_from_the_last_ch
                         kubeconfig=kubeconfig).stdout
     assert "Goodput:" in described and "Last Recovery Seconds:" in described, described
     gap = seconds_without_a_step(stamped)
+    # The status's recovery runs from the last step the failed attempt reported (its progress
+    # lines come at most every 2 s) to the new attempt's first: the log's own gap, within that.
+    assert abs(goodput["lastRecoverySeconds"] - gap) <= 4, (goodput, gap)
     print(f"\nkill-a-rank: planned {MAX_STEPS} steps, failed at step {FAIL_AT}, resumed from "
           f"step {resumed_step} (lost {steps_lost} steps), restarted in place: {gap:.1f}s "
           f"without a step; goodput {goodput['summary']}, lost {goodput['lostSeconds']}")

@@ -52,6 +52,21 @@ def test_a_progress_line_the_trainer_prints_is_one_the_operator_reads():
     assert build_progress_status(report.progress, datetime(2026, 1, 1))["summary"] == "3/10 (30%)"
 
 
+def test_a_report_names_its_attempt_and_a_relaunch_drops_the_last_attempts_progress():
+    """Restarted in place, pod 0's progress of attempt 4 must not pass for attempt 5's."""
+    reports = Reports()
+    reports.launched(4)
+    reports.feed(1, b'ACCELERATE_PROGRESS {"step": 29}\n', 100.0)
+    report = parse_report(encode(reports.current))
+    assert (report.attempt, report.step) == (4, 29)
+    reports.launched(5)
+    report = parse_report(encode(reports.current))
+    assert (report.attempt, report.step, report.progress) == (5, None, None)
+    # ... but names attempt 4's last step and its time: where the recovery began.
+    assert (report.previous_step, report.previous_time) == (29, datetime(1970, 1, 1, 0, 1, 40))
+    assert report.last_output is not None  # the last sign of life stays: stall detection
+
+
 def test_the_trainer_config_exit_code_fails_the_job_at_once():
     job = parse_job(JobBuilder("llm").nodes(1).build())
     plan = plan_reconcile(job, {"phase": "Running", "attempt": 0}, [

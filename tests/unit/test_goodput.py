@@ -63,6 +63,39 @@ def test_a_crash_costs_its_recovery_and_the_steps_trained_again():
     assert done["productiveSeconds"] == 71.0
 
 
+def test_a_step_written_with_the_restart_was_trained_before_the_fault():
+    """The write limiter held pod 0's last report back; the pass that restarts the group writes
+    it: training went on until that step, and the recovery begins there."""
+    job = History()
+    job.at(0, "Running")
+    job.at(5, step=1)
+    job.at(30, "Restarting", attempt=1, step=21)
+    job.at(35, "Running")
+    job.at(45, step=22)
+    done = job.at(50, "Succeeded")
+    assert done["lostSeconds"]["recovery"] == 15.0 and done["lastRecoverySeconds"] == 15.0
+
+
+def test_restarted_in_place_the_recovery_begins_at_the_last_step_pod_0_saw():
+    """The last report written said step 40 at 60 s; pod 0 trained on to step 48 at 68 s, which
+    its first report of attempt 1 names: the recovery runs from there, and steps 33..48 are
+    trained again."""
+    job = History()
+    job.at(0, "Running")
+    job.at(5, step=1)
+    job.at(60, step=40)
+    job.at(69, "Restarting", attempt=1)
+    job.at(70, "Running")
+    moment = Moment(T0 + timedelta(seconds=80), T0, "Running", "Running", 1, 1, 32,
+                    T0 + timedelta(seconds=80), 48, T0 + timedelta(seconds=68))
+    job.goodput = update_goodput(job.goodput, moment)
+    job.at(88, step=48)
+    done = job.at(90, "Succeeded")
+    assert done["lostSeconds"] == {"waiting": 0.0, "startup": 5.0, "recovery": 12.0,
+                                   "recomputed": 8.0}
+    assert done["lastRecoverySeconds"] == 12.0
+
+
 def test_a_report_that_crosses_the_highest_step_counts_only_the_steps_below_it():
     job = History()
     job.at(0, "Running")

@@ -316,6 +316,20 @@ def test_only_pod_0_of_the_current_attempt_reports():
     assert seen.progress_report is None and seen.last_activity is None
 
 
+def test_after_an_in_place_restart_the_last_attempts_progress_is_history():
+    """Pod 0 of group 1 restarted in place as attempt 2: its report of attempt 1 still shows a
+    sign of life, not a step of attempt 2 (goodput would end the recovery at it)."""
+    report = json.dumps({"progress": {"step": 29}, "lastOutputTime": "2026-01-02T03:04:05Z",
+                         "progressTime": "2026-01-02T03:04:05Z", "attempt": 1})
+    body = running_body({"trainer": {"attempt": 1}, "attempt": 2, "groupAttempt": 1})
+    seen = observe_running(FakeKube(), body, [rank0(report)])
+    assert seen.progress_report is None and seen.last_step is None
+    assert seen.last_activity == datetime(2026, 1, 2, 3, 4, 5)
+    current = observe_running(FakeKube(), body, [rank0(report.replace('"attempt": 1',
+                                                                       '"attempt": 2'))])
+    assert current.progress_report == {"step": 29} and current.last_step == 29
+
+
 @pytest.mark.parametrize("annotation", [
     "not json", "[1, 2]", '{"progress": {"step": -1}}', '{"progress": {"step": 1.5}}',
     '{"progress": "step 3"}', '{"lastOutputTime": "yesterday"}',

@@ -253,6 +253,7 @@ def test_a_failed_launch_is_reported_and_the_next_attempt_runs_in_the_same_pod(t
         "ACCELERATE_CHECKPOINT_DIR": str(tmp_path / "ckpt")})
     ended = wait_for(lambda: [r["exit"] for r in server.reports() if "exit" in r])[0]
     assert ended["attempt"] == 4 and ended["exitCode"] == 1 and ended["time"].endswith("Z")
+    assert server.reports()[0]["attempt"] == 4
     assert ended["message"].endswith("RuntimeError: rank 3 failed")
     assert server.reports()[0]["progress"] is None  # a pod other than 0 reports no progress
     (tmp_path / "attempt").write_text("5")  # the operator's next attempt

@@ -144,6 +144,9 @@ class Snapshot:
     last_output: float | None  # wall clock
     progress_time: float | None = None  # wall clock: when the progress line came
     exit: Mapping[str, Any] | None = None  # a failed launch the pod waits on (contract.py)
+    attempt: int | None = None  # the launch's attempt: its progress is that attempt's
+    # Restarted in place: the last step the attempt before printed, and when (contract.py).
+    previous: Mapping[str, Any] | None = None
 
 
 def _stamp(moment: float | None) -> str | None:
@@ -155,7 +158,11 @@ def _stamp(moment: float | None) -> str | None:
 def encode(snapshot: Snapshot) -> str:
     """The annotation's value (contract.py), cut to MAX_REPORT_BYTES: metrics go first."""
     when, progress_time = _stamp(snapshot.last_output), _stamp(snapshot.progress_time)
-    ended = {"exit": dict(snapshot.exit)} if snapshot.exit is not None else {}
+    ended: dict[str, Any] = {"exit": dict(snapshot.exit)} if snapshot.exit is not None else {}
+    if snapshot.attempt is not None:
+        ended["attempt"] = snapshot.attempt
+    if snapshot.previous is not None:
+        ended["previous"] = dict(snapshot.previous)
     for progress in (snapshot.progress,
                      {k: v for k, v in (snapshot.progress or {}).items() if k in CORE_FIELDS}):
         report = {"progress": progress, "lastOutputTime": when, **ended}
@@ -192,10 +199,19 @@ class Reports:
             self.current = replace(self.current, exit=ended)
         self.wake.set()
 
-    def launched(self) -> None:
-        """A new launch runs: the last one's failure is no longer news."""
+    def launched(self, attempt: int) -> None:
+        """A new launch runs: the last one's failure and progress are no longer news."""
         with self._lock:
-            self.current = replace(self.current, exit=None)
+            current = self.current
+            if current.attempt in (None, attempt):
+                self.current = replace(current, exit=None, attempt=attempt)
+            else:
+                step = (current.progress or {}).get("step")
+                previous = {"attempt": current.attempt, "step": step,
+                            "progressTime": _stamp(current.progress_time)} \
+                    if step is not None else current.previous
+                self.current = Snapshot(None, current.last_output, None, None, attempt,
+                                        previous)
         self._tail = b""
 
     def feed(self, stream: int, chunk: bytes, now: float) -> None:
@@ -213,7 +229,8 @@ class Reports:
                 report = parse_progress_line(line) or report
         with self._lock:
             current = self.current
-            self.current = (Snapshot(report, now, now, current.exit) if report is not None
+            self.current = (replace(current, progress=report, last_output=now,
+                                    progress_time=now) if report is not None
                             else replace(current, last_output=now))
 
     def due(self, now: float, wall: float, final: bool = False) -> Snapshot | None:
@@ -479,7 +496,7 @@ class Supervisor:
         except OSError as error:
             say(f"cannot run {argv[0]!r} ({error.strerror})")
             return False
-        self.reports.launched()
+        self.reports.launched(attempt)
         return True
 
     def wait(self, attempt: int) -> int | None:
