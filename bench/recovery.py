@@ -20,7 +20,7 @@ same figure computed from these timings. A run with no step --give-up seconds af
 says so.
 
 Usage: python bench/recovery.py [--faults crash,delete,node] [--systems ours,kubeflow]
-       [--fault-step 30] [--max-steps 80] [--give-up 240]
+       [--fault-step 30] [--max-steps 80] [--give-up 240] [--logs DIR]
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from pathlib import Path
 import yaml
 from common import NODES_DIR, ROOT, Cluster, emit_result, machine_line, parse_cri_line, wait_until
 from kubeflow_compare import GoOperator, Setup, build
+from kubernetes.client.rest import ApiException
 from startup import EXAMPLE
 
 LOCAL_CLUSTER = str(ROOT / "hack" / "local-cluster.sh")
@@ -308,8 +309,22 @@ def run_one(cluster: Cluster, args: argparse.Namespace, system: System, fault: s
         result["no_step_s"] = None
     if system.name == "ours":
         result.update(_goodput(job, result))
+    if args.logs:
+        save_logs(cluster, namespace, Path(args.logs) / f"{system.name}-{fault}")
     cluster.delete_namespace(namespace, wait=False)
     return result
+
+
+def save_logs(cluster: Cluster, namespace: str, folder: Path) -> None:
+    """Every pod's log as it is now, with the kubelet's timestamps, one file per pod."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for pod in cluster.core.list_namespaced_pod(namespace).items:
+        try:
+            text = cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace,
+                                                        timestamps=True)
+        except ApiException as error:
+            text = f"(no log: {error.reason})"
+        (folder / f"{pod.metadata.name}.log").write_text(text)
 
 
 def _outcome(cluster: Cluster, args: argparse.Namespace, system: System, namespace: str,
@@ -375,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--version", default=os.environ.get("TRAINING_OPERATOR_VERSION",
                                                             "v1.9.4"))
+    parser.add_argument("--logs", help="save every pod's log of each run under this folder")
     parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
     args = parser.parse_args(argv)
     faults, systems = args.faults.split(","), [SYSTEMS[s] for s in args.systems.split(",")]
