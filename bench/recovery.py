@@ -31,6 +31,7 @@ import glob
 import itertools
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -316,15 +317,17 @@ def run_one(cluster: Cluster, args: argparse.Namespace, system: System, fault: s
 
 
 def save_logs(cluster: Cluster, namespace: str, folder: Path) -> None:
-    """Every pod's log as it is now, with the kubelet's timestamps, one file per pod."""
+    """Every pod's log as it is now, with the kubelet's timestamps, one file per pod, and the
+    log of its container's previous run (`.previous.log`) when the kubelet restarted it."""
     folder.mkdir(parents=True, exist_ok=True)
     for pod in cluster.core.list_namespaced_pod(namespace).items:
-        try:
-            text = cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace,
-                                                        timestamps=True)
-        except ApiException as error:
-            text = f"(no log: {error.reason})"
-        (folder / f"{pod.metadata.name}.log").write_text(text)
+        for previous, suffix in ((False, ".log"), (True, ".previous.log")):
+            try:
+                text = cluster.core.read_namespaced_pod_log(
+                    pod.metadata.name, namespace, timestamps=True, previous=previous)
+            except ApiException as error:
+                text = f"(no log: {error.reason})"
+            (folder / f"{pod.metadata.name}{suffix}").write_text(text)
 
 
 def _outcome(cluster: Cluster, args: argparse.Namespace, system: System, namespace: str,
@@ -394,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
     args = parser.parse_args(argv)
     faults, systems = args.faults.split(","), [SYSTEMS[s] for s in args.systems.split(",")]
+    # Stopped (`timeout`, a CI job's end): still stop the Go operator and take its setup back.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = Cluster()
     print(f"recovery: the CPU example, 2 nodes x 2 processes, {args.max_steps} steps, a "
           f"checkpoint every 10, fault at step {args.fault_step}; {machine_line()}", flush=True)
