@@ -17,6 +17,13 @@ TARGETS = {  # name: (unit, target, higher is better); issue 17's and issue 15's
     "last step -> job Succeeded (median)": ("s", 2.0, False),
     "control plane CPU per running job": ("ms/s", 1.0, False),
     "pod log requests with jobs running": ("/s", 0.0, False),
+    "recovery: crash, no step running": ("s", 8.0, False),
+    "recovery: delete, no step running": ("s", 17.6, False),
+    "recovery: node, no step running": ("s", 90.0, False),
+    **{f"recovery: {fault}, ours / PyTorchJob": ("ratio", 1.0, False)
+       for fault in ("crash", "delete", "node")},
+    **{f"recovery: {fault}, goodput status vs timings": ("points", 2.0, False)
+       for fault in ("crash", "delete", "node")},
 }
 
 
@@ -88,6 +95,29 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
             if "crash_to_restarting_median_s" in r:
                 out.append(("crash -> job Restarting (median)",
                             r["crash_to_restarting_median_s"], "s"))
+        elif r["benchmark"] == "recovery":
+            out += recovery_rows(r["runs"])
+    return out
+
+
+def recovery_rows(runs: list[dict]) -> list[tuple[str, float | None, str]]:
+    """Per fault: our time with no step running, its ratio to the PyTorchJob's (a PyTorchJob
+    that never trained again counts as infinitely slow), and how far the status's goodput is
+    from the one the timings give."""
+    out: list[tuple[str, float | None, str]] = []
+    by = {(run["system"], run["fault"]): run for run in runs}
+    for fault in ("crash", "delete", "node"):
+        ours, theirs = by.get(("ours", fault)), by.get(("kubeflow", fault))
+        if ours is None or ours.get("no_step_s") is None:
+            continue
+        out.append((f"recovery: {fault}, no step running", ours["no_step_s"], "s"))
+        if theirs is not None:
+            slower = theirs.get("no_step_s") or float("inf")
+            out.append((f"recovery: {fault}, ours / PyTorchJob", ours["no_step_s"] / slower,
+                        "ratio"))
+        if ours.get("bench_goodput") is not None:
+            out.append((f"recovery: {fault}, goodput status vs timings",
+                        abs(ours["status_goodput"] - ours["bench_goodput"]), "points"))
     return out
 
 
