@@ -59,6 +59,7 @@ from .status import (
     PodState,
     QueueState,
     format_time,
+    group_attempt,
     parse_time,
     plan_reconcile,
 )
@@ -178,8 +179,7 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
                           activity=Activity(seen.last_activity, seen.last_step),
                           lost_nodes=seen.lost_nodes)
     finishing = not seen.finished and plan.status.get("phase") in FINISHED_PHASES
-    group = plan.attempt if plan.group is None else plan.group
-    pods = tuple(build_pod(job, index, group, plan.attempt) for index in plan.create)
+    pods = tuple(build_pod(job, index, plan.group, plan.attempt) for index in plan.create)
     requeue_after = plan.requeue_after
     if pods and queue is not None:
         if not isinstance(placement, Placement):  # a flavor the index does not show yet
@@ -305,12 +305,6 @@ def _archive(seen: Observed, plan: Plan) -> Archive | None:
     if not names:
         return None
     return Archive(previous, tuple(names), trainer_container_name(seen.job.template))
-
-
-def group_attempt(status: Mapping[str, Any]) -> int:
-    """The attempt the group's pods were created for (their label): status.groupAttempt, left
-    out while it is status.attempt."""
-    return int(status.get("groupAttempt", status.get("attempt")) or 0)
 
 
 # Status keys from what pod 0 reported (observe.py), and the goodput they move: written only when

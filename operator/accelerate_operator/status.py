@@ -257,7 +257,7 @@ class Plan:
     force_delete: tuple[str, ...] = ()
     # The attempt the group's pods are created for (status.groupAttempt), and its running pods
     # to tell `attempt`, the one they must run (an in-place restart).
-    group: int | None = None
+    group: int = 0
     tell: tuple[str, ...] = ()
 
 
@@ -339,6 +339,12 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         run_attempt=_integer(annotations.get(RUN_ATTEMPT_ANNOTATION)),
         exit=read_process_exit(annotations.get(REPORT_ANNOTATION)),
     )
+
+
+def group_attempt(status: Mapping[str, Any]) -> int:
+    """The attempt the group's pods were created for (their label): status.groupAttempt, left
+    out while it is status.attempt."""
+    return int(status.get("groupAttempt", status.get("attempt")) or 0)
 
 
 def _integer(text: str | None) -> int | None:
@@ -507,7 +513,7 @@ class _Pass:
         self.attempt = int(status.get("attempt") or 0)
         # The attempt the group's pods were created for: `attempt` moves past it with each
         # in-place restart.
-        self.group_attempt = int(status.get("groupAttempt", self.attempt) or 0)
+        self.group_attempt = group_attempt(status)
         self.restarts = int(status.get("restarts") or 0)
         # Before restartsCounted existed every restart was counted.
         self.counted = int(status.get("restartsCounted", self.restarts) or 0)

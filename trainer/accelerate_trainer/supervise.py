@@ -551,16 +551,22 @@ class Supervisor:
         return 127
 
 
-def stop_tree(pid: int) -> None:
-    """SIGKILL `pid` and every process under it. torchrun starts each rank in a session of its
-    own, so a process group would miss them; /proc's parent links do not. No checkpoint is
-    possible here anyway: a rank of the group has already ended, and saving takes every rank."""
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from /proc's parent links."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             parent = _parent_pid(int(entry))
             if parent is not None:
                 children.setdefault(parent, []).append(int(entry))
+    return children
+
+
+def stop_tree(pid: int, children: dict[int, list[int]] | None = None) -> None:
+    """SIGKILL `pid` and every process under it. torchrun starts each rank in a session of its
+    own, so a process group would miss them; /proc's parent links do not. No checkpoint is
+    possible here anyway: a rank of the group has already ended, and saving takes every rank."""
+    children = _children() if children is None else children
     doomed, todo = [], [pid]
     while todo:
         current = todo.pop()
@@ -578,9 +584,10 @@ def stop_orphans() -> None:
     container's first process): stopped, and reaped, before the next attempt."""
     if os.getpid() != 1:
         return
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _parent_pid(int(entry)) == 1 and not _is_relay(int(entry)):
-            stop_tree(int(entry))
+    children = _children()
+    for orphan in children.get(1, ()):
+        if not _is_relay(orphan):
+            stop_tree(orphan, children)
     while True:
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:
@@ -620,9 +627,8 @@ def supervise(launch: Launch, patcher: PodPatcher | None, node_rank: int = 0,
     pusher = Pusher(supervisor.reports, patcher)
     for thread in (*pumps, pusher):
         thread.start()
-    attempt = int(launch.env.get(ENV_JOB_ATTEMPT) or 0)
-    if attempts is not None:
-        attempt = attempts.read() if attempts.read() is not None else attempt
+    told = attempts.read() if attempts is not None else None
+    attempt = told if told is not None else int(launch.env.get(ENV_JOB_ATTEMPT) or 0)
     try:
         code = supervisor.run(attempt, out_write, err_write)
     finally:
