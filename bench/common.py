@@ -783,6 +783,26 @@ def machine_line() -> str:
     return f"load average {load_average()}"
 
 
+def control_plane_cpu(before: dict[str, float], processes: dict[str, OperatorProcess],
+                      jobs: int) -> dict[str, float]:
+    """`<process>_cpu_ms_per_job` for each control-plane process, since `before` (name -> CPU
+    seconds, from the same processes)."""
+    return {f"{name}_cpu_ms_per_job": (proc.cpu_seconds() - before[name]) * 1000 / jobs
+            for name, proc in processes.items()}
+
+
+def print_control_plane(label: str, result: dict) -> None:
+    """The control plane's CPU per job of a burst's result, and their sum."""
+    plane = {k.removesuffix("_cpu_ms_per_job"): v for k, v in result.items()
+             if k.endswith("_cpu_ms_per_job") and not k.startswith("operator")}
+    if plane:
+        print(f"  [{label}] control plane CPU per job: "
+              + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(plane.items()))
+              + f"; sum {sum(plane.values()):.1f} ms, with the operator "
+              f"{sum(plane.values()) + result.get('operator_cpu_ms_per_job', 0):.1f} ms",
+              flush=True)
+
+
 def job_of(obj: dict) -> str | None:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(JOB_NAME_LABEL)
 
@@ -825,11 +845,15 @@ def host_processes(names: Iterable[str], marker: bytes | None = None) -> dict[st
     return found
 
 
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager")
+
+
 def control_plane_processes() -> dict[str, OperatorProcess]:
-    """The API server's and etcd's processes on this host, by command name, the newest of each:
-    their CPU time shows when they, not the operator, limit a burst. Empty on other clusters."""
+    """The control plane's processes on this host (CONTROL_PLANE), by command name, the newest
+    of each: their CPU time shows when they, not the operator, limit a burst, and what each
+    operator's objects cost them. Empty on other clusters."""
     newest: dict[str, OperatorProcess] = {}
-    for name, pids in host_processes(("kube-apiserver", "etcd")).items():
+    for name, pids in host_processes(CONTROL_PLANE).items():
         started = []
         for pid in pids:
             try:

@@ -69,6 +69,8 @@ from common import (
     OperatorProcess,
     RssSampler,
     add_burst_arguments,
+    control_plane_cpu,
+    control_plane_processes,
     delete_flow_schemas,
     delete_leftovers,
     diff_counts,
@@ -76,6 +78,7 @@ from common import (
     install_flow_schemas,
     machine_line,
     operator_request_counts,
+    print_control_plane,
     resilient,
     start_watchers,
     stop_watchers,
@@ -415,6 +418,8 @@ def burst(cluster: Cluster, args: argparse.Namespace, operator: OperatorProcess,
     sampler = RssSampler(operator)
     sampler.start()
     requests_before = operator_request_counts(cluster, TRAINING_OPERATOR)
+    control_plane = control_plane_processes()
+    control_plane_before = {name: proc.cpu_seconds() for name, proc in control_plane.items()}
     bodies = [job_body(namespace, name) for name in names]
     try:
         _, timings = timed_burst(
@@ -431,6 +436,7 @@ def burst(cluster: Cluster, args: argparse.Namespace, operator: OperatorProcess,
                                requests_before)
         result["requests_settled"] = requests
         result["requests_per_job"] = sum(requests.values()) / jobs
+        result.update(control_plane_cpu(control_plane_before, control_plane, jobs))
         result["operator_cpu_settled_s"] = operator.cpu_seconds() - cpu_before
         result["operator_cpu_ms_per_job"] = result["operator_cpu_settled_s"] * 1000 / jobs
         result["operator_peak_rss_mib"] = max(sampler.stop(), operator.peak_rss_mib())
@@ -519,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['idle_rss_mib']:.1f} MiB, peak RSS {r['operator_peak_rss_mib']:.1f} MiB, "
                   f"RSS after cleanup {r['operator_rss_after_cleanup_mib']:.1f} MiB; cleanup "
                   f"{r['cleanup_s']:.1f}s", flush=True)
+            print_control_plane(profile, r)
     finally:
         setup.remove()
     print(f"  {machine_line()}")

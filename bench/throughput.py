@@ -46,6 +46,7 @@ from common import (
     OperatorProcess,
     RssSampler,
     add_burst_arguments,
+    control_plane_cpu,
     control_plane_processes,
     delete_leftovers,
     diff_counts,
@@ -56,6 +57,7 @@ from common import (
     median,
     operator_passes,
     operator_request_counts,
+    print_control_plane,
     resilient,
     start_watchers,
     stop_watchers,
@@ -218,9 +220,7 @@ def burst(cluster: Cluster, args: argparse.Namespace, mode: str, jobs: int | Non
         passes_after = operator_passes(cluster)
         if passes_before is not None and passes_after is not None:
             result["passes_per_job"] = (passes_after - passes_before) / jobs
-        for name, proc in control_plane.items():
-            result[f"{name}_cpu_ms_per_job"] = (
-                (proc.cpu_seconds() - control_plane_before[name]) * 1000 / jobs)
+        result.update(control_plane_cpu(control_plane_before, control_plane, jobs))
         if operator:
             result["operator_cpu_settled_s"] = operator.cpu_seconds() - cpu_before
             result["operator_cpu_ms_per_job"] = result["operator_cpu_settled_s"] * 1000 / jobs
@@ -363,12 +363,7 @@ def print_burst(label: str, r: dict, args: argparse.Namespace, idle: float | Non
         print(f"  [{label}] operator API requests during cleanup: "
               f"{sum(r['cleanup_requests'].values()) / r['jobs']:.2f} per job "
               f"{r['cleanup_requests']}", flush=True)
-    plane = {k: v for k, v in r.items() if k.endswith("_cpu_ms_per_job")
-             and not k.startswith("operator")}
-    if plane:
-        print(f"  [{label}] control plane CPU per job: "
-              + ", ".join(f"{k.removesuffix('_cpu_ms_per_job')} {v:.1f} ms"
-                          for k, v in sorted(plane.items())), flush=True)
+    print_control_plane(label, r)
 
 
 def scale_curve(cluster: Cluster, args: argparse.Namespace, sizes: list[int]) -> list[dict]:

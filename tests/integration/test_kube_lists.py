@@ -3,7 +3,8 @@ decides what a pass does.
 The audit's listing (Kube.list_names): metadata only, in pages, filtered by the label selector.
 The audit is what finds an object deleted while kopf's watch was down (a 410 re-list forgets no
 deletion), so a wrong or empty list here would hide ghosts. A create in a namespace being
-deleted: the refusal the controller stops that namespace's passes on (NamespaceTerminating)."""
+deleted: the refusal the controller stops that namespace's passes on (NamespaceTerminating).
+Every other call kind a pass makes, once each, as the API server answers it."""
 
 from __future__ import annotations
 
@@ -74,3 +75,34 @@ def test_a_create_in_a_namespace_being_deleted_is_told_apart(kubeconfig, namespa
         kubectl("-n", namespace, "patch", "configmap", "held", "--type=merge", "-p",
                 '{"metadata":{"finalizers":null}}', kubeconfig=kubeconfig)
     assert error.namespace == namespace
+
+
+def test_each_kind_of_call_is_answered_as_the_pass_expects(kubeconfig, namespace):
+    """A pod no node can take: its status written by the pass's merge patch, its log read
+    (nothing yet: the container has not started), the run-attempt told, the pod deleted; a
+    node read, and one that is gone."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p-0", "namespace": namespace, "labels": {LABEL: "p"}},
+           "spec": {"nodeSelector": {"accelerate-operator.io/no-such-node": "x"},
+                    "containers": [{"name": "trainer", "image": "busybox"}]}}
+
+    async def scenario():
+        kube = Kube()
+        try:
+            assert await kube.create_if_absent(pod) is True
+            assert await kube.create_if_absent(pod) is False
+            log = await kube.read_pod_log(namespace, "p-0", 100, container="trainer",
+                                          timestamps=True)
+            await kube.tell_attempt(namespace, "p-0", 2)
+            told = await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/p-0")
+            node = await kube.read_node(told["spec"].get("nodeName") or "no-such-node")
+            await kube.delete_pod(namespace, "p-0", grace_period_seconds=0)
+            await kube.delete_pod(namespace, "p-0")  # gone: no error
+            return log, told, node
+        finally:
+            await kube.close()
+
+    log, told, node = asyncio.run(scenario())
+    assert log == ""
+    assert told["metadata"]["annotations"]["accelerate-operator.io/run-attempt"] == "2"
+    assert node is None

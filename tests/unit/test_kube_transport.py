@@ -1,7 +1,8 @@
 """kube.py's use of the official client against a real HTTP server on loopback (aiohttp.web):
 throttling (429 with Retry-After) and an unavailable server (503) are retried by the client's
-transport as configured (with_retries), a refusal for good is not, and a pod log whose
-multi-byte character the runtime cut is read, not refused."""
+transport as configured (with_retries), a refusal for good is not, every kind of call hands its
+connection back for the next one, and a pod log whose multi-byte character the runtime cut is
+read, not refused."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": {"name": "cm", "namespace": "ml"}, "data": {"k": "v"}}
 
 
-async def serve(answers: list[tuple[int, dict[str, str], bytes]], work):
+async def serve(answers: list[tuple[int, dict[str, str], bytes]], work,
+                connections: set | None = None):
     """`work(kube)` against a loopback server that gives each request the next answer (status,
-    headers, body); returns what `work` returned and the requests' (method, path)."""
+    headers, body); returns what `work` returned and the requests' (method, path). The client
+    ends of the connections the requests came on are added to `connections`."""
     seen: list[tuple[str, str]] = []
 
     async def handle(request: web.Request) -> web.Response:
         seen.append((request.method, request.path))
+        if connections is not None:
+            connections.add(request.transport.get_extra_info("peername"))
         status, headers, body = answers.pop(0) if answers else (200, {}, b"{}")
         return web.Response(status=status, headers=headers, body=body,
                             content_type="application/json")
@@ -63,6 +68,25 @@ def test_an_existing_child_is_kept_and_a_server_error_is_raised():
     assert created is False
     with pytest.raises(ApiException):
         asyncio.run(serve([(500, {}, b"{}")], lambda kube: kube.create_if_absent(CONFIGMAP)))
+
+
+def test_every_call_hands_its_connection_back_for_the_next():
+    """An answer left unread keeps its connection out of the pool: the next request would
+    open a new one (a TLS handshake on a real API server) for every status write."""
+    connections: set = set()
+
+    async def calls(kube: Kube) -> None:
+        for _ in range(3):
+            await kube.patch_job_status("ml", "llm", {"phase": "Running"})
+            await kube.tell_attempt("ml", "llm-0", 1)
+            await kube.delete_pod("ml", "llm-1")
+            await kube.read_node("node-1")
+            await kube.create_if_absent(CONFIGMAP)
+            await kube.delete_job("ml", "llm")
+
+    _, seen = asyncio.run(serve([], calls, connections))
+    assert len(seen) == 18
+    assert len(connections) == 1
 
 
 def test_a_log_with_a_cut_multibyte_character_is_read_not_refused():
