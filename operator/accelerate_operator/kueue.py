@@ -114,10 +114,12 @@ class QueueContext:
     it exists), and what observe.py read when needed: the specs of the ResourceFlavors it was
     admitted with, the value of its WorkloadPriorityClass (before the Workload is created).
     `version` is the Workload API version the server serves (Kube.discover_kueue_version at
-    start): a Workload is created in it."""
+    start): a Workload is created in it. `missing_flavors`: admitted flavors the API server
+    does not have (deleted since the admission)."""
 
     workload: Mapping[str, Any] | None = None
     flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    missing_flavors: tuple[str, ...] = ()
     priorities: Mapping[str, int] = field(default_factory=dict)
     version: str = KUEUE_VERSION
 

@@ -171,9 +171,11 @@ async def _read_kueue(kube: Kube, seen: Observed, queue: QueueContext) -> Observ
     view = read_workload(workload)
     if not view.admitted:
         return seen
-    flavors = {}
+    flavors, missing = {}, []
     for name in view.flavors:
         found = await kube.read_kueue_object("resourceflavors", name)
-        if found is not None:
+        if found is None:
+            missing.append(name)
+        else:
             flavors[name] = found.get("spec") or {}
-    return replace(seen, queue=replace(queue, flavors=flavors))
+    return replace(seen, queue=replace(queue, flavors=flavors, missing_flavors=tuple(missing)))

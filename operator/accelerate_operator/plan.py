@@ -52,6 +52,7 @@ from .resources.report_access import build_report_binding, build_report_role
 from .resources.service import build_service
 from .resources.workload import Placement, build_placement, build_workload, with_placement
 from .status import (
+    FLAVOR_WAIT_SECONDS,
     Activity,
     Event,
     NodeState,
@@ -68,8 +69,6 @@ from .status import (
 # names them <controller>-<condition>).
 FINISHED_MANAGER = "accelerate-operator-Finished"
 PODS_READY_MANAGER = "accelerate-operator-PodsReady"
-# An admitted flavor the store has not shown yet: look again soon.
-FLAVOR_WAIT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -210,7 +209,8 @@ def _queue_state(seen: Observed) -> QueueState | None:
     if name is None:
         return None
     workload = seen.queue.workload
-    return QueueState(name, read_workload(workload) if workload else None)
+    return QueueState(name, read_workload(workload) if workload else None,
+                      missing_flavors=seen.queue.missing_flavors)
 
 
 def _admitted_placement(seen: Observed, job: JobSpec) -> Placement | str | None:

@@ -158,6 +158,11 @@ NODE_DISRUPTION_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "NodeShu
 RESTART_FAILED, RESTART_DISRUPTED, RESTART_STALLED = "PodFailed", "Disrupted", "Stalled"
 RESTART_PROCESS_FAILED = "ProcessFailed"  # a launch failed in a running pod: restarted in place
 
+# Kueue admitted the job with a ResourceFlavor that is gone: no pod is placed; looked at again
+# this often (nothing watches ResourceFlavors).
+FLAVOR_NOT_FOUND = "FlavorNotFound"
+FLAVOR_WAIT_SECONDS = 2.0
+
 
 @dataclass(frozen=True)
 class ProcessExit:
@@ -229,6 +234,7 @@ class QueueState:
 
     name: str
     workload: WorkloadView | None = None
+    missing_flavors: tuple[str, ...] = ()  # admitted with, and not on the API server
 
 
 @dataclass(frozen=True)
@@ -660,6 +666,8 @@ class _Pass:
         self.out.status["queue"] = self._queue_status(workload, recorded)
         admitted = workload is not None and workload.admitted and workload.evicted is None
         if admitted and not self.job.run_policy.suspend:
+            if self.queue.missing_flavors:
+                return self._flavors_missing(workload)
             self._admitted(workload)
             return None
         self._stop_group(workload, recorded)
@@ -668,6 +676,24 @@ class _Pass:
         self.out.counts([p for p in self.pods if p.attempt == self.group_attempt])
         self._queued_phase(workload)
         return self.done(delete=[p.name for p in self.pods if not p.deleting])
+
+    def _flavors_missing(self, workload: WorkloadView) -> Plan:
+        """Admitted with a ResourceFlavor that no longer exists: where the pods belong is not
+        known, so none is made, and the job says why (one Warning); the pass looks again soon,
+        for nothing watches ResourceFlavors."""
+        out = self.out
+        message = (f"Kueue admitted workload {workload.name} with ResourceFlavor "
+                   f"{', '.join(self.queue.missing_flavors)}, which does not exist: no pod "
+                   "is placed until it does (recreate it, or set the Workload's spec.active "
+                   "to false and back to true for Kueue to admit it again)")
+        known = (out.conditions.get(QUEUED) or {}).get("reason") == FLAVOR_NOT_FOUND
+        events = len(out.events)
+        out.counts([p for p in self.pods if p.attempt == self.group_attempt])
+        out.phase(QUEUED, FLAVOR_NOT_FOUND, message)
+        del out.events[events:]
+        if not known:
+            out.events.append(Event("Warning", FLAVOR_NOT_FOUND, message))
+        return self.done(requeue_after=FLAVOR_WAIT_SECONDS)
 
     def _queue_status(self, workload: WorkloadView | None, recorded: Mapping[str, Any]
                       ) -> dict[str, Any]:

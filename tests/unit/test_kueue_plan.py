@@ -229,15 +229,17 @@ class Queue:
         self.reconciler = Reconciler(self.kube)
         self.state = JobState(body["metadata"]["uid"])
 
-    def reconcile(self) -> None:
+    def reconcile(self) -> float | None:
+        """One pass; returns when it asks to be run again (None: on the next event)."""
         workloads = [o for (kind, _), o in self.kube.objects.items() if kind == "Workload"]
         context = QueueContext(workload=copy.deepcopy(workloads[0]) if workloads else None,
                                version=choose_kueue_version(self.release.api_group()))
-        asyncio.run(self.reconciler.reconcile(self.state, self.body, self.kube.pods(),
-                                              self.kube.children(), context))
+        again = asyncio.run(self.reconciler.reconcile(self.state, self.body, self.kube.pods(),
+                                                      self.kube.children(), context))
         for status in self.kube.statuses:
             self.body.setdefault("status", {}).update(status)
         self.kube.statuses.clear()
+        return again
 
     def status(self, key: str):
         return (self.body.get("status") or {}).get(key)
@@ -644,3 +646,28 @@ def test_the_quota_of_an_evicted_job_is_kept_while_its_pods_are_still_terminatin
     queue.reconcile()
     assert "admission" not in queue.kube.workload()["status"]
     assert queue.conditions("QuotaReserved")["QuotaReserved"] == ("False", "Pending")
+
+
+def test_an_admission_naming_a_flavor_that_is_gone_waits_and_says_why():
+    """Kueue admitted the Workload with ResourceFlavor gpu, deleted since: no pod is made
+    (where it belongs is not known), the job says why once, and starts when the flavor is
+    back."""
+    queue = Queue(queued_job())
+    del queue.kube.kueue_objects[("resourceflavors", "gpu")]
+    queue.reconcile()
+    queue.admit()
+    assert queue.reconcile() == 2.0  # nothing watches ResourceFlavors: looked at again soon
+    queue.reconcile()
+    assert queue.kube.names("Pod") == []
+    assert queue.status("phase") == "Queued"
+    queued = {c["type"]: c for c in queue.status("conditions")}["Queued"]
+    assert (queued["status"], queued["reason"]) == ("True", "FlavorNotFound")
+    assert "ResourceFlavor gpu, which does not exist" in queued["message"]
+    warnings = [e for e in queue.kube.events if e.reason == "FlavorNotFound"]
+    assert [e.type for e in warnings] == ["Warning"]
+
+    queue.kube.kueue_objects[("resourceflavors", "gpu")] = {"spec": GPU_FLAVOR}
+    queue.reconcile()
+    assert queue.kube.names("Pod") == ["llm-0", "llm-1"]
+    assert queue.status("phase") == "Pending"
+    assert "Admitted" in [e.reason for e in queue.kube.events]
