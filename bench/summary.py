@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 
 TARGETS = {  # name: (unit, target, higher is better); issue 17's and issue 15's among them
@@ -24,6 +25,8 @@ TARGETS = {  # name: (unit, target, higher is better); issue 17's and issue 15's
        for fault in ("crash", "delete", "node")},
     **{f"recovery: {fault}, goodput status vs timings": ("points", 2.0, False)
        for fault in ("crash", "delete", "node")},
+    "kubeflow: jobs/s, ours / Go tuned": ("ratio", 0.8, True),  # issue 36's bounds
+    "kubeflow: peak RSS, ours / Go tuned": ("ratio", 2.0, False),
 }
 
 
@@ -45,6 +48,8 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
                     out.append((f"jobs/s {label}", m["jobs_per_s"], "jobs/s"))
                     out.append((f"pods/s {label}", m["pods_per_s"], "pods/s"))
                     out.append((f"API requests per job {label}", m["requests_per_job"], ""))
+                    out.append((f"control plane CPU per job {label}", control_plane_ms(m),
+                                "ms"))
                     if "operator_peak_rss_mib" in m:
                         out.append((f"operator CPU per job {label}", m["operator_cpu_ms_per_job"],
                                     "ms"))
@@ -68,6 +73,8 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
                     out.append((f"jobs/s {label}", m["jobs_per_s"], "jobs/s"))
                     out.append((f"API requests per job {label}", m["requests_per_job"], ""))
                     out.append((f"CPU per job {label}", m["operator_cpu_ms_per_job"], "ms"))
+                    out.append((f"control plane CPU per job {label}", control_plane_ms(m),
+                                "ms"))
                     out.append((f"idle RSS {label}", m["idle_rss_mib"], "MiB"))
                     out.append((f"peak RSS {label}", m["operator_peak_rss_mib"], "MiB"))
                     out.append((f"RSS after cleanup {label}", m["operator_rss_after_cleanup_mib"],
@@ -97,7 +104,32 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
                             r["crash_to_restarting_median_s"], "s"))
         elif r["benchmark"] == "recovery":
             out += recovery_rows(r["runs"])
-    return out
+    return out + kubeflow_ratio_rows(results)
+
+
+def control_plane_ms(result: dict) -> float:
+    """The control plane's CPU per job of a burst (API server, etcd, scheduler, controller-
+    manager: common.CONTROL_PLANE), summed."""
+    return sum(v for k, v in result.items()
+               if k.endswith("_cpu_ms_per_job") and not k.startswith("operator"))
+
+
+def kubeflow_ratio_rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
+    """Ours against the tuned Go operator on the same burst size, where both ran: jobs/s
+    (the median of our bursts against theirs) and peak RSS (our highest against theirs)."""
+    ours = [r for r in results if r["benchmark"] == "throughput" and "pending" in r]
+    theirs = [r["tuned"] for r in results if r["benchmark"] == "kubeflow" and "tuned" in r]
+    if not ours or not theirs or ours[-1]["pending"]["jobs"] != theirs[-1]["jobs"]:
+        return []
+    go = theirs[-1]
+    bursts = ours[-1].get("pending_bursts") or [ours[-1]["pending"]]
+    rows = [("kubeflow: jobs/s, ours / Go tuned",
+             statistics.median(b["jobs_per_s"] for b in bursts) / go["jobs_per_s"], "ratio")]
+    if all("operator_peak_rss_mib" in b for b in bursts):
+        rows.append(("kubeflow: peak RSS, ours / Go tuned",
+                     max(b["operator_peak_rss_mib"] for b in bursts)
+                     / go["operator_peak_rss_mib"], "ratio"))
+    return rows
 
 
 def recovery_rows(runs: list[dict]) -> list[tuple[str, float | None, str]]:
