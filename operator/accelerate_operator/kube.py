@@ -9,12 +9,13 @@ brings, this module does not redo: credentials (the service account in a pod, it
 as the kubelet rotates it; else $KUBECONFIG with exec plugins and token refresh), 429 and 503
 retried after the server's Retry-After (urllib3's `Retry`, the client's transport), TLS.
 
-Every call takes the client's untyped request path (`ApiClient.param_serialize` and `call_api`,
-what every generated method calls), and reads the whole answer: the typed `create_namespaced_pod`
-of kubernetes >= 35 validates a dict body against its pydantic model and refuses what the API
-server accepts (`cpu: 2` as an int, a field newer than the client), and a typed call with
-`_preload_content=False` hands back an unread answer whose connection never returns to the pool
-(each status write then opened a new TLS connection)."""
+Children are created through the client's untyped request path (`ApiClient.param_serialize` and
+`call_api`, what every generated method calls): the typed `create_namespaced_pod` of kubernetes
+>= 35 validates a dict body against its pydantic model and refuses what the API server accepts
+(`cpu: 2` as an int, a field newer than the client). A typed call with `_preload_content=False`
+(no model built of an answer the pass decodes itself, or does not need) hands back the answer
+unread: `_run` reads it in the call's thread, for an unread answer never gives its connection
+back to the pool (the next request would open a new TLS connection)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,8 @@ class Kube:
 
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or client.ApiClient(client_configuration())
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
         self._threads = ThreadPoolExecutor(CONNECTIONS, thread_name_prefix="kube")
         # Where Kueue's objects are served: its group (another only in tests, which install
         # Workload CRDs of their own) and the version discover_kueue_version found.
@@ -142,7 +145,8 @@ class Kube:
         loop = asyncio.get_running_loop()
         kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
         try:
-            return await loop.run_in_executor(self._threads, partial(call, *args, **kwargs))
+            return await loop.run_in_executor(self._threads, partial(_read, call, *args,
+                                                                     **kwargs))
         except ApiException as error:
             if not _expected(method, error.status):
                 record_api_error(_verb(method), error.status)
@@ -166,16 +170,9 @@ class Kube:
         return response.data
 
     async def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        """An untyped request, its JSON answer decoded (None for an empty one)."""
-        data = await self.request_bytes(method, path, body, **kwargs)
+        """An untyped request, its JSON answer decoded."""
+        data = await self._run(method, self._raw, method, path, body, **kwargs)
         return json.loads(data) if data else None
-
-    async def request_bytes(self, method: str, path: str, body: Any = None,
-                            **kwargs: Any) -> bytes:
-        """An untyped request (`_raw`'s arguments), its answer's bytes. Every call of the
-        operator goes this way: the answer is always read, so its connection goes back to the
-        pool (an unread one is dropped, and the next request pays a new TLS handshake)."""
-        return await self._run(method, self._raw, method, path, body, **kwargs)
 
     async def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -207,15 +204,27 @@ class Kube:
             body = {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "kind": kind,
                     "metadata": {"name": name}}
             try:
-                await self.request_bytes("POST", _peering_path(namespace), body)
+                if namespace:
+                    await self._run("POST", self.custom.create_namespaced_custom_object,
+                                    PEERING_GROUP, PEERING_VERSION, namespace, "kopfpeerings",
+                                    body)
+                else:
+                    await self._run("POST", self.custom.create_cluster_custom_object,
+                                    PEERING_GROUP, PEERING_VERSION, "clusterkopfpeerings", body)
             except ApiException as error:
                 if error.status != 409:
                     raise
 
     async def read_peering(self, name: str, namespaces: list[str]) -> list[dict[str, Any]]:
         """The status of kopf's peering object(s): one record per replica (peering.py)."""
-        found = [await self.request("GET", f"{_peering_path(namespace)}/{name}")
-                 for namespace in namespaces or [None]]
+        if not namespaces:
+            found = [await self._run("GET", self.custom.get_cluster_custom_object,
+                                     PEERING_GROUP, PEERING_VERSION, "clusterkopfpeerings",
+                                     name)]
+        else:
+            found = [await self._run("GET", self.custom.get_namespaced_custom_object,
+                                     PEERING_GROUP, PEERING_VERSION, namespace, "kopfpeerings",
+                                     name) for namespace in namespaces]
         return [body.get("status") or {} for body in found]
 
     # ---- children -------------------------------------------------------------------------
@@ -227,8 +236,8 @@ class Kube:
         path = (self._workloads_path(namespace, manifest.get("apiVersion"))
                 if manifest["kind"] == "Workload" else _PATHS[manifest["kind"]].format(namespace))
         try:
-            await self.request_bytes("POST", path, dict(manifest),
-                                     query={"fieldManager": FIELD_MANAGER})
+            await self._run("POST", self._raw, "POST", path, dict(manifest),
+                            query={"fieldManager": FIELD_MANAGER})
         except ApiException as error:
             if error.status == 409:
                 return False
@@ -244,20 +253,22 @@ class Kube:
                          grace_period_seconds: int | None = None) -> None:
         """Delete a pod: gracefully (its own terminationGracePeriodSeconds), or, with 0, at once
         (kubectl delete --force), for a pod on a node whose kubelet is gone."""
-        await _ignore_gone(self.request_bytes(
-            "DELETE", f"{_PATHS['Pod'].format(namespace)}/{name}",
-            query={"gracePeriodSeconds": grace_period_seconds}))
+        await _ignore_gone(self._run("DELETE", self.core.delete_namespaced_pod, name, namespace,
+                                     grace_period_seconds=grace_period_seconds,
+                                     _preload_content=False))
 
     async def tell_attempt(self, namespace: str, name: str, attempt: int) -> None:
         """Ask a running pod to launch `attempt` in place (contract.RUN_ATTEMPT_ANNOTATION,
         which its supervisor reads through the downward API); a pod gone meanwhile is no error."""
         body = {"metadata": {"annotations": {RUN_ATTEMPT_ANNOTATION: str(attempt)}}}
-        await _ignore_gone(self.request_bytes(
-            "PATCH", f"{_PATHS['Pod'].format(namespace)}/{name}", body, content_type=MERGE))
+        await _ignore_gone(self._run("PATCH", self.core.patch_namespaced_pod, name, namespace,
+                                     body, _preload_content=False))
 
     async def read_node(self, name: str) -> dict[str, Any] | None:
         """A Node, or None when it is gone."""
-        return await _ignore_gone(self.request("GET", f"/api/v1/nodes/{name}"))
+        response = await _ignore_gone(self._run("GET", self.core.read_node, name,
+                                                _preload_content=False))
+        return None if response is None else json.loads(response.data)
 
     # ---- Kueue ----------------------------------------------------------------------------
     async def discover_kueue_version(self) -> str | None:
@@ -277,15 +288,14 @@ class Kube:
         return version
 
     async def _patch_workload(self, namespace: str, name: str, body: Mapping[str, Any],
-                              subresource: str, query: Mapping[str, Any],
-                              content_type: str) -> None:
+                              subresource: str, **query: Any) -> None:
         """A patch of a Workload, or of its status. A 409 (it changed since the read the
         patch carries) is logged: its watch event brings the next pass, which plans again."""
-        path = f"{self._workloads_path(namespace)}/{name}" + (
-            "/status" if subresource == "status" else "")
+        call = (self.custom.patch_namespaced_custom_object_status if subresource == "status"
+                else self.custom.patch_namespaced_custom_object)
         try:
-            await _ignore_gone(self.request_bytes("PATCH", path, dict(body), query=query,
-                                                  content_type=content_type))
+            await _ignore_gone(self._run("PATCH", call, self.kueue_group, self.kueue_version,
+                                         namespace, "workloads", name, dict(body), **query))
         except ApiException as error:
             if error.status != 409:
                 raise
@@ -297,25 +307,24 @@ class Kube:
         """A JSON merge patch of the Workload's status (the quota release), carrying the
         resourceVersion read. Fields it does not name stay as they are."""
         await self._patch_workload(namespace, name, patch, "status",
-                                   query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
+                                   field_manager=FIELD_MANAGER, _content_type=MERGE)
 
     async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """A merge patch of the Workload's spec (spec.active)."""
         await self._patch_workload(namespace, name, patch, "spec",
-                                   query={"fieldManager": FIELD_MANAGER}, content_type=MERGE)
+                                   field_manager=FIELD_MANAGER, _content_type=MERGE)
 
     async def apply_workload_status(self, namespace: str, name: str, body: Mapping[str, Any],
                                     manager: str) -> None:
         """A server-side apply of the operator's own Workload conditions (PodsReady,
         Finished) under `manager`, forced: those conditions are the operator's to set."""
-        await self._patch_workload(namespace, name, body, "status",
-                                   query={"fieldManager": manager, "force": "true"},
-                                   content_type=APPLY)
+        await self._patch_workload(namespace, name, body, "status", field_manager=manager,
+                                   force=True, _content_type=APPLY)
 
     async def read_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
         """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass), or None."""
-        return await _ignore_gone(self.request(
-            "GET", f"/apis/{self.kueue_group}/{self.kueue_version}/{plural}/{name}"))
+        return await _ignore_gone(self._run("GET", self.custom.get_cluster_custom_object,
+                                            self.kueue_group, self.kueue_version, plural, name))
 
     # ---- reads ------------------------------------------------------------------------------
     async def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
@@ -326,28 +335,27 @@ class Kube:
         `timestamps`; "" when the pod (or its log) is gone or has not started (400: the
         container is still waiting). A multi-byte character cut by the runtime (tqdm's bar at
         a line split) must not fail the whole read: the bytes are decoded leniently."""
-        options = {"container": container, "tailLines": tail_lines, "previous": previous,
-                   "limitBytes": limit_bytes, "timestamps": timestamps}
+        options = {"container": container, "tail_lines": tail_lines, "previous": previous,
+                   "limit_bytes": limit_bytes, "timestamps": timestamps}
         try:
-            data = await self.request_bytes(
-                "GET", f"{_PATHS['Pod'].format(namespace)}/{name}/log",
-                query={k: str(v).lower() if isinstance(v, bool) else v
-                       for k, v in options.items() if v not in (None, False)},
-                _request_timeout=LOG_REQUEST_TIMEOUT)
+            response = await self._run(
+                "GET", self.core.read_namespaced_pod_log, name, namespace,
+                _preload_content=False, _request_timeout=LOG_REQUEST_TIMEOUT,
+                **{k: v for k, v in options.items() if v not in (None, False)})
         except ApiException as error:
             if error.status in (400, 404):
                 return ""
             raise
         except HTTPError as error:  # the node agent did not answer in time
             raise ApiException(status=504, reason=f"reading the log failed: {error}") from None
-        return data.decode("utf-8", errors="replace")
+        return response.data.decode("utf-8", errors="replace")
 
     async def read_config_source(self, namespace: str, name: str, key: str) -> ConfigSource:
         """The accelerate YAML under `key` and every other key of the ConfigMap (the files
         shipped beside it)."""
         try:
-            configmap = await self.request(
-                "GET", f"{_PATHS['ConfigMap'].format(namespace)}/{name}")
+            response = await self._run("GET", self.core.read_namespaced_config_map, name,
+                                       namespace, _preload_content=False)
         except ApiException as error:
             if error.status == 404:
                 raise ConfigMapMissing(
@@ -356,6 +364,7 @@ class Kube:
                     f"`kubectl create configmap {name} --from-file=<accelerate config>`"
                 ) from None
             raise
+        configmap = json.loads(response.data)
         data = configmap.get("data") or {}
         if key not in data:
             raise ConfigMapMissing(
@@ -369,41 +378,44 @@ class Kube:
     async def patch_job_status(self, namespace: str, name: str,
                                status: Mapping[str, Any]) -> None:
         """A merge patch of the job's status; a job deleted meanwhile has nothing to report."""
-        await _ignore_gone(self.request_bytes(
-            "PATCH", f"{_job_path(namespace, name)}/status", {"status": dict(status)},
-            query={"fieldManager": FIELD_MANAGER}, content_type=MERGE))
+        await _ignore_gone(self._run(
+            "PATCH", self.custom.patch_namespaced_custom_object_status, GROUP, VERSION,
+            namespace, PLURAL, name, {"status": dict(status)}, field_manager=FIELD_MANAGER,
+            _content_type=MERGE, _preload_content=False))
 
     async def job_exists(self, namespace: str, name: str, uid: str) -> bool:
         """Whether the job (this one: not another of the same name) still exists, as the API
         server knows it now, not as a watch has told so far."""
-        body = await _ignore_gone(self.request("GET", _job_path(namespace, name)))
+        body = await _ignore_gone(self._run("GET", self.custom.get_namespaced_custom_object,
+                                            GROUP, VERSION, namespace, PLURAL, name))
         return body is not None and body["metadata"].get("uid") == uid and not body[
             "metadata"].get("deletionTimestamp")
 
     async def delete_job(self, namespace: str, name: str) -> None:
-        await _ignore_gone(self.request_bytes("DELETE", _job_path(namespace, name),
-                                              query={"propagationPolicy": "Background"}))
+        await _ignore_gone(self._run("DELETE", self.custom.delete_namespaced_custom_object,
+                                     GROUP, VERSION, namespace, PLURAL, name,
+                                     propagation_policy="Background"))
 
     async def post_event(self, job: Mapping[str, Any], event: Event, now) -> None:
         """Events are best effort: failing to post one must not fail the pass."""
         metadata = job["metadata"]
         try:
-            await self.request_bytes("POST", _PATHS["Event"].format(metadata["namespace"]),
-                                     build_event(metadata, event, now))
+            await self._run("POST", self._raw, "POST", _PATHS["Event"].format(
+                metadata["namespace"]), build_event(metadata, event, now))
         except (ApiException, HTTPError) as error:
             detail = server_message(error) if isinstance(error, ApiException) else repr(error)
             log.warning("could not post event %s on %s: %s", event.reason, metadata["name"],
                         detail)
 
 
-def _job_path(namespace: str, name: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
-
-
-def _peering_path(namespace: str | None) -> str:
-    """kopf's KopfPeering collection in `namespace`, or its ClusterKopfPeerings."""
-    return (f"/apis/{PEERING_GROUP}/{PEERING_VERSION}/namespaces/{namespace}/kopfpeerings"
-            if namespace else f"/apis/{PEERING_GROUP}/{PEERING_VERSION}/clusterkopfpeerings")
+def _read(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`call`, and with `_preload_content=False` its answer read whole (kept in `.data`) and
+    its connection handed back to the pool (module docstring)."""
+    result = call(*args, **kwargs)
+    if kwargs.get("_preload_content") is False:
+        result.data  # noqa: B018 - reading is the point: urllib3 caches the body here
+        result.release_conn()
+    return result
 
 
 def build_event(metadata: Mapping[str, Any], event: Event, now) -> dict[str, Any]:

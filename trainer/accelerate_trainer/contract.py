@@ -102,11 +102,10 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # `progressTime` when the progress line came (the step's time, for goodput); both from pod 0
 # only; `attempt` the attempt of the launch the progress is from, `previous` (after an in-place
 # restart) the last step of the attempt before and when it came: where its recovery began.
-# `exit`, from any pod
-# restarted in place: its launcher of attempt N ended with C and the pod waits for the
-# operator's decision (RUN_ATTEMPT_ANNOTATION). The pod may change nothing else (the chart's
-# ValidatingAdmissionPolicy), and only its own pod (a Role per job naming its pods, and the
-# policy comparing the caller's pod-bound token with the object).
+# `exit`, from any pod restarted in place: its launcher of attempt N ended with C and the pod
+# waits for the operator's decision (RUN_ATTEMPT_ANNOTATION). The pod may change nothing else
+# (the chart's ValidatingAdmissionPolicy), and only its own pod (a Role per job naming its pods,
+# and the policy comparing the caller's pod-bound token with the object).
 REPORT_ANNOTATION = "accelerate-operator.io/report"
 MAX_REPORT_BYTES = 4096
 # ---- in-place restarts: the attempt a pod's processes run, set by the operator ----
