@@ -51,13 +51,13 @@ class RunPolicy:
     # new group without all its pods running, before it is Stalled and restarted; None: never.
     stall_timeout_seconds: int | None = None
     # How long a node holding one of the group's pods may be NotReady or unreachable before the
-    # group restarts without it (status.py).
+    # group restarts without it (group.py).
     node_lost_timeout_seconds: int = 10
     # A PodDisruptionBudget (minAvailable numNodes) over each running group: voluntary drains
     # wait until the job finishes instead of stopping it.
     pod_disruption_budget: bool = False
     # A failed training process restarts the processes inside the running pods (every pod of
-    # the group on a healthy node), not the pods (supervise.py, status.py).
+    # the group on a healthy node), not the pods (supervise.py, group.py).
     restart_in_place: bool = True
 
 
@@ -109,7 +109,7 @@ class JobSpec:
     code: Code | None = None
     # Values of the accelerate config that accelerate would drop harmlessly (a TPU-only key on
     # a GPU job...), found when the config is rendered (resources/configmap.prepare_config);
-    # status.py names them in a Warning event and the ConfigWarnings condition.
+    # decision.py names them in a Warning event and the ConfigWarnings condition.
     config_warnings: tuple[str, ...] = ()
 
     @property

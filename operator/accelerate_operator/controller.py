@@ -42,9 +42,10 @@ from .constants import KIND, PENDING
 from .kube import ApiException, Kube, NamespaceTerminating
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
 from .metrics import observe_pass
+from .observed import PodState, read_pod_state
 from .reconciler import Reconciler
 from .state import JobState, JobStates
-from .status import Event, PodState, read_pod_state
+from .status import Event
 from .workqueue import WorkQueue
 
 log = logging.getLogger("accelerate_operator")

@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from .constants import FAILED, FINISHED_PHASES, PENDING, QUEUED, RESTARTING, RUNNING, SUSPENDED
-from .status import parse_time
+from .timefmt import parse_time
 
 WAITING, STARTUP, TRAINING, RECOVERY, DONE = "Waiting", "Startup", "Training", "Recovery", "Done"
 CAUSES = {WAITING: "waiting", STARTUP: "startup", RECOVERY: "recovery"}

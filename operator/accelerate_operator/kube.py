@@ -41,7 +41,8 @@ from .constants import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, choose_kueue_version
 from .metrics import record_api_error
 from .resources.configmap import ConfigSource
-from .status import Event, format_time
+from .status import Event
+from .timefmt import format_time
 
 log = logging.getLogger("accelerate_operator.kube")
 

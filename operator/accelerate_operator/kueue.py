@@ -17,7 +17,7 @@ writes the operator owes Kueue, as Kueue's own job integrations make them
 Two API versions are served by the Kueue releases we support (v0.14 to v0.20): v1beta1 (up to
 v0.19) and v1beta2 (from v0.15; the only one from v0.20). `choose_kueue_version` picks one from
 the API server's discovery document; everything here reads both shapes.
-What to do and when is the planner's (status.py); apply.py writes what is built here."""
+What to do and when is the planner's (decision.py); apply.py writes what is built here."""
 
 from __future__ import annotations
 

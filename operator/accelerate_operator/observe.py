@@ -28,10 +28,10 @@ from .constants import PENDING
 from .kube import ConfigMapMissing, Kube
 from .kueue import QueueContext, priority_class, queue_name, read_workload
 from .naming import configmap_name, pod_name, trainer_container_name
-from .plan import Observed
+from .observed import NodeState, Observed, PodState, group_attempt
 from .progress import build_progress_status, parse_report, parse_trainer_info, progress_changed
 from .state import JobState
-from .status import NodeState, PodState, group_attempt, parse_time
+from .timefmt import parse_time
 
 log = logging.getLogger("accelerate_operator")
 

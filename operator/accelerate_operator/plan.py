@@ -3,7 +3,7 @@
 It renders the accelerate config (resolving the topology the spec leaves to the YAML), builds
 every missing child (the rendered ConfigMap, the headless Service, the PodDisruptionBudget when
 spec.runPolicy.podDisruptionBudget asks for one, the pods) with the builders in resources/,
-asks status.plan_reconcile for the new status and the pods to create and delete, and says which
+asks decision.plan_reconcile for the new status and the pods to create and delete, and says which
 logs to archive, which events to post and whether the job's TTL has passed. For a job queued
 with Kueue it also builds the Workload, places the pods as admitted (the flavors' node labels
 and tolerations) and the writes to the Workload's status (kueue.py). No clock (`now` is an
@@ -13,8 +13,7 @@ planning call."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,9 +21,8 @@ from accelerate_trainer.config import ConfigError
 
 from .api import JobSpec, SpecError
 from .constants import FINISHED_PHASES
-from .goodput import Moment, update_goodput
+from .decision import Activity, Plan, plan_reconcile
 from .kueue import (
-    QueueContext,
     TopologyError,
     build_active_patch,
     build_condition_apply,
@@ -44,78 +42,21 @@ from .naming import (
     trainer_container_name,
     workload_name,
 )
-from .progress import build_progress_status, build_trainer_status, progress_changed
-from .resources.configmap import ConfigSource, prepare_config
+from .observed import Observed, group_attempt
+from .queueing import FLAVOR_WAIT_SECONDS, QueueState
+from .resources.configmap import prepare_config
 from .resources.pdb import build_pdb
 from .resources.pods import build_pod
 from .resources.report_access import build_report_binding, build_report_role
 from .resources.service import build_service
 from .resources.workload import Placement, build_placement, build_workload, with_placement
-from .status import (
-    FLAVOR_WAIT_SECONDS,
-    Activity,
-    Event,
-    NodeState,
-    Plan,
-    PodState,
-    QueueState,
-    format_time,
-    group_attempt,
-    parse_time,
-    plan_reconcile,
-)
+from .status import Event, build_status_write
+from .timefmt import format_time
 
 # The operator's own field managers for the Workload conditions it sets (Kueue's UpdateStatus
 # names them <controller>-<condition>).
 FINISHED_MANAGER = "accelerate-operator-Finished"
 PODS_READY_MANAGER = "accelerate-operator-PodsReady"
-
-
-@dataclass(frozen=True)
-class Observed:
-    """One job as a pass sees it."""
-
-    body: Mapping[str, Any]
-    job: JobSpec
-    status: Mapping[str, Any]
-    pods: tuple[PodState, ...]
-    # (kind, name) of the job's ConfigMaps and Services that exist.
-    children: frozenset[tuple[str, str]]
-    # The user's ConfigMap (spec.accelerateConfigFrom): the accelerate YAML and the files beside
-    # it, read only while the rendered ConfigMap has to be created or the topology depends on it.
-    config_source: ConfigSource | None = None
-    # Why the job cannot run, as found while observing (its ConfigMap is missing), or the API
-    # server's refusal of one of its pods in an earlier pass.
-    config_error: str | None = None
-    refused: str | None = None
-    # Kueue as the indexes show it; None when the operator runs without the Kueue integration.
-    queue: QueueContext | None = None
-    # Pod 0's pushed progress, when it changed and a write is due (observe.py); the versions its
-    # trainer printed, when this pass read them (once per attempt).
-    progress_report: Mapping[str, Any] | None = None
-    progress_time: datetime | None = None  # when pod 0 saw it (its own clock)
-    # Restarted in place: the last step of the attempt before, and when pod 0 saw it.
-    previous_step: int | None = None
-    previous_time: datetime | None = None
-    trainer_info_read: bool = False
-    trainer_versions: Mapping[str, str] | None = None
-    # For spec.runPolicy.stallTimeoutSeconds, what pod 0 of the current attempt last pushed:
-    # `last_activity` when rank 0's container last wrote anything, `last_step` the newest step
-    # reported. None before its first report; stall detection of a Running group then times
-    # from the start of running.
-    last_activity: datetime | None = None
-    last_step: int | None = None
-    # When observing wants another pass (seconds): a progress write held back, versions unread.
-    due_in: float | None = None
-    # The nodes of the job's pods that are not Ready, by name (status.NodeState).
-    lost_nodes: Mapping[str, NodeState] = field(default_factory=dict)
-
-    @property
-    def finished(self) -> bool:
-        return self.status.get("phase") in FINISHED_PHASES
-
-    def has(self, kind: str, name: str) -> bool:
-        return (kind, name) in self.children
 
 
 @dataclass(frozen=True)
@@ -192,7 +133,7 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
         force_delete=plan.force_delete,
         children=() if finishing else tuple(children),
         pods=pods,
-        status=_status_write(seen, plan.status, now),
+        status=build_status_write(seen, plan.status, now),
         events=plan.events,
         delete_job=plan.delete_job,
         tell=plan.tell,
@@ -305,51 +246,3 @@ def _archive(seen: Observed, plan: Plan) -> Archive | None:
     if not names:
         return None
     return Archive(previous, tuple(names), trainer_container_name(seen.job.template))
-
-
-# Status keys from what pod 0 reported (observe.py), and the goodput they move: written only when
-# this pass writes, never put back from an older copy, and not compared with the planned status.
-READER_KEYS = ("progress", "trainer", "goodput")
-
-
-def _status_write(seen: Observed, planned: Mapping[str, Any], now: datetime
-                  ) -> dict[str, Any] | None:
-    """The one status write of this pass: the planned status when it changed, plus pod 0's
-    progress and versions when this pass has new ones; None when there is nothing new."""
-    status = _changed(seen.status, planned)
-    readings: dict[str, Any] = {}
-    if seen.progress_report is not None:
-        current = seen.status.get("progress") or {}
-        new = build_progress_status(seen.progress_report, now)
-        if progress_changed(current, new):
-            # A merge patch keeps keys it does not name: null out those the new report lacks.
-            readings["progress"] = {**{key: None for key in current if key not in new}, **new}
-    if seen.trainer_info_read:
-        containers = (seen.job.template.get("spec") or {}).get("containers") or [{}]
-        readings["trainer"] = build_trainer_status(
-            seen.trainer_versions, group_attempt(seen.status), containers[0].get("image"))
-    if status is None and not readings:
-        return None
-    return {**(status or {}), **readings,
-            "goodput": _goodput(seen, planned, (readings.get("progress") or {}).get("step"), now)}
-
-
-def _goodput(seen: Observed, planned: Mapping[str, Any], step: int | None,
-             now: datetime) -> dict[str, Any]:
-    """status.goodput, moved by this pass (goodput.py); written only with a status write that
-    happens anyway, so it costs no request of its own."""
-    created = parse_time(seen.body["metadata"].get("creationTimestamp")) or now
-    moment = Moment(now, created, seen.status.get("phase"), planned.get("phase"),
-                    int(seen.status.get("attempt") or 0), int(planned.get("attempt") or 0), step,
-                    seen.progress_time if step is not None else None,
-                    seen.previous_step, seen.previous_time)
-    return update_goodput(seen.status.get("goodput"), moment)
-
-
-def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The status to write, or None when it says nothing new. status.progress and
-    status.trainer are not the planner's (only what pod 0 reports writes them), so they are
-    neither written nor compared."""
-    public = {k: v for k, v in new.items() if k not in READER_KEYS}
-    previous = {k: v for k, v in old.items() if k not in READER_KEYS}
-    return public if public != previous else None

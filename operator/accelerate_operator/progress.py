@@ -18,7 +18,7 @@ from typing import Any
 
 from accelerate_trainer.contract import MAX_REPORT_BYTES, TRAINER_INFO_LINE
 
-from .status import format_time
+from .timefmt import format_time
 
 
 def _finite(value: Any) -> float | None:

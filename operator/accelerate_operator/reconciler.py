@@ -21,9 +21,9 @@ from .constants import FINISHED_PHASES
 from .kube import Kube
 from .kueue import QueueContext
 from .observe import observe
-from .plan import Actions, Observed, plan_pass
+from .observed import Observed, PodState
+from .plan import Actions, plan_pass
 from .state import JobState
-from .status import PodState
 
 log = logging.getLogger("accelerate_operator")
 

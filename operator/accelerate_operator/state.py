@@ -13,7 +13,7 @@ from typing import Any
 from accelerate_trainer.contract import ATTEMPT_LABEL, NODE_INDEX_LABEL
 
 from .constants import PENDING
-from .status import PodState
+from .observed import PodState
 
 # How long an object this operator created counts as existing when no index shows it yet.
 IN_FLIGHT_SECONDS = 30.0

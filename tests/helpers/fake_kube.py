@@ -10,8 +10,8 @@ from typing import Any
 
 from accelerate_operator.kube import ConfigMapMissing, NamespaceTerminating, Rejected
 from accelerate_operator.kueue import ADMISSION_CONDITIONS, ADMISSION_MANAGER
+from accelerate_operator.observed import PodState, read_pod_state
 from accelerate_operator.resources.configmap import ConfigSource
-from accelerate_operator.status import PodState, read_pod_state
 
 
 class FakeKube:

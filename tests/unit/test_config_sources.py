@@ -8,8 +8,8 @@ from datetime import datetime
 import pytest
 import yaml
 from accelerate_operator.api import SpecError, parse_job
+from accelerate_operator.decision import plan_reconcile
 from accelerate_operator.resources.configmap import ConfigSource, prepare_config
-from accelerate_operator.status import plan_reconcile
 from accelerate_trainer.config import ConfigError, check_job_fits
 from accelerate_trainer.deepspeed_checks import check_deepspeed, parse_deepspeed_json
 from accelerate_trainer.fsdp_checks import check_fsdp, names_from_accelerate

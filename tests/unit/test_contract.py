@@ -7,10 +7,10 @@ import io
 from datetime import datetime
 
 from accelerate_operator.api import parse_job
+from accelerate_operator.decision import plan_reconcile
 from accelerate_operator.progress import build_progress_status, parse_report
 from accelerate_operator.resources.configmap import build_configmap
 from accelerate_operator.resources.pods import build_pod
-from accelerate_operator.status import plan_reconcile
 from accelerate_trainer import contract
 from accelerate_trainer.progress import ProgressReporter
 from accelerate_trainer.supervise import Reports, encode

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 from accelerate_operator.api import parse_job
-from accelerate_operator.plan import Observed, plan_pass
+from accelerate_operator.decision import plan_reconcile
+from accelerate_operator.observed import Observed
+from accelerate_operator.plan import plan_pass
 from accelerate_operator.resources.configmap import ConfigSource, prepare_config
-from accelerate_operator.status import CONFIG_WARNINGS, plan_reconcile
+from accelerate_operator.status import CONFIG_WARNINGS
 from accelerate_trainer import __main__ as trainer_main
 from accelerate_trainer import ignored
 from accelerate_trainer.config import ConfigError

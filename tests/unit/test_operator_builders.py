@@ -215,7 +215,8 @@ def test_topology_contradictions_name_the_key_and_the_winner(key, value, owner):
 def test_pod_disruption_budget_is_built_whole_and_planned_only_when_asked():
     from datetime import datetime
 
-    from accelerate_operator.plan import Observed, plan_pass
+    from accelerate_operator.observed import Observed
+    from accelerate_operator.plan import plan_pass
     from accelerate_operator.resources.pdb import build_pdb
 
     body = JobBuilder().run_policy(podDisruptionBudget=True).build()

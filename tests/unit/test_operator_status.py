@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.status import NodeState, plan_reconcile, read_pod_state
+from accelerate_operator.decision import plan_reconcile
+from accelerate_operator.observed import NodeState, read_pod_state
 
 from tests.helpers.jobs import JobBuilder, pod
 
@@ -377,7 +378,7 @@ def test_an_older_status_without_counted_restarts_counts_them_all():
 
 
 def activity(seconds_ago=None, step_=None):
-    from accelerate_operator.status import Activity
+    from accelerate_operator.decision import Activity
     seen = None if seconds_ago is None else NOW - timedelta(seconds=seconds_ago)
     return Activity(last_activity=seen, last_step=step_)
 
@@ -542,7 +543,7 @@ def in_place(index, attempt=0, run_attempt=0, exited=None, **kwargs):
     (attempt, exit code) of a failed launch it reported."""
     from dataclasses import replace
 
-    from accelerate_operator.status import ProcessExit
+    from accelerate_operator.observed import ProcessExit
     state = pod("train", index, attempt=attempt, **kwargs)
     ended = ProcessExit(exited[0], exited[1], "RuntimeError: boom") if exited else None
     return replace(state, run_attempt=run_attempt, exit=ended)

@@ -14,7 +14,7 @@ from datetime import datetime
 import pytest
 from accelerate_operator.api import parse_job
 from accelerate_operator.observe import PROGRESS_WRITE_SECONDS, TRAINER_INFO_BYTES, observe
-from accelerate_operator.plan import _changed, _status_write
+from accelerate_operator.observed import PodState
 from accelerate_operator.progress import (
     build_progress_status,
     build_trainer_status,
@@ -23,7 +23,7 @@ from accelerate_operator.progress import (
     progress_changed,
 )
 from accelerate_operator.state import JobState
-from accelerate_operator.status import PodState
+from accelerate_operator.status import _changed, build_status_write
 from accelerate_trainer.contract import MAX_REPORT_BYTES, format_trainer_info_line
 from accelerate_trainer.progress import ProgressReporter, ProgressTracker, is_reporting_rank
 from accelerate_trainer.versions import read_versions
@@ -182,7 +182,7 @@ def test_durations_are_as_short_as_kubectl_ages(seconds, text):
     assert format_duration(seconds) == text
 
 
-def test_only_a_changed_report_is_worth_a_status_write():
+def test_only_a_changed_report_is_worth_abuild_status_write():
     old = build_progress_status({"step": 3, "total_steps": 9}, NOW)
     later = build_progress_status({"step": 3, "total_steps": 9}, datetime(2027, 1, 1))
     assert not progress_changed(old, later)
@@ -249,7 +249,7 @@ def test_the_versions_are_read_from_the_head_of_pod_0s_log_once_per_attempt():
     seen = observe_running(kube, running_body({}))
     assert kube.calls == [("log-head", "llm-0")]
     # Written with the rest of the pass's status, in its one write (goodput rides along).
-    write = _status_write(seen, seen.status, NOW)
+    write = build_status_write(seen, seen.status, NOW)
     assert write.pop("goodput")["ledger"]["segment"] == "Training"  # a running job's first
     assert write == {"trainer": {
         "attempt": 1, "image": JobBuilder().build()["spec"]["template"]["spec"]["containers"][0][
@@ -263,7 +263,7 @@ def test_an_empty_log_is_read_again_later_and_the_planner_never_writes_the_versi
     kube = FakeKube()
     state = JobState("uid")
     seen = observe_running(kube, running_body({}), state=state)
-    assert _status_write(seen, seen.status, NOW) is None  # nothing logged yet: the next retries
+    assert build_status_write(seen, seen.status, NOW) is None  # nothing logged yet: retried
     assert seen.due_in is not None
     old = {"phase": "Running", "trainer": {"attempt": 0}}
     assert _changed(old, {"phase": "Running", "trainer": {"attempt": 1}}) is None
@@ -277,14 +277,14 @@ def test_a_pushed_report_is_written_with_the_status_only_when_it_changed():
     report = pushed('ACCELERATE_PROGRESS {"step": 3, "total_steps": 10}\n')
     kube = FakeKube()
     seen = observe_running(kube, running_body({"trainer": {"attempt": 1}}), [rank0(report)])
-    write = _status_write(seen, seen.status, NOW)
+    write = build_status_write(seen, seen.status, NOW)
     assert write["progress"]["step"] == 3 and write["progress"]["totalSteps"] == 10
     assert seen.last_step == 3 and seen.last_activity == datetime(2026, 1, 2, 3, 4, 5)
     # The step's own time (when pod 0 saw its line) times the job's goodput.
     assert seen.progress_time == datetime(2026, 1, 2, 3, 4, 5)
     again = observe_running(kube, running_body({"trainer": {"attempt": 1},
                                                 "progress": write["progress"]}), [rank0(report)])
-    assert _status_write(again, again.status, NOW) is None
+    assert build_status_write(again, again.status, NOW) is None
     assert kube.calls == []  # nothing of a running job's log is read
 
 
@@ -338,7 +338,7 @@ def test_after_an_in_place_restart_the_last_attempts_progress_is_history():
 def test_a_malformed_or_oversized_report_leaves_the_status_as_it_was(annotation):
     body = running_body({"trainer": {"attempt": 1}, "progress": {"step": 5, "summary": "step 5"}})
     seen = observe_running(FakeKube(), body, [rank0(annotation)])
-    assert seen.progress_report is None and _status_write(seen, seen.status, NOW) is None
+    assert seen.progress_report is None and build_status_write(seen, seen.status, NOW) is None
 
 
 def test_a_tqdm_bar_before_the_report_on_its_line_does_not_hide_it():

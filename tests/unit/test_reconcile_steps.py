@@ -9,7 +9,8 @@ from dataclasses import replace
 from datetime import datetime
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.plan import Actions, Observed, plan_pass
+from accelerate_operator.observed import Observed
+from accelerate_operator.plan import Actions, plan_pass
 from accelerate_operator.reconciler import RESYNC_SECONDS, Reconciler, requeue_after
 from accelerate_operator.resources.configmap import ConfigSource
 from accelerate_operator.state import JobState

@@ -1,0 +1,265 @@
+"""Reading pods: what a pass needs to know of each pod of a job (PodState), of a node that is
+not Ready (NodeState), and of a launch that failed in a running pod (ProcessExit). Pure: a Pod
+manifest in, a frozen record out; observe.py does the reading from the API server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from accelerate_trainer.contract import (
+    ATTEMPT_LABEL,
+    NODE_INDEX_LABEL,
+    REPORT_ANNOTATION,
+    RUN_ATTEMPT_ANNOTATION,
+)
+
+from .api import JobSpec
+from .constants import FAILED, FINISHED_PHASES, PENDING, RUNNING, SUCCEEDED
+from .kueue import QueueContext
+from .resources.configmap import ConfigSource
+from .timefmt import parse_time
+
+
+@dataclass(frozen=True)
+class PodState:
+    """What the planner needs to know of one pod."""
+
+    name: str
+    index: int
+    attempt: int
+    phase: str
+    ready: bool = False
+    deleting: bool = False
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    # Why Kubernetes ends the pod when it is not the pod's own doing: the DisruptionTarget
+    # condition's reason (EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager,
+    # TerminationByKubelet, DeletionByPodGC...), or the pod's own status.reason for a node that
+    # went away (NodeLost, Shutdown, Terminated) or a kubelet eviction (Evicted). None otherwise.
+    disruption: str | None = None
+    # Pod 0's pushed report (contract.REPORT_ANNOTATION), as written: parsed by observe.py.
+    report: str | None = None
+    # The node it is bound to (spec.nodeName), and, once deleted, when its grace period ends
+    # (metadata.deletionTimestamp): a pod still there after that waits on its node's kubelet.
+    node: str | None = None
+    gone_by: datetime | None = None
+    # In-place restarts: the attempt the operator last asked this pod to run
+    # (contract.RUN_ATTEMPT_ANNOTATION; None: a pod that cannot restart in place), and the
+    # failed launch it reported.
+    run_attempt: int | None = None
+    exit: ProcessExit | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (SUCCEEDED, FAILED)
+
+    def waits_on_node(self, now: datetime) -> bool:
+        """Whether this pod's state says its node may be lost, so the pass reads the Node: it
+        runs but is not Ready (the node controller marks every pod of a node it stops hearing
+        from), or it outlived its deletion's grace period (only a kubelet confirms a deletion).
+        """
+        if not self.node or self.finished:
+            return False
+        overdue = self.gone_by is not None and now >= self.gone_by
+        return (self.phase == RUNNING and not self.ready) or overdue
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node holding one of the job's pods that is not Ready, as the pass read it: since when
+    (its Ready condition's last transition; None: the Node object is gone), and whether its
+    kubelet still reports (Ready False: the kubelet runs and ends its pods itself) or not
+    (Unknown, or the Node gone: nothing on it confirms a deletion)."""
+
+    name: str
+    since: datetime | None
+    reporting: bool
+
+    def describe(self, now: datetime) -> str:
+        if self.since is None:
+            return f"node {self.name} is gone"
+        seconds = int((now - self.since).total_seconds())
+        state = "NotReady" if self.reporting else "unreachable (its kubelet stopped reporting)"
+        return f"node {self.name} has been {state} for {seconds}s"
+
+
+# status.reason values the kubelet or the node controller set on a pod it ends for reasons of the
+# node's, not the training's: node pressure eviction, node shutdown, a node that is gone.
+NODE_DISRUPTION_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "NodeShutdown",
+                                     "Terminated", "UnexpectedAdmissionError"})
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """A failed launch a pod reported (contract.REPORT_ANNOTATION's `exit`): the pod runs on and
+    waits for the operator's next attempt."""
+
+    attempt: int
+    exit_code: int
+    message: str | None = None
+
+
+def read_process_exit(report: str | None) -> ProcessExit | None:
+    """The `exit` of a pod's report, or None. The report is the pod's own writing (bounded by
+    the chart's admission policy): anything malformed is no exit."""
+    if not report or '"exit"' not in report:
+        return None
+    try:
+        ended = json.loads(report).get("exit")
+        attempt, code = ended["attempt"], ended["exitCode"]
+        message = ended.get("message")
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, code)) \
+            or code == 0:
+        return None
+    return ProcessExit(attempt, code, message if isinstance(message, str) else None)
+
+
+def _terminated(status: Mapping[str, Any]) -> tuple[dict[str, int | None], int | None,
+                                                    str | None, str | None]:
+    """Each ended container's exit code by name, and the exit code, reason and message that
+    speak for the pod: a failed container's before a succeeded one's."""
+    ended: dict[str, int | None] = {}
+    exit_code = reason = message = None
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated is not None:
+            ended[container.get("name")] = terminated.get("exitCode")
+        if terminated and (exit_code is None or terminated.get("exitCode", 0) != 0):
+            exit_code = terminated.get("exitCode")
+            reason, message = terminated.get("reason"), terminated.get("message")
+    return ended, exit_code, reason, message
+
+
+def _disruption(status: Mapping[str, Any], reason: str | None, message: str | None
+                ) -> tuple[str | None, str | None, str | None]:
+    """(disruption, reason, message): a DisruptionTarget condition, why a pod cannot be
+    scheduled (what a Stalled group that never started names), or the reason set on the pod
+    itself (Evicted, DeadlineExceeded, NodeLost...)."""
+    disruption = None
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            disruption = condition.get("reason") or "DisruptionTarget"
+            message = condition.get("message") or message
+        elif (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+              and reason is None):
+            reason, message = condition.get("reason"), condition.get("message")
+    if status.get("reason"):
+        reason, message = status["reason"], status.get("message") or message
+        if disruption is None and reason in NODE_DISRUPTION_REASONS:
+            disruption = reason
+    return disruption, reason, message
+
+
+def read_pod_state(pod: Mapping[str, Any]) -> PodState:
+    """Summarise a Pod manifest: phase, readiness, and the trainer's exit code and message."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or [])
+    ended, exit_code, reason, message = _terminated(status)
+    disruption, reason, message = _disruption(status, reason, message)
+    return PodState(
+        name=metadata.get("name", ""),
+        index=int(labels.get(NODE_INDEX_LABEL, -1)),
+        attempt=int(labels.get(ATTEMPT_LABEL, 0)),
+        phase=settled_phase(pod.get("spec") or {}, status, ended) or status.get("phase") or PENDING,
+        ready=ready,
+        deleting=bool(metadata.get("deletionTimestamp")),
+        exit_code=exit_code,
+        reason=reason,
+        message=message,
+        disruption=disruption,
+        report=annotations.get(REPORT_ANNOTATION),
+        node=(pod.get("spec") or {}).get("nodeName"),
+        gone_by=parse_time(metadata.get("deletionTimestamp")),
+        run_attempt=_integer(annotations.get(RUN_ATTEMPT_ANNOTATION)),
+        exit=read_process_exit(annotations.get(REPORT_ANNOTATION)),
+    )
+
+
+def group_attempt(status: Mapping[str, Any]) -> int:
+    """The attempt the group's pods were created for (their label): status.groupAttempt, left
+    out while it is status.attempt."""
+    return int(status.get("groupAttempt", status.get("attempt")) or 0)
+
+
+def _integer(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def settled_phase(spec: Mapping[str, Any], status: Mapping[str, Any],
+                  ended: Mapping[str, int | None]) -> str | None:
+    """Succeeded or Failed as soon as every container of the pod has terminated (ended: name ->
+    exit code), else None; None too once the kubelet itself reports a terminal phase.
+
+    Our pods run with restartPolicy Never, so no container runs again once it has ended, and the
+    kubelet's own rule for that policy (getPhase: all containers terminated, any non-zero exit
+    -> Failed, else Succeeded) gives the phase it will report. It reports the terminated
+    containers first and the phase only after the pod's sandbox is torn down, on a later
+    relist: about a second in which the job would wait for nothing (issue 15)."""
+    if status.get("phase") in (SUCCEEDED, FAILED) or spec.get("restartPolicy") != "Never":
+        return None
+    names = {c.get("name") for c in spec.get("containers") or []}
+    if not names or set(ended) != names:
+        return None
+    return SUCCEEDED if all(code == 0 for code in ended.values()) else FAILED
+
+@dataclass(frozen=True)
+class Observed:
+    """One job as a pass sees it."""
+
+    body: Mapping[str, Any]
+    job: JobSpec
+    status: Mapping[str, Any]
+    pods: tuple[PodState, ...]
+    # (kind, name) of the job's ConfigMaps and Services that exist.
+    children: frozenset[tuple[str, str]]
+    # The user's ConfigMap (spec.accelerateConfigFrom): the accelerate YAML and the files beside
+    # it, read only while the rendered ConfigMap has to be created or the topology depends on it.
+    config_source: ConfigSource | None = None
+    # Why the job cannot run, as found while observing (its ConfigMap is missing), or the API
+    # server's refusal of one of its pods in an earlier pass.
+    config_error: str | None = None
+    refused: str | None = None
+    # Kueue as the indexes show it; None when the operator runs without the Kueue integration.
+    queue: QueueContext | None = None
+    # Pod 0's pushed progress, when it changed and a write is due (observe.py); the versions its
+    # trainer printed, when this pass read them (once per attempt).
+    progress_report: Mapping[str, Any] | None = None
+    progress_time: datetime | None = None  # when pod 0 saw it (its own clock)
+    # Restarted in place: the last step of the attempt before, and when pod 0 saw it.
+    previous_step: int | None = None
+    previous_time: datetime | None = None
+    trainer_info_read: bool = False
+    trainer_versions: Mapping[str, str] | None = None
+    # For spec.runPolicy.stallTimeoutSeconds, what pod 0 of the current attempt last pushed:
+    # `last_activity` when rank 0's container last wrote anything, `last_step` the newest step
+    # reported. None before its first report; stall detection of a Running group then times
+    # from the start of running.
+    last_activity: datetime | None = None
+    last_step: int | None = None
+    # When observing wants another pass (seconds): a progress write held back, versions unread.
+    due_in: float | None = None
+    # The nodes of the job's pods that are not Ready, by name (status.NodeState).
+    lost_nodes: Mapping[str, NodeState] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.status.get("phase") in FINISHED_PHASES
+
+    def has(self, kind: str, name: str) -> bool:
+        return (kind, name) in self.children
+
+
