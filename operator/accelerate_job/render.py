@@ -8,11 +8,12 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, TextIO
 
 import yaml
 from accelerate_operator.progress import format_duration
+from accelerate_operator.timefmt import naive_utc, parse_time
 from rich.console import Console, Group, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -113,8 +114,10 @@ def render_status(job: Mapping[str, Any]) -> str:
 def _age(timestamp: str | None, now: datetime) -> str:
     if not timestamp:
         return "-"
-    created = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    return format_duration(int((now - created).total_seconds()))
+    created = parse_time(timestamp)
+    if created is None:
+        return "-"
+    return format_duration(int((naive_utc(now) - created).total_seconds()))
 
 
 PHASE_STYLES = {"Pending": "dim", "Queued": "cyan", "Running": "green", "Restarting": "yellow",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from .api import JobSpec
@@ -21,23 +21,12 @@ from .observe import Observed
 from .plan import Actions, Archive, WorkloadWrite
 from .resources.logs import ARCHIVED_LINES, build_logs_configmap
 from .state import JobState
+from .timefmt import parse_time
 
 log = logging.getLogger("accelerate_operator")
 
 # Bounded parallelism when creating many pods (JobSet uses 50): fast, without flooding the server.
 CREATE_PARALLELISM = 16
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
-
-
-def _created_at(body: Mapping[str, Any]) -> datetime | None:
-    stamp = body["metadata"].get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "")) if stamp else None
-    except ValueError:
-        return None
 
 
 class Applier:
@@ -71,8 +60,9 @@ class Applier:
         if actions.status is not None:
             await self.kube.patch_job_status(job.namespace, job.name, actions.status)
             state.remember_status(actions.status)
+            created = parse_time(seen.body["metadata"].get("creationTimestamp"))
             record_status_change(seen.status, merged(seen.status, actions.status),
-                                 created_at=_created_at(seen.body) or now, now=now)
+                                 created_at=created or now, now=now)
         await asyncio.gather(*(self.kube.tell_attempt(job.namespace, name, actions.attempt)
                                for name in actions.tell))
         for event in actions.events:

@@ -37,7 +37,6 @@ from typing import Any, Protocol
 from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 
 from .apierrors import server_message
-from .apply import utcnow
 from .constants import KIND, PENDING
 from .kube import ApiException, Kube, NamespaceTerminating
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
@@ -46,6 +45,7 @@ from .observed import PodState, read_pod_state
 from .reconciler import Reconciler
 from .state import JobState, JobStates
 from .status import Event
+from .timefmt import utcnow
 from .workqueue import WorkQueue
 
 log = logging.getLogger("accelerate_operator")

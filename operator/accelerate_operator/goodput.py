@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from .constants import FAILED, FINISHED_PHASES, PENDING, QUEUED, RESTARTING, RUNNING, SUSPENDED
-from .timefmt import parse_time
+from .timefmt import format_time, parse_time
 
 WAITING, STARTUP, TRAINING, RECOVERY, DONE = "Waiting", "Startup", "Training", "Recovery", "Done"
 CAUSES = {WAITING: "waiting", STARTUP: "startup", RECOVERY: "recovery"}
@@ -214,7 +214,7 @@ def _seconds(value: float | None) -> float | None:
 
 
 def _stamp(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return None if moment is None else format_time(moment, precise=True)
 
 
 def _stored(ledger: Ledger) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from .timefmt import parse_time
+
 log = logging.getLogger("accelerate_operator")
 
 POLL_SECONDS = 2.0
@@ -25,11 +27,8 @@ DEFAULT_LIFETIME_SECONDS = 60
 def _lastseen(record: Mapping[str, Any], now: datetime) -> datetime:
     """When the replica last wrote its record; as kopf reads it, a record without one (or
     one it cannot read) is fresh."""
-    try:
-        seen = datetime.fromisoformat(str(record["lastseen"]).replace("Z", "+00:00"))
-    except (KeyError, ValueError):
-        return now
-    return seen if seen.tzinfo else seen.replace(tzinfo=timezone.utc)
+    seen = parse_time(record.get("lastseen"))
+    return now if seen is None else seen.replace(tzinfo=timezone.utc)
 
 
 def is_paused(records: Mapping[str, Mapping[str, Any]], identity: str, priority: int,

@@ -18,7 +18,7 @@ from typing import Any
 
 from accelerate_trainer.contract import MAX_REPORT_BYTES, TRAINER_INFO_LINE
 
-from .timefmt import format_time
+from .timefmt import format_time, parse_time
 
 
 def _finite(value: Any) -> float | None:
@@ -65,17 +65,13 @@ def parse_report(text: str | None) -> PushedReport | None:
     progress = value.get("progress")
     if not isinstance(progress, dict) or _count(progress.get("step")) is None:
         progress = None
-    stamp = value.get("lastOutputTime")
-    last_output = _parse_time(stamp) if isinstance(stamp, str) else None
+    last_output = parse_time(value.get("lastOutputTime"))
     if progress is None and last_output is None:
         return None
     stamp = value.get("progressTime") if progress is not None else None
     previous = value.get("previous") if isinstance(value.get("previous"), dict) else {}
-    when = previous.get("progressTime")
-    return PushedReport(progress, last_output,
-                        _parse_time(stamp) if isinstance(stamp, str) else None,
-                        _count(value.get("attempt")), _count(previous.get("step")),
-                        _parse_time(when) if isinstance(when, str) else None)
+    return PushedReport(progress, last_output, parse_time(stamp), _count(value.get("attempt")),
+                        _count(previous.get("step")), parse_time(previous.get("progressTime")))
 
 
 # status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),
@@ -189,15 +185,3 @@ def build_trainer_status(versions: Mapping[str, str] | None, attempt: int,
         status["message"] = ("the trainer reported no versions (its image predates this "
                              "operator, or its log was cut)")
     return status
-
-
-def _parse_time(stamp: str) -> datetime | None:
-    if not stamp.endswith("Z") or "T" not in stamp:
-        return None
-    whole, _, fraction = stamp[:-1].partition(".")
-    try:
-        when = datetime.fromisoformat(whole)
-    except ValueError:
-        return None
-    digits = "".join(c for c in fraction if c.isdigit())[:6]
-    return when.replace(microsecond=int(digits.ljust(6, "0"))) if digits else when

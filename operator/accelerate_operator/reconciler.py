@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from .api import JobSpec, SpecError, parse_job
-from .apply import Applier, utcnow
+from .apply import Applier
 from .constants import FINISHED_PHASES
 from .kube import Kube
 from .kueue import QueueContext
@@ -24,6 +24,7 @@ from .observe import observe
 from .observed import Observed, PodState
 from .plan import Actions, plan_pass
 from .state import JobState
+from .timefmt import utcnow
 
 log = logging.getLogger("accelerate_operator")
 
