@@ -128,8 +128,7 @@ class PodTimes:
             node = (obj.get("spec") or {}).get("nodeName")
             if node:
                 self.node[name] = node
-            # As the operator reads it: Succeeded/Failed once the kubelet reports every
-            # container ended, before it reports the phase itself (settled_phase).
+            # As the operator reads it: the kubelet's phase.
             phase = read_pod_state(obj).phase
             if self.phase.get(name, (0.0, ""))[1] != phase:
                 self.phase[name] = (t, phase)

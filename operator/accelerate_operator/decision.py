@@ -72,7 +72,6 @@ class Activity:
     last_step: int | None = None
 
 
-
 @dataclass(frozen=True)
 class Plan:
     status: dict[str, Any]
@@ -89,7 +88,6 @@ class Plan:
     # to tell `attempt`, the one they must run (an in-place restart).
     group: int = 0
     tell: tuple[str, ...] = ()
-
 
 
 class _Pass(GroupSteps, QueueSteps):
@@ -210,7 +208,6 @@ class _Pass(GroupSteps, QueueSteps):
         return self.fail("DeadlineExceeded",
                          f"the job ran longer than spec.runPolicy.activeDeadlineSeconds "
                          f"({self.job.run_policy.active_deadline_seconds}s)")
-
 
 
 def plan_reconcile(

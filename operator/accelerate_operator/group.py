@@ -84,7 +84,6 @@ def pods_to_clean(job: JobSpec, pods: Sequence[PodState]) -> tuple[str, ...]:
     )
 
 
-
 class GroupSteps:
     """The group steps of the pass (decision._Pass)."""
 
@@ -282,4 +281,3 @@ class GroupSteps:
         if out.previous_phase not in (RESTARTING,):
             out.status["phase"] = PENDING
         return self.done(create=create)
-

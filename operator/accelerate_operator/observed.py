@@ -121,20 +121,16 @@ def read_process_exit(report: str | None) -> ProcessExit | None:
     return ProcessExit(attempt, code, message if isinstance(message, str) else None)
 
 
-def _terminated(status: Mapping[str, Any]) -> tuple[dict[str, int | None], int | None,
-                                                    str | None, str | None]:
-    """Each ended container's exit code by name, and the exit code, reason and message that
-    speak for the pod: a failed container's before a succeeded one's."""
-    ended: dict[str, int | None] = {}
+def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """The exit code, reason and message that speak for the pod: a failed container's before a
+    succeeded one's."""
     exit_code = reason = message = None
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated")
-        if terminated is not None:
-            ended[container.get("name")] = terminated.get("exitCode")
         if terminated and (exit_code is None or terminated.get("exitCode", 0) != 0):
             exit_code = terminated.get("exitCode")
             reason, message = terminated.get("reason"), terminated.get("message")
-    return ended, exit_code, reason, message
+    return exit_code, reason, message
 
 
 def _disruption(status: Mapping[str, Any], reason: str | None, message: str | None
@@ -165,13 +161,13 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
     status = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions") or [])
-    ended, exit_code, reason, message = _terminated(status)
+    exit_code, reason, message = _terminated(status)
     disruption, reason, message = _disruption(status, reason, message)
     return PodState(
         name=metadata.get("name", ""),
         index=int(labels.get(NODE_INDEX_LABEL, -1)),
         attempt=int(labels.get(ATTEMPT_LABEL, 0)),
-        phase=settled_phase(pod.get("spec") or {}, status, ended) or status.get("phase") or PENDING,
+        phase=status.get("phase") or PENDING,  # the kubelet's: it alone knows the pod ended
         ready=ready,
         deleting=bool(metadata.get("deletionTimestamp")),
         exit_code=exit_code,
@@ -198,23 +194,6 @@ def _integer(text: str | None) -> int | None:
     except ValueError:
         return None
 
-
-def settled_phase(spec: Mapping[str, Any], status: Mapping[str, Any],
-                  ended: Mapping[str, int | None]) -> str | None:
-    """Succeeded or Failed as soon as every container of the pod has terminated (ended: name ->
-    exit code), else None; None too once the kubelet itself reports a terminal phase.
-
-    Our pods run with restartPolicy Never, so no container runs again once it has ended, and the
-    kubelet's own rule for that policy (getPhase: all containers terminated, any non-zero exit
-    -> Failed, else Succeeded) gives the phase it will report. It reports the terminated
-    containers first and the phase only after the pod's sandbox is torn down, on a later
-    relist: about a second in which the job would wait for nothing (issue 15)."""
-    if status.get("phase") in (SUCCEEDED, FAILED) or spec.get("restartPolicy") != "Never":
-        return None
-    names = {c.get("name") for c in spec.get("containers") or []}
-    if not names or set(ended) != names:
-        return None
-    return SUCCEEDED if all(code == 0 for code in ended.values()) else FAILED
 
 @dataclass(frozen=True)
 class Observed:
@@ -261,5 +240,3 @@ class Observed:
 
     def has(self, kind: str, name: str) -> bool:
         return (kind, name) in self.children
-
-

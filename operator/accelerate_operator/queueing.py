@@ -43,7 +43,6 @@ class QueueWrites:
     finished: tuple[str, str] | None = None
 
 
-
 def _active_write(workload: WorkloadView, wants_active: bool) -> bool | None:
     """The spec.active to write, or None. Written only when the user's suspend differs from
     what the operator last asked (the Workload's requested-active annotation): a Workload Kueue
@@ -57,7 +56,6 @@ def _active_write(workload: WorkloadView, wants_active: bool) -> bool | None:
     if workload.active == wants_active or workload.deactivated is not None:
         return None
     return wants_active
-
 
 
 class QueueSteps:
@@ -199,4 +197,3 @@ class QueueSteps:
             out.events[-1] = Event("Warning", deactivated.reason, message)
         elif previous.get("reason") != deactivated.reason:
             out.events.append(Event("Warning", deactivated.reason, message))
-

@@ -38,7 +38,6 @@ class Event:
     message: str
 
 
-
 class StatusBuilder:
     """Accumulates the new status and the events its transitions deserve."""
 
@@ -154,4 +153,3 @@ def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] |
     public = {k: v for k, v in new.items() if k not in READER_KEYS}
     previous = {k: v for k, v in old.items() if k not in READER_KEYS}
     return public if public != previous else None
-

@@ -241,15 +241,14 @@ def kubelet_reported(containers, *, phase="Running", exit_codes=None, sidecar=Fa
             "spec": spec, "status": status}
 
 
-def test_a_pod_whose_containers_all_exited_0_is_succeeded_before_the_kubelet_says_so():
-    state = read_pod_state(kubelet_reported(["trainer"], exit_codes={"trainer": 0}, sidecar=True))
-    assert (state.phase, state.exit_code) == ("Succeeded", 0)
-
-
-def test_a_pod_with_a_failed_container_is_failed_before_the_kubelet_says_so():
+def test_a_pod_whose_containers_all_exited_keeps_the_kubelets_phase_until_it_changes_it():
+    # The kubelet reports the terminated containers first and the pod's phase later: the
+    # operator waits for the phase rather than deciding it ahead of the kubelet.
     state = read_pod_state(kubelet_reported(["trainer", "uploader"],
                                             exit_codes={"trainer": 137, "uploader": 0}))
-    assert (state.phase, state.exit_code) == ("Failed", 137)
+    assert (state.phase, state.exit_code) == ("Running", 137)
+    done = read_pod_state(kubelet_reported(["trainer"], exit_codes={"trainer": 0}, sidecar=True))
+    assert (done.phase, done.exit_code) == ("Running", 0)
 
 
 def test_a_pod_is_running_while_any_of_its_containers_runs():
@@ -264,14 +263,18 @@ def test_the_kubelets_terminal_phase_stands():
     assert state.phase == "Failed"
 
 
-def test_a_job_succeeds_as_soon_as_its_containers_have_exited_0():
-    pods = []
-    for index in (0, 1):
-        manifest = kubelet_reported(["trainer"], exit_codes={"trainer": 0})
-        manifest["metadata"] = {"name": f"train-{index}", "labels": {
-            "accelerate-operator.io/node-index": str(index), "accelerate-operator.io/attempt": "0"}}
-        pods.append(read_pod_state(manifest))
-    plan = step(job(), running_status(), pods)
+def test_a_job_succeeds_once_the_kubelet_reports_its_pods_succeeded():
+    def pods(phase):
+        found = []
+        for index in (0, 1):
+            manifest = kubelet_reported(["trainer"], phase=phase, exit_codes={"trainer": 0})
+            manifest["metadata"] = {"name": f"train-{index}", "labels": {
+                "accelerate-operator.io/node-index": str(index),
+                "accelerate-operator.io/attempt": "0"}}
+            found.append(read_pod_state(manifest))
+        return found
+    assert step(job(), running_status(), pods("Running")).status["phase"] == "Running"
+    plan = step(job(), running_status(), pods("Succeeded"))
     assert plan.status["phase"] == "Succeeded"
     assert plan.status["nodes"]["succeeded"] == 2
 
