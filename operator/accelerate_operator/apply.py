@@ -17,7 +17,7 @@ from typing import Any
 from .api import JobSpec
 from .kube import Kube, Rejected
 from .metrics import merged, record_status_change
-from .observe import Observed
+from .observed import Observed, Refusal
 from .plan import Actions, Archive, WorkloadWrite
 from .resources.logs import ARCHIVED_LINES, build_logs_configmap
 from .state import JobState
@@ -36,7 +36,7 @@ class Applier:
         self._create_slots = asyncio.Semaphore(CREATE_PARALLELISM)
 
     async def apply(self, state: JobState, seen: Observed, actions: Actions,
-                    now: datetime) -> str | None:
+                    now: datetime) -> Refusal | None:
         """Carry the actions out. Returns the API server's refusal of a child, having written
         no status (the caller plans again with it), or None."""
         job = seen.job
@@ -82,7 +82,7 @@ class Applier:
                                                   write.manager)
 
     async def _create_all(self, state: JobState, job: JobSpec,
-                          manifests: Sequence[Mapping[str, Any]]) -> str | None:
+                          manifests: Sequence[Mapping[str, Any]]) -> Refusal | None:
         results = await asyncio.gather(*(self._create(m) for m in manifests),
                                        return_exceptions=True)
         state.record_created([m for m, result in zip(manifests, results, strict=True)
@@ -93,7 +93,7 @@ class Applier:
             raise next(r for r in errors if not isinstance(r, Rejected))
         if rejected:
             log.warning("%s/%s: %s", job.namespace, job.name, rejected[0])
-            return str(rejected[0])
+            return Refusal(rejected[0].kind, str(rejected[0]))
         return None
 
     async def _create(self, manifest: Mapping[str, Any]) -> None:

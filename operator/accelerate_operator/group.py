@@ -24,17 +24,27 @@ RESTART_FAILED, RESTART_DISRUPTED, RESTART_STALLED = "PodFailed", "Disrupted", "
 RESTART_PROCESS_FAILED = "ProcessFailed"  # a launch failed in a running pod: restarted in place
 
 
+# status.lastFailureReason beside the pod's own reasons (OOMKilled, Evicted...) and the
+# disruptions' (EvictionByEvictionAPI...): a plain non-zero exit, a pod deleted by someone else, a
+# node lost, a group that stalled.
+FAILED_EXIT, POD_DELETED, NODE_LOST = "Error", "PodDeleted", "NodeLost"
+
+
 @dataclass(frozen=True)
 class Failure:
+    """Why one pod stops the group: `reason` as data (status.lastFailureReason, the metrics'
+    label), `what` in words for the message."""
+
     pod: str
     reason: str
+    what: str
     exit_code: int | None = None
     message: str | None = None
     # A disruption (see PodState.disruption): restarts without using up backoffLimit.
     disrupted: bool = False
 
     def describe(self) -> str:
-        text = f"pod {self.pod} {self.reason}"
+        text = f"pod {self.pod} {self.what}"
         if self.exit_code is not None:
             text += f" with exit code {self.exit_code}"
         if self.message:
@@ -52,25 +62,27 @@ def _failures(job: JobSpec, current: Sequence[PodState], was_running: bool,
     failures = []
     for p in sorted(current, key=lambda p: p.index):
         if p.name in lost:
-            failures.append(Failure(p.name, f"was lost with its node: {lost[p.name]}",
+            failures.append(Failure(p.name, NODE_LOST, f"was lost with its node: {lost[p.name]}",
                                     disrupted=True))
         elif p.disruption:
-            failures.append(Failure(p.name, f"was disrupted ({p.disruption})", p.exit_code,
-                                    p.message, disrupted=True))
+            failures.append(Failure(p.name, p.disruption, f"was disrupted ({p.disruption})",
+                                    p.exit_code, p.message, disrupted=True))
         elif p.deleting and p.phase != SUCCEEDED and (was_running or p.phase == RUNNING):
             # Its ranks are going away: every other rank would wait in its collectives forever.
-            failures.append(Failure(p.name, "is being deleted", disrupted=True))
+            failures.append(Failure(p.name, POD_DELETED, "is being deleted", disrupted=True))
         elif p.phase == FAILED:
-            failures.append(Failure(
-                p.name, "failed" if not p.reason or p.reason == "Error" else f"failed ({p.reason})",
-                p.exit_code, p.message))
+            plain = not p.reason or p.reason == FAILED_EXIT
+            failures.append(Failure(p.name, FAILED_EXIT if plain else p.reason,
+                                    "failed" if plain else f"failed ({p.reason})",
+                                    p.exit_code, p.message))
     if was_running:
         # Once the group runs, a pod that disappears (deleted, its node gone) takes its ranks
         # with it.
         present = {p.index for p in current}
         for index in range(job.num_nodes):
             if index not in present:
-                failures.append(Failure(f"{job.name}-{index}", "was deleted", disrupted=True))
+                failures.append(Failure(f"{job.name}-{index}", POD_DELETED, "was deleted",
+                                        disrupted=True))
     return failures
 
 
@@ -125,7 +137,7 @@ class GroupSteps:
         failures = _failures(self.job, current, self.out.previous_phase == RUNNING, lost)
         if failures:
             return self.restart_or_fail(failures)
-        ended = [Failure(p.name, "ended its training processes", p.exit.exit_code,
+        ended = [Failure(p.name, FAILED_EXIT, "ended its training processes", p.exit.exit_code,
                          p.exit.message) for p in sorted(current, key=lambda p: p.index)
                  if p.exit is not None and p.exit.attempt == self.attempt]
         if ended:
@@ -152,6 +164,7 @@ class GroupSteps:
         disrupted = [f for f in failures if f.disrupted]
         first = (disrupted or list(failures))[0]
         self.out.status["lastFailure"] = first.describe()
+        self.out.status["lastFailureReason"] = first.reason
         if disrupted:
             return self.restart(first.describe(), RESTART_DISRUPTED, counted=False)
         if first.exit_code == CONFIG_ERROR_EXIT_CODE:
@@ -247,6 +260,7 @@ class GroupSteps:
                        f"rendezvous; {seen}")
         self.out.condition(STALLED, True, RESTART_STALLED, message)
         self.out.status["lastFailure"] = message
+        self.out.status["lastFailureReason"] = RESTART_STALLED
         # restart() posts the Warning event (reason Stalled) with this message.
         return self.restart(message, RESTART_STALLED, counted=True)
 

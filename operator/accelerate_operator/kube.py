@@ -74,7 +74,11 @@ T = TypeVar("T")
 
 class Rejected(ValueError):
     """The API server refused a child for good (admission, Pod Security, quota, validation):
-    retrying the same manifest cannot succeed."""
+    retrying the same manifest cannot succeed. `kind` is the child's."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
 
 
 class NamespaceTerminating(Exception):
@@ -450,12 +454,12 @@ def _refusal(manifest: Mapping[str, Any], error: ApiException) -> Exception:
     good (the job fails with the server's reason), or an error to retry."""
     kind, name = manifest["kind"], manifest["metadata"]["name"]
     if error.status == 404 and kind == "Workload":
-        return Rejected(f"the API server refused Workload {name}: it serves no "
+        return Rejected(kind, f"the API server refused Workload {name}: it serves no "
                         f"{manifest.get('apiVersion')} Workloads; install Kueue (v0.14 to "
                         "v0.20), or remove the job's label kueue.x-k8s.io/queue-name")
     message = server_message(error)
     if error.status == 403 and "being terminated" in message:
         return NamespaceTerminating(manifest["metadata"]["namespace"])
     if error.status in (400, 403, 422):
-        return Rejected(f"the API server refused {kind} {name}: {message}")
+        return Rejected(kind, f"the API server refused {kind} {name}: {message}")
     return error

@@ -37,7 +37,6 @@ jobs' stored status at scrape time: the values of their last status write. No AP
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,10 +51,6 @@ PHASES = ("Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded"
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
 STARTUP_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-# "pod J-1 failed (OOMKilled) with exit code 137: ..." / "pod J-0 failed with ..." /
-# "pod J-1 was deleted": status.lastFailure as status.Failure.describe writes it.
-FAILURE = re.compile(r"^pod \S+ (?:failed(?: \((?P<reason>[A-Za-z]{1,40})\)|(?P<plain> with |: |$))"
-                     r"|(?P<deleted>was deleted))")
 
 
 class Metrics:
@@ -167,15 +162,14 @@ class StatusChange:
     seconds_to_first_step: float | None = None
 
 
-def restart_reason(last_failure: Any) -> str:
-    """A bounded label from status.lastFailure: the pod's reason (OOMKilled, Evicted...), Error
-    for a plain non-zero exit, PodDeleted, or Other."""
-    match = FAILURE.match(last_failure) if isinstance(last_failure, str) else None
-    if match is None:
-        return "Other"
-    if match.group("deleted"):
-        return "PodDeleted"
-    return match.group("reason") or ("Error" if match.group("plain") is not None else "Other")
+def restart_reason(reason: Any) -> str:
+    """The label for status.lastFailureReason: the pod's reason (OOMKilled, Evicted...), a
+    disruption's (EvictionByEvictionAPI...), Error for a plain non-zero exit, PodDeleted,
+    NodeLost, Stalled; Other when there is none or it is not a short CamelCase word (a label
+    must stay bounded)."""
+    if isinstance(reason, str) and reason.isascii() and reason.isalpha() and len(reason) <= 40:
+        return reason
+    return "Other"
 
 
 def _has_condition(status: Mapping[str, Any], type_: str, value: str | None = None) -> bool:
@@ -196,7 +190,7 @@ def compute_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] 
     old, new = old or {}, new or {}
     seconds = max((now - created_at).total_seconds(), 0.0)
     restarts = int(new.get("restarts") or 0) - int(old.get("restarts") or 0)
-    reasons = (restart_reason(new.get("lastFailure")),) * max(restarts, 0)
+    reasons = (restart_reason(new.get("lastFailureReason")),) * max(restarts, 0)
     first_running = (_has_condition(new, "Running", "True")
                      and not _has_condition(old, "Running"))
     first_step = _step(new) > 0 and _step(old) == 0 and not old.get("progress")

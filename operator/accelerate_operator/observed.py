@@ -196,6 +196,19 @@ def _integer(text: str | None) -> int | None:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """The API server's refusal of one of the job's children, in an earlier pass: the job
+    fails with the server's message, under the reason `<kind>Rejected`."""
+
+    kind: str
+    message: str
+
+    @property
+    def reason(self) -> str:
+        return f"{self.kind}Rejected"
+
+
+@dataclass(frozen=True)
 class Observed:
     """One job as a pass sees it."""
 
@@ -211,7 +224,7 @@ class Observed:
     # Why the job cannot run, as found while observing (its ConfigMap is missing), or the API
     # server's refusal of one of its pods in an earlier pass.
     config_error: str | None = None
-    refused: str | None = None
+    refused: Refusal | None = None
     # Kueue as the indexes show it; None when the operator runs without the Kueue integration.
     queue: QueueContext | None = None
     # Pod 0's pushed progress, when it changed and a write is due (observe.py); the versions its

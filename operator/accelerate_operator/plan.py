@@ -106,10 +106,8 @@ class WorkloadWrite:
 def plan_pass(seen: Observed, now: datetime) -> Actions:
     job, children, config_error = _missing_children(seen)
     reason = "InvalidConfig"
-    if seen.refused and not config_error:
-        config_error = seen.refused
-        reason = ("WorkloadRejected" if seen.refused.startswith("the API server refused Workload")
-                  else "PodRejected")
+    if seen.refused is not None and not config_error:
+        config_error, reason = seen.refused.message, seen.refused.reason
     queue = _queue_state(seen)
     placement = _admitted_placement(seen, job) if queue is not None else None
     if isinstance(placement, str) and not config_error:

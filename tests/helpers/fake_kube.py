@@ -23,6 +23,7 @@ class FakeKube:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[Any] = []
         self.refuse_pods: str | None = None
+        self.refuse: dict[str, str] = {}  # kind -> the server's message, for any other child
         self.namespace_terminating = False  # creates refused: "... it is being terminated"
         self.job_deleted = False
         self.jobs_gone: set[str] = set()  # deleted by someone else: job_exists says no
@@ -37,7 +38,10 @@ class FakeKube:
         if self.namespace_terminating:
             raise NamespaceTerminating(manifest["metadata"]["namespace"])
         if manifest["kind"] == "Pod" and self.refuse_pods:
-            raise Rejected(f"the API server refused Pod {key[1]}: {self.refuse_pods}")
+            raise Rejected("Pod", f"the API server refused Pod {key[1]}: {self.refuse_pods}")
+        if manifest["kind"] in self.refuse:
+            raise Rejected(key[0], f"the API server refused {key[0]} {key[1]}: "
+                           f"{self.refuse[key[0]]}")
         if key in self.objects:
             return False
         self.objects[key] = copy.deepcopy(dict(manifest))

@@ -58,8 +58,9 @@ def test_throttling_and_an_unavailable_server_are_retried_after_retry_after():
 
 def test_a_refusal_for_good_is_not_retried_and_names_the_servers_reason():
     status = b'{"kind": "Status", "message": "exceeded quota: compute"}'
-    with pytest.raises(Rejected, match="exceeded quota: compute"):
+    with pytest.raises(Rejected, match="exceeded quota: compute") as refused:
         asyncio.run(serve([(403, {}, status)], lambda kube: kube.create_if_absent(CONFIGMAP)))
+    assert refused.value.kind == "ConfigMap"  # the job fails as ConfigMapRejected
 
 
 def test_an_existing_child_is_kept_and_a_server_error_is_raised():

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from accelerate_operator.api import parse_job
+from accelerate_operator.decision import plan_reconcile
 from accelerate_operator.metrics import (
     PHASES,
     Metrics,
@@ -25,6 +28,8 @@ from accelerate_operator.metrics import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.jobs import JobBuilder, pod
+
 CREATED = datetime(2026, 1, 1, tzinfo=UTC)
 NOW = CREATED + timedelta(seconds=42)
 
@@ -39,17 +44,31 @@ def sample(metrics: Metrics, name: str, **labels) -> float | None:
     return metrics.registry.get_sample_value(name, labels or None)
 
 
-@pytest.mark.parametrize(("last_failure", "reason"), [
-    ("pod j-1 failed with exit code 1: Traceback", "Error"),
-    ("pod j-1 failed (OOMKilled) with exit code 137", "OOMKilled"),
-    ("pod j-0 failed (Evicted): The node was low on memory", "Evicted"),
-    ("pod j-1 was deleted", "PodDeleted"),
-    ("something else", "Other"),
-    (None, "Other"),
-    ("pod j-1 failed (" + "x" * 80 + ")", "Other"),
+def restarted_for(failed_pod) -> dict:
+    """The status the planner writes when `failed_pod` stops a running group of two."""
+    job, now = parse_job(JobBuilder().build()), NOW.replace(tzinfo=None)  # the pass's clock
+    created = plan_reconcile(job, {}, [], now).status
+    running = plan_reconcile(job, created, [pod("train", 0), pod("train", 1)], now).status
+    return plan_reconcile(job, running, [pod("train", 0), failed_pod], now).status
+
+
+@pytest.mark.parametrize(("failed_pod", "reason"), [
+    (pod("train", 1, "Failed", exit_code=1, message="Traceback"), "Error"),
+    (pod("train", 1, "Failed", exit_code=137, reason="OOMKilled"), "OOMKilled"),
+    (replace(pod("train", 1), disruption="EvictionByEvictionAPI", deleting=True),
+     "EvictionByEvictionAPI"),
+    (replace(pod("train", 1), deleting=True), "PodDeleted"),
 ])
-def test_restart_reasons_are_bounded_labels_read_from_last_failure(last_failure, reason):
-    assert restart_reason(last_failure) == reason
+def test_a_restart_is_labelled_with_the_reason_the_planner_wrote(failed_pod, reason):
+    status = restarted_for(failed_pod)
+    assert status["lastFailureReason"] == reason
+    change = compute_status_change({"restarts": 0}, status, CREATED, NOW)
+    assert change.restart_reasons == (reason,)
+
+
+@pytest.mark.parametrize("reason", [None, 7, "", "x" * 41, "Evicted: node low on memory"])
+def test_a_missing_or_unbounded_reason_is_labelled_other(reason):
+    assert restart_reason(reason) == "Other"
 
 
 def test_a_pass_that_starts_the_job_counts_seconds_to_running_once():
@@ -73,7 +92,8 @@ def test_the_first_step_is_counted_once_not_again_after_a_restart():
 def test_a_restart_is_counted_with_its_reason_and_two_at_once_count_twice():
     old = running()
     new = {**running(), "phase": "Restarting", "restarts": 2,
-           "lastFailure": "pod j-1 failed (OOMKilled) with exit code 137"}
+           "lastFailure": "pod j-1 failed (OOMKilled) with exit code 137",
+           "lastFailureReason": "OOMKilled"}
     assert compute_status_change(old, new, CREATED, NOW).restart_reasons == ("OOMKilled",) * 2
     assert compute_status_change(new, new, CREATED, NOW).restart_reasons == ()
 
@@ -85,7 +105,8 @@ def test_record_status_change_moves_the_counters_and_histograms():
                          NOW + timedelta(seconds=8), metrics)
     record_status_change(running(progress={"step": 1}),
                          running(progress={"step": 1}, restarts=1,
-                                 lastFailure="pod j-0 was deleted"), CREATED, NOW, metrics)
+                                 lastFailure="pod j-0 was deleted",
+                                 lastFailureReason="PodDeleted"), CREATED, NOW, metrics)
     assert sample(metrics, "accelerate_operator_restarts_total", reason="PodDeleted") == 1
     assert sample(metrics, "accelerate_operator_job_seconds_to_running_sum") == 42
     assert sample(metrics, "accelerate_operator_job_seconds_to_running_count") == 1

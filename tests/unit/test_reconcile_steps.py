@@ -100,6 +100,16 @@ def test_a_refused_pod_fails_the_job_with_the_servers_reason_on_the_next_pass():
     assert [e.reason for e in kube.events] == ["PodRejected"]
 
 
+def test_a_refused_child_fails_the_job_under_its_kinds_reason_whatever_the_message_says():
+    kube = FakeKube()
+    kube.refuse["Service"] = "the API server refused Workload x: a message naming another kind"
+    cluster = Cluster(JobBuilder("llm").nodes(2).build(), kube)
+    cluster.reconcile()
+    failed = next(c for c in kube.statuses[0]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "ServiceRejected"
+    assert [e.reason for e in kube.events] == ["ServiceRejected"]
+
+
 def test_a_missing_config_configmap_fails_the_job_saying_which():
     cluster = Cluster(JobBuilder("llm").config_from("mine", "accelerate.yaml").build())
     cluster.reconcile()
