@@ -39,13 +39,13 @@ class Applier:
                     now: datetime) -> Refusal | None:
         """Carry the actions out. Returns the API server's refusal of a child, having written
         no status (the caller plans again with it), or None."""
-        job = seen.job
+        job, plan = seen.job, actions.plan
         if actions.archive:
             await self._archive_logs(job, actions.archive)
         await asyncio.gather(*(self.kube.delete_pod(job.namespace, name)
-                               for name in actions.delete),
+                               for name in plan.delete),
                              *(self.kube.delete_pod(job.namespace, name, grace_period_seconds=0)
-                               for name in actions.force_delete))
+                               for name in plan.force_delete))
         for write in actions.workload_writes:  # after the deletes: a release needs no pod left
             await self._write_workload(job.namespace, write)
         children = actions.children + ((actions.workload,) if actions.workload else ())
@@ -63,11 +63,11 @@ class Applier:
             created = parse_time(seen.body["metadata"].get("creationTimestamp"))
             record_status_change(seen.status, merged(seen.status, actions.status),
                                  created_at=created or now, now=now)
-        await asyncio.gather(*(self.kube.tell_attempt(job.namespace, name, actions.attempt)
-                               for name in actions.tell))
-        for event in actions.events:
+        await asyncio.gather(*(self.kube.tell_attempt(job.namespace, name, plan.attempt)
+                               for name in plan.tell))
+        for event in plan.events:
             await self.kube.post_event(seen.body, event, now)
-        if actions.delete_job:
+        if plan.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished has passed", job.namespace, job.name)
             await self.kube.delete_job(job.namespace, job.name)
         return None

@@ -1,49 +1,13 @@
 """Decide, from the job and its pods alone, what the job's status is and what must change.
 
 Pure: `plan_reconcile(job, status, pods, now)` takes everything as arguments (the clock too) and
-returns a Plan; kube.py carries it out. Running it twice on the same input gives the same plan,
+returns a Plan; apply.py carries it out. Running it twice on the same input gives the same plan,
 so a restarted operator, or two events arriving together, never double-count a restart.
 
-The group is the unit: every restart moves all ranks to a new attempt number, so they meet in a
-fresh rendezvous (a lone restarted rank never rejoins a torchrun rendezvous). A launch that
-failed in a running pod (the pod's report, `ProcessExit`) restarts in place when every pod of the
-group runs on a node that answers (spec.runPolicy.restartInPlace): the same pods are told the new
-attempt (`Plan.tell`, after the status write that counts it) and launch it themselves
-(accelerate_trainer.supervise); `status.groupAttempt` keeps the attempt the pods were created
-for. Otherwise one failed, evicted or deleted pod stops and recreates every pod: the others are
-deleted gracefully, so every rank gets SIGTERM and its grace period to save one checkpoint
-together (accelerate_trainer.checkpoints).
-
-Not every restart is the job's fault. A restart is counted against spec.runPolicy.backoffLimit
-(`status.restartsCounted`) when the training failed: a non-zero exit (OOMKilled included: the
-pod's memory limit is part of the job), or a stall. A disruption is not counted (only
-`status.restarts`, which counts every restart): a pod with the DisruptionTarget condition
-(eviction API and `kubectl drain`, preemption, the taint manager, the kubelet's node-pressure
-eviction or shutdown), a pod whose node is gone, and a pod of a running group deleted by anyone
-but the operator. The Restarting condition's reason names the cause: PodFailed, Disrupted or
-Stalled.
-
-A node that stops being Ready takes its pods' ranks with it, but Kubernetes evicts them only after
-their toleration (300 s by default), and a pod on a node whose kubelet is gone stays Terminating,
-holding its name, until the node returns. So once a node holding one of the group's pods has not
-been Ready for spec.runPolicy.nodeLostTimeoutSeconds (`NodeState`, read by observe.py), the group
-restarts (a disruption, not counted) and its pods are deleted with no grace period: those on a
-node that no longer reports would otherwise stay Terminating, and the others' ranks wait in
-collectives on the lost ones, so they could not checkpoint in a grace period anyway (stale pods
-stuck Terminating on such a node are deleted so too). That is safe because nothing on such a node
-can train on: the group's other ranks have been stopped, so a rank left running there (a
-partition, not a crash) fails its next collective, a checkpoint counts only once every rank of
-the group has written it, and a replaced group may not save over a newer attempt's checkpoint
-(accelerate_trainer.checkpoints).
-
-Stall detection (spec.runPolicy.stallTimeoutSeconds) decides from `Activity`, what pod 0 last
-pushed (when rank 0's container last wrote anything, and its last step): a Running group with no
-output for longer than the timeout, or a group whose pods have not all run within the timeout of
-their creation, is Stalled and restarted (counted).
-
-A job queued with Kueue (`QueueState`) runs only while its Workload is admitted: before that, and
-after an eviction, it has no pod. Stopping a group for Kueue starts a new attempt without
-counting a restart: an eviction is not a failure."""
+One pass (`_Pass`) goes: a finished job only cleans up; a job that cannot run fails; a queued
+job's group runs only while Kueue admits it (queueing.py); a suspended job stops its pods; past
+its deadline it fails; else the group's steps decide (group.py): restart, stall, create, run,
+succeed. The status and the events it builds are status.py's StatusBuilder."""
 
 from __future__ import annotations
 
@@ -74,8 +38,12 @@ class Activity:
 
 @dataclass(frozen=True)
 class Plan:
-    status: dict[str, Any]
-    attempt: int
+    """The planner's decision: the new status, the attempt, the pods to create and delete, the
+    events, the Kueue writes and when time alone changes it. plan.py wraps it in the Actions
+    (with the manifests) that apply.py carries out."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 0
     create: tuple[int, ...] = ()
     delete: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()

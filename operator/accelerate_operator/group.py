@@ -1,5 +1,41 @@
-"""The group steps of a pass: the pods of the current attempt fail, are disrupted, stall, or
-run; a restart moves every rank to a new attempt (see decision.py)."""
+"""The group steps of a pass: the pods of the current attempt fail, are disrupted, stall, or run.
+
+The group is the unit: every restart moves all ranks to a new attempt number, so they meet in a
+fresh rendezvous (a lone restarted rank never rejoins a torchrun rendezvous). A launch that
+failed in a running pod (the pod's report, `ProcessExit`) restarts in place when every pod of the
+group runs on a node that answers (spec.runPolicy.restartInPlace): the same pods are told the new
+attempt (`Plan.tell`, after the status write that counts it) and launch it themselves
+(accelerate_trainer.supervise); `status.groupAttempt` keeps the attempt the pods were created
+for. Otherwise one failed, evicted or deleted pod stops and recreates every pod: the others are
+deleted gracefully, so every rank gets SIGTERM and its grace period to save one checkpoint
+together (accelerate_trainer.checkpoints).
+
+Not every restart is the job's fault. A restart is counted against spec.runPolicy.backoffLimit
+(`status.restartsCounted`) when the training failed: a non-zero exit (OOMKilled included: the
+pod's memory limit is part of the job), or a stall. A disruption is not counted (only
+`status.restarts`, which counts every restart): a pod with the DisruptionTarget condition
+(eviction API and `kubectl drain`, preemption, the taint manager, the kubelet's node-pressure
+eviction or shutdown), a pod whose node is gone, and a pod of a running group deleted by anyone
+but the operator. The Restarting condition's reason names the cause: PodFailed, Disrupted or
+Stalled.
+
+A node that stops being Ready takes its pods' ranks with it, but Kubernetes evicts them only after
+their toleration (300 s by default), and a pod on a node whose kubelet is gone stays Terminating,
+holding its name, until the node returns. So once a node holding one of the group's pods has not
+been Ready for spec.runPolicy.nodeLostTimeoutSeconds (`NodeState`, read by observe.py), the group
+restarts (a disruption, not counted) and its pods are deleted with no grace period: those on a
+node that no longer reports would otherwise stay Terminating, and the others' ranks wait in
+collectives on the lost ones, so they could not checkpoint in a grace period anyway (stale pods
+stuck Terminating on such a node are deleted so too). That is safe because nothing on such a node
+can train on: the group's other ranks have been stopped, so a rank left running there (a
+partition, not a crash) fails its next collective, a checkpoint counts only once every rank of
+the group has written it, and a replaced group may not save over a newer attempt's checkpoint
+(accelerate_trainer.checkpoints).
+
+Stall detection (spec.runPolicy.stallTimeoutSeconds) decides from `Activity`, what pod 0 last
+pushed (when rank 0's container last wrote anything, and its last step): a Running group with no
+output for longer than the timeout, or a group whose pods have not all run within the timeout of
+their creation, is Stalled and restarted (counted)."""
 
 from __future__ import annotations
 

@@ -244,7 +244,7 @@ class Observed:
     last_step: int | None = None
     # When observing wants another pass (seconds): a progress write held back, versions unread.
     due_in: float | None = None
-    # The nodes of the job's pods that are not Ready, by name (status.NodeState).
+    # The nodes of the job's pods that are not Ready, by name (NodeState).
     lost_nodes: Mapping[str, NodeState] = field(default_factory=dict)
 
     @property

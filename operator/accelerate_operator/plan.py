@@ -13,7 +13,7 @@ planning call."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -50,7 +50,7 @@ from .resources.pods import build_pod
 from .resources.report_access import build_report_binding, build_report_role
 from .resources.service import build_service
 from .resources.workload import Placement, build_placement, build_workload, with_placement
-from .status import Event, build_status_write
+from .status import build_status_write
 from .timefmt import format_time
 
 # The operator's own field managers for the Workload conditions it sets (Kueue's UpdateStatus
@@ -70,22 +70,15 @@ class Archive:
 
 @dataclass(frozen=True)
 class Actions:
-    """Everything one pass changes, in the order apply.py does it."""
+    """Everything one pass changes, in the order apply.py does it: the planner's decision
+    (`plan`: the pods to delete, force-delete and tell the attempt, the events, the job's own
+    deletion, when to look again) and what it takes built (manifests, the status write)."""
 
+    plan: Plan = field(default_factory=Plan)
     archive: Archive | None = None
-    delete: tuple[str, ...] = ()  # pod names
-    force_delete: tuple[str, ...] = ()  # pods on a lost node: no grace period
     children: tuple[dict[str, Any], ...] = ()  # ConfigMap and Service manifests
     pods: tuple[dict[str, Any], ...] = ()  # Pod manifests
-    status: dict[str, Any] | None = None  # what to write (progress aside), None: unchanged
-    events: tuple[Event, ...] = ()
-    delete_job: bool = False
-    # Running pods to tell the attempt to run (an in-place restart): after the status write,
-    # which counts the restart first.
-    tell: tuple[str, ...] = ()
-    attempt: int = 0
-    # When time alone will change the plan (a TTL, a deadline), for the operator's clock.
-    requeue_after: float | None = None
+    status: dict[str, Any] | None = None  # what to write, progress included; None: unchanged
     workload: dict[str, Any] | None = None  # the Kueue Workload to create
     workload_writes: tuple[WorkloadWrite, ...] = ()
 
@@ -118,25 +111,18 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
                           lost_nodes=seen.lost_nodes)
     finishing = not seen.finished and plan.status.get("phase") in FINISHED_PHASES
     pods = tuple(build_pod(job, index, plan.group, plan.attempt) for index in plan.create)
-    requeue_after = plan.requeue_after
     if pods and queue is not None:
         if not isinstance(placement, Placement):  # a flavor the index does not show yet
-            pods, requeue_after = (), FLAVOR_WAIT_SECONDS
+            pods, plan = (), replace(plan, requeue_after=FLAVOR_WAIT_SECONDS)
         else:
             pods = tuple(with_placement(pod, placement, index)
                          for pod, index in zip(pods, plan.create, strict=True))
     return Actions(
+        plan=plan,
         archive=_archive(seen, plan),
-        delete=plan.delete,
-        force_delete=plan.force_delete,
         children=() if finishing else tuple(children),
         pods=pods,
         status=build_status_write(seen, plan.status, now),
-        events=plan.events,
-        delete_job=plan.delete_job,
-        tell=plan.tell,
-        attempt=plan.attempt,
-        requeue_after=requeue_after,
         workload=_workload_to_create(seen, job, plan),
         workload_writes=_workload_writes(seen, plan, now),
     )

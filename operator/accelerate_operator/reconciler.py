@@ -53,7 +53,7 @@ def requeue_after(seen: Observed, actions: Actions) -> float | None:
     an unfinished job; None for a finished job with none of these. A running job's progress
     needs no timer: pod 0's reports come as events."""
     phase = (actions.status or {}).get("phase") or seen.status.get("phase")
-    due = [RESYNC_SECONDS if phase not in FINISHED_PHASES else None, actions.requeue_after,
+    due = [RESYNC_SECONDS if phase not in FINISHED_PHASES else None, actions.plan.requeue_after,
            seen.due_in]
     known = [d for d in due if d is not None]
     return min(known) if known else None

@@ -219,7 +219,7 @@ def test_plan_pass_carries_the_renders_warnings_into_the_status_and_events():
     actions = plan_pass(Observed(body=body, job=parse_job(body), status={}, pods=(),
                                  children=frozenset()), NOW)
     assert len(actions.pods) == 2
-    assert "IgnoredConfigValues" in {e.reason for e in actions.events}
+    assert "IgnoredConfigValues" in {e.reason for e in actions.plan.events}
     assert CONFIG_WARNINGS in {c["type"] for c in actions.status["conditions"]}
 
 

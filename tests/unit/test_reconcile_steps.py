@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from accelerate_operator.api import parse_job
+from accelerate_operator.decision import Plan
 from accelerate_operator.observed import Observed
 from accelerate_operator.plan import Actions, plan_pass
 from accelerate_operator.reconciler import RESYNC_SECONDS, Reconciler, requeue_after
@@ -242,7 +243,7 @@ def test_plan_asks_the_clock_back_at_the_active_deadline():
     body = JobBuilder("llm").nodes(1).run_policy(activeDeadlineSeconds=60).build()
     body["status"] = {"phase": "Running", "attempt": 0, "startTime": "2026-01-01T11:59:30Z"}
     actions = plan_pass(observed(body, pods=(pod("llm", 0),)), NOW)
-    assert actions.requeue_after == 30
+    assert actions.plan.requeue_after == 30
 
 
 # ---- when a pass asks to be run again ------------------------------------------------------
@@ -258,7 +259,7 @@ def test_an_unfinished_job_comes_back_for_the_resync_or_what_is_due_sooner():
     """A running job's progress comes as pod events: no timer reads it."""
     assert requeue_after(seen_with("Running"), Actions()) == RESYNC_SECONDS
     assert requeue_after(seen_with("Pending"), Actions()) == RESYNC_SECONDS
-    assert requeue_after(seen_with("Running"), Actions(requeue_after=2.0)) == 2.0
+    assert requeue_after(seen_with("Running"), Actions(Plan(requeue_after=2.0))) == 2.0
     held = replace(seen_with("Running"), due_in=3.0)  # a progress write held back
     assert requeue_after(held, Actions()) == 3.0
     assert requeue_after(replace(seen_with("Succeeded"), due_in=1.0), Actions()) == 1.0
@@ -266,7 +267,7 @@ def test_an_unfinished_job_comes_back_for_the_resync_or_what_is_due_sooner():
 
 def test_a_finished_job_comes_back_only_for_its_ttl():
     assert requeue_after(seen_with("Succeeded"), Actions()) is None
-    assert requeue_after(seen_with("Succeeded"), Actions(requeue_after=60.0)) == 60.0
+    assert requeue_after(seen_with("Succeeded"), Actions(Plan(requeue_after=60.0))) == 60.0
     finishing = Actions(status={"phase": "Failed"})
     assert requeue_after(seen_with("Running"), finishing) is None
 
