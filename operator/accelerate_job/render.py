@@ -66,11 +66,15 @@ def progress_bar(progress: Mapping[str, Any] | None, width: int = BAR_WIDTH) -> 
     if not progress:
         return "no progress reported yet"
     step, total = progress.get("step", 0), progress.get("totalSteps")
-    parts = []
-    if total:
-        filled = min(width, width * step // total)
-        parts.append(f"[{'#' * filled}{'.' * (width - filled)}]")
-    parts.append(progress.get("summary") or f"step {step}")
+    if not total:
+        return progress_text(progress)
+    filled = min(width, width * step // total)
+    return f"[{'#' * filled}{'.' * (width - filled)}]  {progress_text(progress)}"
+
+
+def progress_text(progress: Mapping[str, Any]) -> str:
+    """What the bar's line says beside the bar: the step, epoch, loss, rate, ETA."""
+    parts = [progress.get("summary") or f"step {progress.get('step', 0)}"]
     if progress.get("epoch") is not None:
         parts.append(f"epoch {progress['epoch']:g}")
     if progress.get("loss") is not None:
@@ -82,33 +86,38 @@ def progress_bar(progress: Mapping[str, Any] | None, width: int = BAR_WIDTH) -> 
     return "  ".join(parts)
 
 
-def render_status(job: Mapping[str, Any]) -> str:
+def status_rows(job: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (label, value) rows of `status`, which render_status and status_view lay out."""
     summary = summarize(job)
     spec = job.get("spec") or {}
-    lines = [
-        f"{'Name:':<14}{summary['name']} (namespace {summary['namespace']})",
-        f"{'Phase:':<14}{summary['phase']}",
-        f"{'Nodes:':<14}{summary['readyNodes'] or '0/' + str(spec.get('numNodes', 1))} ready",
-        f"{'Restarts:':<14}{summary['restarts']}"
-        + (f" (attempt {summary['attempt']})" if summary["attempt"] is not None else ""),
-        f"{'Progress:':<14}{progress_bar(summary['progress'])}",
+    rows = [
+        ("Name:", f"{summary['name']} (namespace {summary['namespace']})"),
+        ("Phase:", summary["phase"]),
+        ("Nodes:", f"{summary['readyNodes'] or '0/' + str(spec.get('numNodes', 1))} ready"),
+        ("Restarts:", f"{summary['restarts']}"
+         + (f" (attempt {summary['attempt']})" if summary["attempt"] is not None else "")),
+        ("Progress:", progress_bar(summary["progress"])),
     ]
     goodput = goodput_line(summary["goodput"])
     if goodput:
-        lines.append(f"{'Goodput:':<14}{goodput}")
+        rows.append(("Goodput:", goodput))
     current = next((c for c in summary["conditions"]
                     if c.get("type") == summary["phase"] and c.get("status") == "True"), None)
     if current and current.get("message"):
-        lines.append(f"{'Message:':<14}{current['message']}")
+        rows.append(("Message:", current["message"]))
     versions = ((job.get("status") or {}).get("trainer") or {}).get("versions")
     if versions:
-        lines.append(f"{'Trainer:':<14}" + ", ".join(f"{k} {v}" for k, v in versions.items()))
+        rows.append(("Trainer:", ", ".join(f"{k} {v}" for k, v in versions.items())))
     if summary["lastFailure"]:
         # The failure ends with the pod's last log lines: the first line says which pod and how.
         first, *rest = summary["lastFailure"].strip().splitlines() or [""]
         more = f" (+{len(rest)} lines of its log: -o json)" if rest else ""
-        lines.append(f"{'Last failure:':<14}{first}{more}")
-    return "\n".join(lines)
+        rows.append(("Last failure:", f"{first}{more}"))
+    return rows
+
+
+def render_status(job: Mapping[str, Any]) -> str:
+    return "\n".join(f"{label:<14}{value}" for label, value in status_rows(job))
 
 
 def _age(timestamp: str | None, now: datetime) -> str:
@@ -178,19 +187,17 @@ def status_view(job: Mapping[str, Any]) -> RenderableType:
     """The status block of `status --watch` on a terminal: the lines of render_status, with a
     drawn progress bar and the phase in colour."""
     progress = summarize(job)["progress"] or {}
-    lines = render_status(job).splitlines()
     out: list[RenderableType] = []
-    for line in lines:
-        if line.startswith("Progress:") and progress.get("totalSteps"):
+    for label, value in status_rows(job):
+        if label == "Progress:" and progress.get("totalSteps"):
             row = Table.grid(padding=(0, 2))
-            row.add_row(Text(line[:14]), _bar(progress, BAR_WIDTH),
-                        Text(progress_bar(progress).split("]  ", 1)[-1]))
+            row.add_row(Text(f"{label:<14}"), _bar(progress, BAR_WIDTH),
+                        Text(progress_text(progress)))
             out.append(row)
-        elif line.startswith("Phase:"):
-            phase = line[14:]
-            out.append(Text.assemble(line[:14], (phase, PHASE_STYLES.get(phase, ""))))
+        elif label == "Phase:":
+            out.append(Text.assemble(f"{label:<14}", (value, PHASE_STYLES.get(value, ""))))
         else:
-            out.append(Text(line))
+            out.append(Text(f"{label:<14}{value}"))
     return Group(*out)
 
 

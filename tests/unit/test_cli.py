@@ -186,6 +186,16 @@ def test_status_shows_phase_nodes_restarts_progress_and_the_last_failure():
     ])
 
 
+def test_the_watched_status_draws_the_same_rows_with_a_drawn_bar():
+    failing = job(progress=PROGRESS, lastFailure="pod llm-1 failed with exit code 1")
+    lines = render.to_text(render.status_view(failing)).splitlines()
+    plain = render.render_status(failing).splitlines()
+    progress = next(line for line in lines if line.startswith("Progress:"))
+    assert "12/40 (30%)  epoch 0  loss 2.3456" in progress and "[" not in progress
+    assert [line.rstrip() for line in lines if not line.startswith("Progress:")] == \
+        [line for line in plain if not line.startswith("Progress:")]
+
+
 def test_status_names_the_versions_the_trainer_reported():
     text = render.render_status(job(trainer={"attempt": 1, "versions": {
         "python": "3.11.9", "accelerate": "1.15.0", "torch": "2.15.0"}}))
