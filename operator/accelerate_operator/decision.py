@@ -59,8 +59,9 @@ class Plan:
 
 
 class _Pass(GroupSteps, QueueSteps):
-    """One planning pass: the status being built, the attempt and restart counters, and the
-    steps plan_reconcile goes through. Each step that decides the pass returns its Plan."""
+    """One planning pass: the status being built (`out`), the attempt and restart counters,
+    and the steps plan_reconcile goes through, here and in its group (group.py) and Kueue
+    (queueing.py) steps. Each step that decides the pass returns its Plan (`done`, `fail`)."""
 
     def __init__(self, job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodState],
                  now: datetime, queue: QueueState | None = None,
@@ -95,11 +96,12 @@ class _Pass(GroupSteps, QueueSteps):
             due = [self._deadline(), self.stall_due, self.node_due]
             known = [max((d - self.now).total_seconds(), 0.0) for d in due if d is not None]
             requeue_after = min(known) if known else None
-        return Plan(status, self.attempt, tuple(create),
-                    tuple(name for name in delete if name not in force),
-                    tuple(self.out.events), delete_job, requeue_after,
-                    self._queue_writes(status), force, self.group_attempt,
-                    self._behind(status, delete))
+        return Plan(status=status, attempt=self.attempt, create=tuple(create),
+                    delete=tuple(name for name in delete if name not in force),
+                    events=tuple(self.out.events), delete_job=delete_job,
+                    requeue_after=requeue_after, queue=self._queue_writes(status),
+                    force_delete=force, group=self.group_attempt,
+                    tell=self._behind(status, delete))
 
     def _behind(self, status: Mapping[str, Any], delete: Sequence[str]) -> tuple[str, ...]:
         """The group's running pods not yet told the attempt they must run (an in-place

@@ -133,7 +133,9 @@ def pods_to_clean(job: JobSpec, pods: Sequence[PodState]) -> tuple[str, ...]:
 
 
 class GroupSteps:
-    """The group steps of the pass (decision._Pass)."""
+    """The group steps of the pass (decision._Pass): they read and move the pass's state (job,
+    pods, now, out, attempt, group_attempt, restarts, counted, the due times) and end it with
+    its done() or fail()."""
 
     def _node_lost(self, pod: PodState) -> str | None:
         """Why the pod is lost with its node, once the node has not been Ready for

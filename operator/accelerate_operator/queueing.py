@@ -59,7 +59,8 @@ def _active_write(workload: WorkloadView, wants_active: bool) -> bool | None:
 
 
 class QueueSteps:
-    """The Kueue steps of the pass (decision._Pass)."""
+    """The Kueue steps of the pass (decision._Pass): they read its queue (QueueState) and
+    move its state (out, the attempt, release) and end it with its done() or suspend()."""
 
     def _queue_writes(self, status: Mapping[str, Any]) -> QueueWrites:
         if self.queue is None:
