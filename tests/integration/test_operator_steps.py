@@ -105,6 +105,7 @@ def test_a_failed_pod_restarts_the_whole_group_until_backoff_limit_fails_the_job
     ])
     status = cluster.job("flaky")["status"]
     assert status["lastFailure"].startswith("pod flaky-0 failed with exit code 3"), status
+    assert status["lastFailureReason"] == "Error", status  # kept by the CRD's schema
 
 
 def test_a_failed_launch_restarts_the_processes_in_the_same_pods_until_backoff_limit(cluster):
@@ -149,6 +150,7 @@ def test_a_drained_preempted_or_deleted_pod_restarts_the_group_without_counting(
         ("someone deletes pod 1", delete_pod(1),
          replace(disrupted, attempt=3, restarts=3)),
     ])
+    assert cluster.job("drain")["status"]["lastFailureReason"] == "PodDeleted"
 
 
 @pytest.fixture
