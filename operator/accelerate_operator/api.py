@@ -59,6 +59,9 @@ class RunPolicy:
     # A failed training process restarts the processes inside the running pods (every pod of
     # the group on a healthy node), not the pods (supervise.py, group.py).
     restart_in_place: bool = True
+    # How long the group's pods may take to start (scheduling, image pulls, init containers)
+    # before the job fails, reason WaitingTimeoutExceeded (starting.py); 0: wait forever.
+    waiting_timeout_seconds: int = 900
 
 
 @dataclass(frozen=True)
@@ -353,4 +356,5 @@ def _run_policy(policy: Mapping[str, Any]) -> RunPolicy:
         node_lost_timeout_seconds=int(policy.get("nodeLostTimeoutSeconds", 10)),
         pod_disruption_budget=bool(policy.get("podDisruptionBudget", False)),
         restart_in_place=bool(policy.get("restartInPlace", True)),
+        waiting_timeout_seconds=int(policy.get("waitingTimeoutSeconds", 900)),
     )

@@ -25,6 +25,9 @@ PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
 CREATED = "Created"
 # A group that made no progress within spec.runPolicy.stallTimeoutSeconds (restarted).
 STALLED = "Stalled"
+# A pod of the current attempt cannot start: the scheduler's or the kubelet's reason (starting.py).
+WAITING = "Waiting"
 FINISHED_PHASES = frozenset({SUCCEEDED, FAILED})
 # In the order status.conditions lists them.
-CONDITION_TYPES = (QUEUED, CREATED, RUNNING, RESTARTING, STALLED, SUSPENDED, SUCCEEDED, FAILED)
+CONDITION_TYPES = (QUEUED, CREATED, WAITING, RUNNING, RESTARTING, STALLED, SUSPENDED, SUCCEEDED,
+                   FAILED)

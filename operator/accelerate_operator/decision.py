@@ -21,6 +21,7 @@ from .constants import FAILED, FINISHED_PHASES, PENDING, SUSPENDED
 from .group import GroupSteps, pods_to_clean
 from .observed import NodeState, PodState, group_attempt
 from .queueing import QueueState, QueueSteps, QueueWrites
+from .starting import StartSteps
 from .status import CONFIG_WARNINGS, CONFIG_WARNINGS_REASON, Event, StatusBuilder
 from .timefmt import format_time, parse_time
 
@@ -58,10 +59,11 @@ class Plan:
     tell: tuple[str, ...] = ()
 
 
-class _Pass(GroupSteps, QueueSteps):
+class _Pass(GroupSteps, QueueSteps, StartSteps):
     """One planning pass: the status being built (`out`), the attempt and restart counters,
-    and the steps plan_reconcile goes through, here and in its group (group.py) and Kueue
-    (queueing.py) steps. Each step that decides the pass returns its Plan (`done`, `fail`)."""
+    and the steps plan_reconcile goes through, here and in its group (group.py), start-up
+    (starting.py) and Kueue (queueing.py) steps. Each step that decides the pass returns its
+    Plan (`done`, `fail`)."""
 
     def __init__(self, job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodState],
                  now: datetime, queue: QueueState | None = None,
@@ -72,6 +74,7 @@ class _Pass(GroupSteps, QueueSteps):
         self.lost_nodes = lost_nodes or {}
         self.stall_due: datetime | None = None  # when the group would be Stalled
         self.node_due: datetime | None = None  # when a NotReady node would count as lost
+        self.wait_due: datetime | None = None  # when pods not started would fail the job
         self.node_lost = False  # the group restarts for a lost node: no grace period for any
         self.out = StatusBuilder(job, status, now)
         self.status = status
@@ -93,7 +96,7 @@ class _Pass(GroupSteps, QueueSteps):
         force = tuple(p.name for p in self.pods if (p.deleting or p.name in delete)
                       and (self._unreachable(p) or (self.node_lost and not p.deleting)))
         if requeue_after is None and status.get("phase") not in FINISHED_PHASES:
-            due = [self._deadline(), self.stall_due, self.node_due]
+            due = [self._deadline(), self.stall_due, self.node_due, self.wait_due]
             known = [max((d - self.now).total_seconds(), 0.0) for d in due if d is not None]
             requeue_after = min(known) if known else None
         return Plan(status=status, attempt=self.attempt, create=tuple(create),

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 from accelerate_trainer.contract import CONFIG_ERROR_EXIT_CODE
 
 from .api import JobSpec
+from .causes import OOM_KILLED
 from .constants import CREATED, FAILED, PENDING, RESTARTING, RUNNING, STALLED, SUCCEEDED
 from .observed import NodeState, PodState
 from .status import Event
@@ -78,6 +79,10 @@ class Failure:
     message: str | None = None
     # A disruption (see PodState.disruption): restarts without using up backoffLimit.
     disrupted: bool = False
+    # The root cause, said first (causes.py): out of memory, or the first failing rank's error.
+    cause: str | None = None
+    # Killed for memory: the root cause of the group's other failures (their peers vanished).
+    oom: bool = False
 
     def describe(self) -> str:
         text = f"pod {self.pod} {self.what}"
@@ -85,7 +90,7 @@ class Failure:
             text += f" with exit code {self.exit_code}"
         if self.message:
             text += f": {self.message.strip()}"
-        return text
+        return f"{self.cause}; {text}" if self.cause else text
 
 
 def _failures(job: JobSpec, current: Sequence[PodState], was_running: bool,
@@ -110,7 +115,8 @@ def _failures(job: JobSpec, current: Sequence[PodState], was_running: bool,
             plain = not p.reason or p.reason == FAILED_EXIT
             failures.append(Failure(p.name, FAILED_EXIT if plain else p.reason,
                                     "failed" if plain else f"failed ({p.reason})",
-                                    p.exit_code, p.message))
+                                    p.exit_code, p.message, cause=p.cause,
+                                    oom=p.cause is not None))
     if was_running:
         # Once the group runs, a pod that disappears (deleted, its node gone) takes its ranks
         # with it.
@@ -175,8 +181,10 @@ class GroupSteps:
         failures = _failures(self.job, current, self.out.previous_phase == RUNNING, lost)
         if failures:
             return self.restart_or_fail(failures)
-        ended = [Failure(p.name, FAILED_EXIT, "ended its training processes", p.exit.exit_code,
-                         p.exit.message) for p in sorted(current, key=lambda p: p.index)
+        ended = [Failure(p.name, OOM_KILLED if p.exit.oom else FAILED_EXIT,
+                         "ended its training processes", p.exit.exit_code, p.exit.message,
+                         cause=p.exit.cause, oom=p.exit.oom)
+                 for p in sorted(current, key=lambda p: p.index)
                  if p.exit is not None and p.exit.attempt == self.attempt]
         if ended:
             return self.restart_or_fail(ended, in_place=self._in_place(current))
@@ -185,7 +193,8 @@ class GroupSteps:
             # They were deleted gracefully: each rank may be saving its share of a checkpoint.
             self.out.counts(current)
             return self.done(delete=[p.name for p in stale if not p.deleting])
-        return self.stalled(current) or self.progress(current)
+        return (self.waiting_timeout(current) or self.stalled(current)
+                or self.progress(current))
 
     def _in_place(self, current: Sequence[PodState]) -> bool:
         """Whether the group can restart in place: asked for, and every pod of it runs, able
@@ -200,7 +209,7 @@ class GroupSteps:
         `in_place`: the failures are launches that ended in running pods, restarted there."""
         policy = self.job.run_policy
         disrupted = [f for f in failures if f.disrupted]
-        first = (disrupted or list(failures))[0]
+        first = (disrupted or sorted(failures, key=lambda f: not f.oom))[0]
         self.out.status["lastFailure"] = first.describe()
         self.out.status["lastFailureReason"] = first.reason
         if disrupted:
@@ -332,4 +341,5 @@ class GroupSteps:
             return self.done()
         if out.previous_phase not in (RESTARTING,):
             out.status["phase"] = PENDING
+        self.waiting(current)
         return self.done(create=create)

@@ -18,10 +18,12 @@ from accelerate_trainer.contract import (
 )
 
 from .api import JobSpec
+from .causes import OOM_KILLED, read_exit_cause, read_pod_cause
 from .constants import FAILED, FINISHED_PHASES, PENDING, RUNNING, SUCCEEDED
 from .kueue import QueueContext
 from .resources.configmap import ConfigSource
 from .timefmt import parse_time
+from .waiting import Waiting, read_waiting
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class PodState:
     # failed launch it reported.
     run_attempt: int | None = None
     exit: ProcessExit | None = None
+    # Why a pod that has not started waits, as the scheduler or the kubelet says (waiting.py);
+    # and the root cause of its failure when one is known (causes.py: out of memory).
+    waiting: Waiting | None = None
+    cause: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -102,9 +108,12 @@ class ProcessExit:
     attempt: int
     exit_code: int
     message: str | None = None
+    # The first failing rank's own error or out of memory, naming the pod (causes.py).
+    cause: str | None = None
+    oom: bool = False
 
 
-def read_process_exit(report: str | None) -> ProcessExit | None:
+def read_process_exit(report: str | None, pod: str = "") -> ProcessExit | None:
     """The `exit` of a pod's report, or None. The report is the pod's own writing (bounded by
     the chart's admission policy): anything malformed is no exit."""
     if not report or '"exit"' not in report:
@@ -113,12 +122,15 @@ def read_process_exit(report: str | None) -> ProcessExit | None:
         ended = json.loads(report).get("exit")
         attempt, code = ended["attempt"], ended["exitCode"]
         message = ended.get("message")
+        cause = read_exit_cause(ended, pod)
+        oom = ended.get("reason") == OOM_KILLED
     except (ValueError, AttributeError, KeyError, TypeError):
         return None
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, code)) \
             or code == 0:
         return None
-    return ProcessExit(attempt, code, message if isinstance(message, str) else None)
+    return ProcessExit(attempt, code, message if isinstance(message, str) else None, cause,
+                       oom)
 
 
 def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
@@ -163,8 +175,9 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
                 for c in status.get("conditions") or [])
     exit_code, reason, message = _terminated(status)
     disruption, reason, message = _disruption(status, reason, message)
+    name = metadata.get("name", "")
     return PodState(
-        name=metadata.get("name", ""),
+        name=name,
         index=int(labels.get(NODE_INDEX_LABEL, -1)),
         attempt=int(labels.get(ATTEMPT_LABEL, 0)),
         phase=status.get("phase") or PENDING,  # the kubelet's: it alone knows the pod ended
@@ -178,7 +191,9 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         node=(pod.get("spec") or {}).get("nodeName"),
         gone_by=parse_time(metadata.get("deletionTimestamp")),
         run_attempt=_integer(annotations.get(RUN_ATTEMPT_ANNOTATION)),
-        exit=read_process_exit(annotations.get(REPORT_ANNOTATION)),
+        exit=read_process_exit(annotations.get(REPORT_ANNOTATION), name),
+        waiting=read_waiting(pod),
+        cause=read_pod_cause(pod),
     )
 
 

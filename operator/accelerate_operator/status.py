@@ -11,6 +11,7 @@ from typing import Any
 from .api import JobSpec, build_topology_status
 from .constants import (
     CONDITION_TYPES,
+    CREATED,
     FAILED,
     PENDING,
     QUEUED,
@@ -18,6 +19,7 @@ from .constants import (
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
+    WAITING,
 )
 from .goodput import Moment, update_goodput
 from .observed import Observed, PodState, group_attempt
@@ -78,7 +80,7 @@ class StatusBuilder:
         self.status["phase"] = phase
         if phase != PENDING:
             self.condition(phase, True, reason, message)
-        for other in (QUEUED, RUNNING, RESTARTING, SUSPENDED):
+        for other in (QUEUED, WAITING, RUNNING, RESTARTING, SUSPENDED):
             if other != phase and other in self.conditions:
                 self.condition(other, False, reason, message)
         if phase != self.previous_phase or (
@@ -104,7 +106,25 @@ class StatusBuilder:
         ]
         self.status.setdefault("restarts", 0)
         self.status.setdefault("restartsCounted", self.status["restarts"])
+        self.status.pop("reason", None)
+        reason = self.reason()
+        if reason:
+            self.status["reason"] = reason
         return self.status
+
+    def reason(self) -> str | None:
+        """status.reason, the REASON column of `kubectl get`: why a job not yet running waits
+        (the Waiting condition's reason, Kubernetes' own), else its phase condition's reason
+        (Kueue's for a Queued job), else the Created condition's for a Pending one."""
+        phase = self.status.get("phase")
+        waiting = self.conditions.get(WAITING) or {}
+        if phase in (PENDING, RESTARTING) and waiting.get("status") == "True":
+            return waiting.get("reason")
+        for type_ in (phase, CREATED if phase == PENDING else None):
+            condition = self.conditions.get(type_) if type_ else None
+            if condition and condition.get("status") == "True":
+                return condition.get("reason")
+        return None
 
 
 # Status keys from what pod 0 reported (observe.py), and the goodput they move: written only when
