@@ -139,6 +139,31 @@ def pods_running(*indexes: int) -> Action:
     return act
 
 
+def pod_waits(index: int, reason: str, message: str) -> Action:
+    """The kubelet cannot start the pod's container (ErrImagePull, CreateContainerConfigError...),
+    as it reports it: scheduled, the container waiting with its reason and message."""
+    def act(cluster: Cluster, job: str) -> None:
+        pod = _current_pod(cluster, job, index)
+        at = now()
+        _set_status(cluster, job, index, {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": at},
+                           {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+                            "lastTransitionTime": at}],
+            "containerStatuses": [_container(pod, {"waiting": {"reason": reason,
+                                                               "message": message}}, False)]})
+    return act
+
+
+def pod_unschedulable(index: int, message: str) -> Action:
+    """The scheduler found no node for the pod, as it reports it."""
+    def act(cluster: Cluster, job: str) -> None:
+        _set_status(cluster, job, index, {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": message, "lastTransitionTime": now()}]})
+    return act
+
+
 def pod_exits(index: int, code: int, message: str = "") -> Action:
     """The pod's container ended with `code` (restartPolicy Never: the pod ends with it)."""
     def act(cluster: Cluster, job: str) -> None:
