@@ -114,7 +114,7 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
 
 def control_plane_ms(result: dict) -> float:
     """The control plane's CPU per job of a burst (API server, etcd, scheduler, controller-
-    manager: common.CONTROL_PLANE), summed."""
+    manager: burst.CONTROL_PLANE), summed."""
     return sum(v for k, v in result.items()
                if k.endswith("_cpu_ms_per_job") and not k.startswith("operator"))
 
