@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.cluster import kubectl, kubectl_json, wait_for
+from devtools.cluster import ROOT, kubectl, kubectl_json, wait_for
 from tests.helpers.jobs import apply_job, command_job
 from tests.helpers.operator import deployed_operator_scaled_down
 from tests.integration.test_operator_in_process import free_port, health
@@ -88,7 +88,10 @@ class Replica:
                 [sys.executable, "-m", "accelerate_operator", "--namespace", namespace,
                  "--peering", PEERING, "--priority", str(priority),
                  "--liveness-port", str(self.port)],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": kubeconfig})
+                stdout=out, stderr=subprocess.STDOUT, env={
+                    **os.environ, "KUBECONFIG": kubeconfig,
+                    # this checkout's operator, whichever checkout last installed itself
+                    "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("operator", "trainer"))})
 
     def probe(self) -> dict:
         """What the operator's probe says (kopf keeps an answer for 10 s)."""
