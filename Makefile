@@ -70,7 +70,7 @@ verify: ## Fail when generated files drift from their sources, or the chart's ve
 
 .PHONY: docs
 docs: ## Build the docs site into site/ in strict mode (a broken link or a page left out fails); offline
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 .PHONY: images
 images: ## Build the operator and trainer images, and load them into the local cluster's nodes if it runs

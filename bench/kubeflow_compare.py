@@ -61,28 +61,30 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from common import (
-    ROOT,
+from burst import (
     BurstTracker,
-    Cluster,
     CountedClient,
-    OperatorProcess,
-    RssSampler,
     add_burst_arguments,
     control_plane_cpu,
     control_plane_processes,
     delete_flow_schemas,
-    delete_leftovers,
     diff_counts,
-    emit_result,
     install_flow_schemas,
-    machine_line,
     operator_request_counts,
     print_control_plane,
+    timed_burst,
+)
+from common import (
+    ROOT,
+    Cluster,
+    OperatorProcess,
+    RssSampler,
+    delete_leftovers,
+    emit_result,
+    machine_line,
     resilient,
     start_watchers,
     stop_watchers,
-    timed_burst,
     wait_for_cluster,
     wait_until,
 )

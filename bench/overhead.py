@@ -21,12 +21,15 @@ creation (its watch ADDED event: the same clock for both, so the operator's own 
 is left out), and wall time: create -> job Succeeded for the operator, create -> both pods
 Succeeded for bare. Ratios operator/bare are per pair, then the median over pairs.
 
-The end of a job (issue 15): last STEP line -> last pod Succeeded -> job Succeeded. The bare pods
-run plain `accelerate launch` (build_launch_plan without fast_exit_python), so their end shows
-what the trainer's fast_exit saves. Then --crash-runs jobs whose rank 0 dies at a step: its
-`FAILING` line -> the first pod Failed -> the job Restarting.
+The end of a job: last STEP line -> last pod Succeeded -> job Succeeded. Both legs run plain
+`accelerate launch` by default (the operator's under the trainer's supervisor), so the difference
+is what the operator adds. --fast-exit sets the trainer's opt-in ACCELERATE_TRAINER_FAST_EXIT=1 on
+the operator's job (the bare pods stay plain), to show what ending the processes without the
+interpreter's teardown saves. Then --crash-runs jobs whose rank 0 dies at a step: its `FAILING`
+line -> the first pod Failed -> the job Restarting.
 
-Usage: python bench/overhead.py [--pairs 3] [--max-steps 200] [--crash-runs 2] [--json FILE]
+Usage: python bench/overhead.py [--pairs 3] [--max-steps 200] [--crash-runs 2] [--fast-exit]
+       [--json FILE]
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from accelerate_operator.resources.pods import build_pod
 from accelerate_operator.resources.service import build_service
 from accelerate_trainer.command import build_launch_plan
 from accelerate_trainer.contract import CONFIG_FILE
+from accelerate_trainer.fast_exit import ENV_FAST_EXIT
 from accelerate_trainer.topology import Topology
 from common import (
     BENCH_LABEL,
@@ -187,6 +191,10 @@ def watching(cluster: Cluster, namespace: str, kinds: tuple[str, ...],
 def operator_leg(cluster: Cluster, args: argparse.Namespace) -> dict:
     namespace = cluster.create_namespace("bench-overhead")
     job = example_job(namespace, "cpu-ddp", args.max_steps, [f"--log-every={args.log_every}"])
+    if args.fast_exit:
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        container["env"] = [*container.get("env", []),
+                            {"name": ENV_FAST_EXIT, "value": "1"}]
     leg = Leg()
     pods = PodTimes(["cpu-ddp-0", "cpu-ddp-1"])
     finished = threading.Event()
@@ -359,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crash-runs", type=int, default=2,
                         help="jobs whose rank 0 crashes, timed crash -> Restarting (0: none)")
     parser.add_argument("--crash-at-step", type=int, default=5)
+    parser.add_argument("--fast-exit", action="store_true",
+                        help=f"the operator's job opts into fast_exit ({ENV_FAST_EXIT}=1)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
     args = parser.parse_args(argv)
@@ -367,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     wait_for_cluster(cluster)
     delete_leftovers(cluster)
     print(f"overhead: {args.pairs} pairs (operator, then bare) of train.py --max-steps="
-          f"{args.max_steps}, world size 4 on CPU, 2 pods of the trainer image; {machine_line()}",
-          flush=True)
+          f"{args.max_steps}, world size 4 on CPU, 2 pods of the trainer image; operator's job "
+          f"{'with' if args.fast_exit else 'without'} fast_exit; {machine_line()}", flush=True)
     pairs = []
     for i in range(args.pairs):
         op = resilient(cluster, f"pair {i + 1} operator leg",
@@ -391,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                       "step1_ratio": op["to_step1_s"] / bare["to_step1_s"],
                       "pod_step1_ratio": op["pod_to_step1_s"] / bare["pod_to_step1_s"]})
     summary = {
+        "fast_exit": args.fast_exit,
         "pairs": pairs,
         "steps_ratio_median": median(p["steps_ratio"] for p in pairs),
         "wall_ratio_median": median(p["wall_ratio"] for p in pairs),
@@ -408,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             p["operator"]["pods_done_to_end_s"] for p in pairs),
         "bare_last_step_to_pods_done_median_s": median(
             p["bare"]["last_step_to_end_s"] for p in pairs),
+        "end_added_median_s": median(p["operator"]["last_step_to_end_s"]
+                                     - p["bare"]["last_step_to_end_s"] for p in pairs),
     }
     crashes = []
     for i in range(args.crash_runs):
@@ -432,11 +445,12 @@ def main(argv: list[str] | None = None) -> int:
           f"pod created -> step 1 operator/bare = {summary['pod_step1_ratio_median']:.2f} "
           f"({summary['operator_pod_to_step1_median_s']:.1f}s vs "
           f"{summary['bare_pod_to_step1_median_s']:.1f}s)")
-    print("overhead: last step -> job Succeeded "
+    print(f"overhead: last step -> job Succeeded "
           f"{summary['operator_last_step_to_succeeded_median_s']:.2f}s "
-          f"(target < 2), of which last pod Succeeded -> job Succeeded "
-          f"{summary['operator_pods_done_to_succeeded_median_s']:.2f}s; bare: last step -> "
-          f"pods Succeeded {summary['bare_last_step_to_pods_done_median_s']:.2f}s")
+          f"({'with' if args.fast_exit else 'without'} fast_exit), of which last pod Succeeded "
+          f"-> job Succeeded {summary['operator_pods_done_to_succeeded_median_s']:.2f}s; bare: "
+          f"last step -> pods Succeeded {summary['bare_last_step_to_pods_done_median_s']:.2f}s; "
+          f"operator - bare {summary['end_added_median_s']:+.2f}s (median of pairs)")
     if crashes:
         print(f"overhead: crash -> job Restarting {summary['crash_to_restarting_median_s']:.2f}s "
               f"(median of {len(crashes)}), of which crash -> first pod Failed "

@@ -38,30 +38,33 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
-from common import (
+from burst import (
     BurstTracker,
-    Cluster,
-    OperatorProcess,
-    RssSampler,
     add_burst_arguments,
     control_plane_cpu,
     control_plane_processes,
-    delete_leftovers,
     diff_counts,
-    emit_result,
     install_flow_schemas,
+    operator_request_counts,
+    print_control_plane,
+    timed_burst,
+)
+from common import (
+    OPERATOR_NAMESPACE,
+    Cluster,
+    OperatorProcess,
+    RssSampler,
+    delete_leftovers,
+    emit_result,
     job_of,
     machine_line,
     median,
-    operator_passes,
-    operator_request_counts,
-    print_control_plane,
     resilient,
     start_watchers,
     stop_watchers,
-    timed_burst,
     wait_for_cluster,
 )
 
@@ -70,6 +73,36 @@ NO_SUCH_NODE = {"accelerate-operator.io/benchmark-node": "none"}
 # Running mode's container: an image every local node has (hack/load-images.sh) and that is
 # never pulled; `sleep` is coreutils' (the image is Debian). Override with BENCH_RUNNING_IMAGE.
 RUNNING_IMAGE = os.environ.get("BENCH_RUNNING_IMAGE", "ghcr.io/accelerate-operator/operator:0.1.0")
+
+
+OPERATOR_METRICS_PORT = 9090  # the chart's metrics.port
+
+
+def operator_passes(cluster: Cluster) -> float | None:
+    """The passes the active operator replica has run on jobs it found (the count of its
+    accelerate_operator_pass_duration_seconds histogram, read from its metrics port), or None
+    where its pod's address cannot be reached from here (kind: pod IPs are inside docker)."""
+    try:
+        pods = cluster.core.list_namespaced_pod(
+            OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=accelerate-operator")
+        running = {p.metadata.name: p for p in pods.items
+                   if p.status and p.status.phase == "Running" and p.status.pod_ip
+                   and not p.metadata.deletion_timestamp}
+        active = OperatorProcess._active_replica(
+            cluster, {name: pod.metadata.uid for name, pod in running.items()})
+        if active is None and len(running) == 1:
+            active = next(iter(running))
+        if active is None:
+            return None
+        url = f"http://{running[active].status.pod_ip}:{OPERATOR_METRICS_PORT}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except Exception:  # noqa: BLE001 (unreachable: the figure is left out)
+        return None
+    for line in text.splitlines():
+        if line.startswith("accelerate_operator_pass_duration_seconds_count"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def job_body(namespace: str, name: str, mode: str) -> dict:

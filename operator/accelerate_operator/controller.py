@@ -311,12 +311,11 @@ class Controller:
             state.terminating_until = self.clock() + TERMINATING_NAMESPACE_SECONDS
             return TERMINATING_NAMESPACE_SECONDS
         except Exception as error:
-            state.failures += 1
-            event = failing_pass_event(state.failures, error)
+            # The queue counts the failures in a row (its backoff); this one is not in it yet.
+            event = failing_pass_event(self.queue.num_requeues(key) + 1, error)
             if event is not None:
                 await self.kube.post_event(body, event, utcnow())
             raise
-        state.failures = 0
         return after
 
     # ---- the index audit ----------------------------------------------------------------------

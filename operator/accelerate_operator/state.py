@@ -45,7 +45,6 @@ class JobState:
       written again, however often pod 0 reports; `next_info_read`: when the head of pod 0's
       log may be read again for its trainer's versions (observe.py).
     - `check_exists`: a deletion asked for the next pass (controller.py, the grace check).
-    - `failures`: passes failed in a row (the ReconcileFailing Warning).
     - `terminating_until`: no pass before this (the operator's clock): the namespace refused a
       create for being deleted.
     """
@@ -57,7 +56,6 @@ class JobState:
     next_progress_write: float = 0.0
     next_info_read: float = 0.0
     check_exists: bool = False
-    failures: int = 0
     terminating_until: float = 0.0
 
     def latest_status(self, status: Mapping[str, Any]) -> dict[str, Any]:

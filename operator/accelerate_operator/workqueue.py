@@ -8,7 +8,7 @@ semantics, which kopf does not offer for a key made of several objects (a job an
 - `add_after(key, seconds)`: "requeue after", for what time alone changes (a deadline, a TTL,
   a progress write held back); only the earliest request per key is kept.
 - A pass that raises is retried with a per-key backoff (1 s doubling to 60 s), reset by the next
-  pass that succeeds.
+  pass that succeeds; `num_requeues(key)` is that count of failures in a row.
 - `forget(key)`: the job is gone; nothing about it stays queued.
 - `paused`: while another replica is active (peering.py), no pass runs: queued keys wait, and
   the resumed operator's re-list adds every job again anyway.
@@ -67,6 +67,11 @@ class WorkQueue:
             current[1].cancel()
         handle = asyncio.get_running_loop().call_later(seconds, self._fire, key)
         self._timers[key] = (due, handle)
+
+    def num_requeues(self, key: Hashable) -> int:
+        """The key's passes failed in a row (controller-runtime's NumRequeues): the one count
+        of failures, read by the controller for its ReconcileFailing Warning."""
+        return self._failures.get(key, 0)
 
     def forget(self, key: Hashable) -> None:
         timer = self._timers.pop(key, None)

@@ -297,13 +297,12 @@ def test_main_execs_accelerate_launch_with_the_plan_for_a_valid_cpu_job(
     assert trainer_main.main(["--", "train.py", "--max-steps", "3"], env) == 0
 
     ((program, argv, exec_env),) = no_exec
-    # `accelerate launch`, run by this interpreter under fast_exit, and so is each rank.
-    assert program == sys.executable
-    assert argv[:6] == (sys.executable, "-m", "accelerate_trainer.fast_exit",
-                        "-m", "accelerate.commands.accelerate_cli", "launch")
+    # Plain `accelerate launch` from PATH: the script runs as it runs on a laptop.
+    assert program == "accelerate"
+    assert argv[:2] == ("accelerate", "launch")
     assert "--multi_gpu" in argv
-    assert argv[-5:] == ("--module", "accelerate_trainer.fast_exit",
-                         "train.py", "--max-steps", "3")
+    assert argv[-3:] == ("train.py", "--max-steps", "3")
+    assert "accelerate_trainer.fast_exit" not in argv
     assert exec_env["ACCELERATE_USE_CPU"] == "1"
     resume_from = checkpoint_dir / "checkpoints" / "checkpoint_3"
     assert exec_env["ACCELERATE_RESUME_FROM"] == str(resume_from)
@@ -311,8 +310,10 @@ def test_main_execs_accelerate_launch_with_the_plan_for_a_valid_cpu_job(
     assert not termination_log.exists()
 
 
-def test_fast_exit_off_execs_plain_accelerate_launch(tmp_path, termination_log, no_exec):
-    env = job_env(CONFIGS / "multi_cpu.yaml", ACCELERATE_TRAINER_FAST_EXIT="0")
+@pytest.mark.parametrize("value", ["0", "", "no"])
+def test_without_the_opt_in_the_launch_is_plain_accelerate_launch(value, termination_log,
+                                                                   no_exec):
+    env = job_env(CONFIGS / "multi_cpu.yaml", ACCELERATE_TRAINER_FAST_EXIT=value)
 
     assert trainer_main.main(["train.py", "--max-steps", "3"], env) == 0
 
@@ -320,3 +321,18 @@ def test_fast_exit_off_execs_plain_accelerate_launch(tmp_path, termination_log, 
     assert program == "accelerate"
     assert argv[:2] == ("accelerate", "launch")
     assert argv[-3:] == ("train.py", "--max-steps", "3")
+
+
+@pytest.mark.parametrize("value", ["1", "true", "on"])
+def test_the_opt_in_runs_the_launcher_and_every_rank_under_fast_exit(value, termination_log,
+                                                                      no_exec):
+    env = job_env(CONFIGS / "multi_cpu.yaml", ACCELERATE_TRAINER_FAST_EXIT=value)
+
+    assert trainer_main.main(["--", "train.py", "--max-steps", "3"], env) == 0
+
+    ((program, argv, _),) = no_exec
+    assert program == sys.executable
+    assert argv[:6] == (sys.executable, "-m", "accelerate_trainer.fast_exit",
+                        "-m", "accelerate.commands.accelerate_cli", "launch")
+    assert argv[-5:] == ("--module", "accelerate_trainer.fast_exit",
+                         "train.py", "--max-steps", "3")

@@ -3,8 +3,9 @@
 Logs the library versions it runs with, reads the mounted accelerate YAML and the topology env,
 validates them, unpacks the shipped code into the workspace and installs its requirements (when
 the job ships code), waits for the master, then replaces itself with `accelerate launch` so
-signals reach the training processes and their exit code is the pod's. The launcher and the
-ranks run under fast_exit, so the pod ends as soon as the training has (fast_exit.py). A config
+signals reach the training processes and their exit code is the pod's. The script runs as
+`accelerate launch` runs it; ACCELERATE_TRAINER_FAST_EXIT=1 opts into ending the launcher and the
+ranks without the interpreter's teardown (fast_exit.py). A config
 error (or shipped code that cannot be used) exits 78 (permanent), a failed requirements install
 75, each with the reason in the termination log, where the operator shows it on the job.
 """
@@ -176,10 +177,10 @@ def prepare_workspace(environ: Mapping[str, str], versions: dict[str, str]) -> d
 
 
 def fast_exit_python(environ: Mapping[str, str]) -> str | None:
-    """The interpreter that runs the launcher and the ranks under fast_exit (this one), or None
-    for a plain `accelerate launch` from PATH: when the container sets
-    ACCELERATE_TRAINER_FAST_EXIT=0, or when accelerate is not installed beside this package."""
-    if environ.get(ENV_FAST_EXIT, "1").strip().lower() in ("0", "false", "no", "off"):
+    """The interpreter that runs the launcher and the ranks under fast_exit (this one) when the
+    container opts in with ACCELERATE_TRAINER_FAST_EXIT=1 and accelerate is installed beside
+    this package; otherwise None: a plain `accelerate launch` from PATH."""
+    if environ.get(ENV_FAST_EXIT, "").strip().lower() not in ("1", "true", "yes", "on"):
         return None
     if importlib.util.find_spec("accelerate") is None:
         return None

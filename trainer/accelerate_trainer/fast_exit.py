@@ -3,9 +3,9 @@ Python program as `python SCRIPT` would, then end the process without the interp
 
 Why: once a training script returns, CPython spends 1-2 s unloading torch, gloo and CUDA (module
 dicts, C++ static destructors) before the process is gone, and the `accelerate launch` process
-that waits for it spends about as long again; a job is Succeeded only when both are gone. The
-trainer runs `accelerate launch` and every rank through this module (command.py), which takes
-TRAINING_DONE -> the launcher's exit from about 3.2 s to 0.7 s on 2 CPU cores (issue 15).
+that waits for it spends about as long again; a job is Succeeded only when both are gone. With
+the opt-in, the trainer runs `accelerate launch` and every rank through this module
+(command.py); docs/performance.md measures what that saves at the end of a job.
 
 What Python's own exit does that a program can rely on is still done, in Python's order:
 non-daemon threads are joined (threading's shutdown), atexit handlers run (logging, multiprocessing
@@ -15,9 +15,10 @@ uncaught exception's traceback is printed by sys.excepthook first. What is skipp
 does not promise either: __del__ of objects still alive at exit, module teardown and C++ static
 destructors (the script's own globals may be finalized earlier: runpy's __main__ is a temporary
 module, dropped when the script returns). A KeyboardInterrupt keeps Python's own path (it ends
-the process by SIGINT). ACCELERATE_TRAINER_FAST_EXIT=0 on the container launches without this
-module. A rank whose script returned 0 after building an Accelerator other than the one the
-trainer launched (deepspeed_cpu.check_finished_rank) exits 1 instead.
+the process by SIGINT). Opt-in: only ACCELERATE_TRAINER_FAST_EXIT=1 on the container runs a job
+through this module; by default a script runs as `accelerate launch` runs it. A rank whose
+script returned 0 after building an Accelerator other than the one the trainer launched
+(deepspeed_cpu.check_finished_rank) exits 1 instead.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 
 from .deepspeed_cpu import check_finished_rank
 
-# Set to 0 (or false/no/off) on the container for a plain `accelerate launch`.
+# Set to 1 (or true/yes/on) on the container to run the launcher and the ranks under this module.
 ENV_FAST_EXIT = "ACCELERATE_TRAINER_FAST_EXIT"
 USAGE = "usage: python -m accelerate_trainer.fast_exit SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
