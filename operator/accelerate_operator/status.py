@@ -172,6 +172,29 @@ class ProcessExit:
     attempt: int
     exit_code: int
     message: str | None = None
+    # What the pod found of the launch's root cause (contract.EXIT_ROOT_CAUSE_FIELDS), each
+    # None when not reported or malformed.
+    root_cause: str | None = None
+    rank: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    oom_kills: int | None = None
+    memory_limit_bytes: int | None = None
+
+
+def _root_cause_fields(ended: Mapping[str, Any]) -> dict[str, Any]:
+    """The root-cause fields of a report's `exit`, by type: a wrong type is left out."""
+    def text(key: str) -> str | None:
+        value = ended.get(key)
+        return value if isinstance(value, str) else None
+
+    def number(key: str) -> int | None:
+        value = ended.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return {"root_cause": text("rootCause"), "rank": number("rank"), "signal": text("signal"),
+            "reason": text("reason"), "oom_kills": number("oomKills"),
+            "memory_limit_bytes": number("memoryLimitBytes")}
 
 
 def read_process_exit(report: str | None) -> ProcessExit | None:
@@ -188,7 +211,8 @@ def read_process_exit(report: str | None) -> ProcessExit | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, code)) \
             or code == 0:
         return None
-    return ProcessExit(attempt, code, message if isinstance(message, str) else None)
+    return ProcessExit(attempt, code, message if isinstance(message, str) else None,
+                       **_root_cause_fields(ended))
 
 
 @dataclass(frozen=True)
