@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from .block_keys import check_block_keys, check_parallelism
 from .deepspeed_checks import FILE_KEY as DEEPSPEED_FILE_KEY
 from .deepspeed_checks import check_deepspeed
 from .deepspeed_cpu import ENV_DEEPSPEED_ON_CPU
@@ -209,6 +210,7 @@ def check_job_fits(
     )
     check_distribution(config, num_nodes=num_nodes, num_processes=num_processes)
     check_rendezvous(config, num_nodes=num_nodes)
+    check_parallelism(config, cpu=is_cpu_job(config))
     if distributed_type(config) == "DEEPSPEED":
         check_deepspeed(config, deepspeed_json, world_size=num_processes, source=deepspeed_source)
     check_fsdp(config, fsdp_names or FsdpNames())
@@ -240,6 +242,7 @@ def check_against_accelerate_schema(config: Mapping[str, Any],
             f"{schema.version}, which does not know them (a newer or older accelerate may "
             f"have written them; delete or rename them). It accepts: {', '.join(sorted(known))}"
         )
+    check_block_keys(config, schema.launch_args, schema.version)
     dtype = distributed_type(config)
     valid_types = list(schema.distributed_types)
     if dtype not in valid_types:
