@@ -3,7 +3,7 @@
 torchrun gives every rank the env TORCHELASTIC_ERROR_FILE and, when that rank fails, reads the
 file into its ProcessFailure (torch.distributed.elastic.multiprocessing.errors). Only a rank whose
 entrypoint is decorated with torch's `@record` writes it, which no training script is, so the
-summary says "error_file: <N/A>". The launch hook (launch_hook/sitecustomize.py, first on each
+summary says "error_file: <N/A>". The launch hook (launch_hook/sitecustomize.py, on each
 process's PYTHONPATH) calls `install`, which:
 
 - in a rank (TORCHELASTIC_ERROR_FILE set): chains sys.excepthook to write the exception and its
