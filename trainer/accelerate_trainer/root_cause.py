@@ -11,7 +11,6 @@ never the cause while another rank failed on its own.
 
 from __future__ import annotations
 
-import signal as signals
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -155,12 +154,3 @@ def _launcher_error(record: Mapping[str, Any] | None,
                 "start and reach pod 0's main port")
     return RootCause(text[:MAX_CHARS], reason=reason)
 
-
-def signal_name(exit_code: int) -> str | None:
-    """SIGKILL for 137 (128 + 9): the launcher itself killed, as a shell reports it."""
-    if exit_code <= 128:
-        return None
-    try:
-        return signals.Signals(exit_code - 128).name
-    except ValueError:
-        return None
