@@ -57,7 +57,16 @@ CASES = {
     "r7-gpu-ids-too-few": Case({"distributed_type": "MULTI_GPU", "gpu_ids": "0"},
                                "makes 1 GPU(s) visible but each pod runs 2 process(es)",
                                resources={"limits": {"nvidia.com/gpu": 2}}),
+    # accelerate 1.10+ keys (issue 48)
+    "r11-parallelism-on-cpu": Case({**CPU, "parallelism_config": {
+        "parallelism_config_dp_shard_size": 2}},
+        "parallelism_config is set, but this is a CPU job"),
+    "r12-etcd-rendezvous": Case({**CPU, "rdzv_backend": "etcd"}, "rdzv_backend 'etcd'"),
     # ---- refused: the pod decides (exit 78 before launch)
+    "r13-dropped-dynamo-key": Case({**CPU, "dynamo_config": {"dynamo_backend": "NO",
+                                                             "modee": "default"}},
+                                   "dynamo_config key(s) modee (did you mean dynamo_mode?)",
+                                   before_pods=False),
     "r9-inductor-no-compiler": Case({**CPU, "dynamo_config": {"dynamo_backend": "INDUCTOR"}},
                                     "dynamo_config.dynamo_backend INDUCTOR compiles C++ for the "
                                     "CPU, but this image has no C++ compiler", before_pods=False),

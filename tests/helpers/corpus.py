@@ -85,12 +85,27 @@ CORPUS_TABLE = {
         None, "distributed_type is NO: " + IGNORED_BLOCK, None, None),
 }
 
+# Written by `accelerate config` itself (devtools/write_accelerate_configs.py), one folder per
+# accelerate version: the keys 1.10-1.15 added (rendezvous, FSDP2, ND parallelism, dynamo).
+W15 = "written_by_accelerate/1.15.0/"
+CORPUS_TABLE.update({
+    W15 + "multi_node_c10d.yaml": Expect((2, 2, 29500), None, None, NEEDS_GPUS,
+                                         ("main_process_ip '10.0.0.1' " + MAIN_IP,)),
+    W15 + "multi_node_same_network.yaml": Expect((2, 2, 29500), None, None, NEEDS_GPUS,
+                                                 ("main_process_ip '10.0.0.1' " + MAIN_IP,)),
+    W15 + "multi_node_etcd.yaml": Expect(None, "rdzv_backend 'etcd'", None, None),
+    W15 + "fsdp2_parallelism.yaml": Expect((1, 4, 29500), None, None, NEEDS_GPUS),
+    W15 + "dynamo_inductor.yaml": Expect((1, 2, 29500), None, None, NEEDS_GPUS),
+    W15 + "multi_cpu.yaml": Expect((1, 4, 29500), None, None, None),
+})
+
 # The JSON each DeepSpeed file names, shipped in the same ConfigMap.
 SHIPPED = {"config_yaml_templates/deepspeed.yaml": ["zero_stage1_config.json"]}
 
 
 def corpus_files() -> list[str]:
-    return sorted(str(p.relative_to(CORPUS)) for p in CORPUS.glob("*/*.yaml"))
+    found = [*CORPUS.glob("*/*.yaml"), *CORPUS.glob("written_by_accelerate/*/*.yaml")]
+    return sorted(str(p.relative_to(CORPUS)) for p in found)
 
 
 OUTCOMES_BEGIN = "<!-- outcomes: generated from tests/helpers/corpus.py, checked by a unit test -->"

@@ -78,3 +78,25 @@ def test_pods_carry_the_label_keys_of_the_contract():
     labels = build_pod(parse_job(JobBuilder("llm").build()), 1, attempt=4)["metadata"]["labels"]
     assert (labels[contract.JOB_NAME_LABEL], labels[contract.NODE_INDEX_LABEL],
             labels[contract.ATTEMPT_LABEL]) == ("llm", "1", "4")
+
+
+def test_a_failed_launchs_root_cause_the_trainer_reports_is_one_the_operator_reads():
+    import json
+    from pathlib import Path
+
+    from accelerate_operator.observed import read_process_exit
+    from accelerate_trainer.root_cause import from_launch
+
+    captured = Path(__file__).parent / "launch_failures" / "sigkill_rank_1" / "launch-report.json"
+    cause = from_launch(json.loads(captured.read_text()), oom_kills=1, memory_limit=300 * 2**20)
+    reports = Reports(progress=False)
+    reports.launched(2)
+    reports.feed(2, b"Traceback ...\ntorchrun's summary\n", 1.0)
+    reports.ended(2, 1, 2.0, cause)
+    ended = read_process_exit(encode(reports.current), "llm-1")
+    assert (ended.attempt, ended.exit_code, ended.message) == (2, 1, "Traceback ...\n"
+                                                                     "torchrun's summary")
+    first, _, rest = cause.text.partition("\n")
+    assert ended.cause.startswith("out of memory") and ended.oom
+    assert ended.cause == f"{first} (pod llm-1, rank 1)" + (f"\n{rest}" if rest else "")
+    assert set(cause.report()) == set(contract.EXIT_ROOT_CAUSE_FIELDS)

@@ -281,3 +281,54 @@ def test_without_an_operator_answer_the_pod_ends_with_the_launchs_code(tmp_path,
     child.communicate(timeout=30)
     assert child.returncode == 7
     assert server.reports()[-1]["exit"]["exitCode"] == 7
+
+
+RANK_1_RAISES = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    raise ValueError("labels missing in batch 3")
+dist.barrier()
+"""
+
+
+def test_a_failed_launch_reports_the_first_failing_ranks_own_error(tmp_path):
+    """A real `accelerate launch` of 2 CPU ranks with the launch hook, as accelerate-trainer
+    runs it: the exit report carries rank 1's exception, not torchrun's summary."""
+    from accelerate_trainer.error_files import HOOK_DIR
+
+    server = ApiServer()
+    (tmp_path / "attempt").write_text("0")
+    (tmp_path / "config.yaml").write_text("distributed_type: MULTI_GPU\nuse_cpu: true\n")
+    (tmp_path / "train.py").write_text(RANK_1_RAISES)
+    (tmp_path / "token").write_text("secret-token\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'trainer'}:{HOOK_DIR}", "NODE_RANK": "0",
+           "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
+              "--config_file", str(tmp_path / "config.yaml"), "--num_processes", "2",
+              "--multi_gpu", "--main_process_port", "29613", "--monitor_interval", "0.1",
+              str(tmp_path / "train.py")]
+    child = subprocess.Popen([sys.executable, "-c", DRIVER, str(server.server_address[1]),
+                              str(tmp_path), *launch], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        ended = wait_for(lambda: [r["exit"] for r in server.reports() if "exit" in r], 120)[0]
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.communicate(timeout=60)
+    assert ended["exitCode"] == 1 and ended["rank"] == 1
+    assert ended["rootCause"].splitlines()[0] == "ValueError: labels missing in batch 3"
+    assert 'raise ValueError("labels missing in batch 3")' in ended["rootCause"]
+    assert ended["message"]  # the launch's last lines are still there, after it
+
+
+def test_the_termination_message_puts_the_root_cause_first(tmp_path):
+    from accelerate_trainer.root_cause import RootCause
+    from accelerate_trainer.supervise import write_termination_message
+
+    log = tmp_path / "termination-log"
+    write_termination_message(RootCause("KeyError: 'labels'"), "the tail", str(log))
+    assert not log.exists()  # no kubelet made it: nothing is written
+    log.write_text("")
+    write_termination_message(RootCause("KeyError: 'labels'"), "the tail", str(log))
+    assert log.read_text().splitlines() == ["KeyError: 'labels'", "", "the tail"]

@@ -42,6 +42,7 @@ def head(name: str, *, num_nodes: int, world_size: int, node_rank: int) -> tuple
         "--machine_rank", str(node_rank),
         "--main_process_ip", "job-node-0.job",
         "--main_process_port", "29500",
+        "--rdzv_conf", "timeout=600,join_timeout=600",
     )
 
 

@@ -41,10 +41,11 @@ from .contract import (
     format_trainer_info_line,
 )
 from .deepspeed_checks import parse_deepspeed_json
+from .error_files import launch_env as hook_env
 from .fast_exit import ENV_FAST_EXIT
 from .ignored import check_in_pod, probe_hardware
 from .kubeflow_relay import start_relay
-from .rendezvous import MasterUnreachable, wait_for_master
+from .rendezvous import MasterUnreachable, rendezvous_timeout, wait_for_master
 from .schema import load as load_schema
 from .topology import Topology, TopologyError, parse_topology
 from .versions import describe, read_versions
@@ -217,6 +218,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         for warning in check_in_pod(config, nproc_per_node=topology.nproc_per_node,
                                     hardware=probe_hardware(config, gpus=gpus)):
             log.warning("WARNING: accelerate config: %s", warning)
+        timeout = rendezvous_timeout(environ)
     except (TopologyError, ConfigError) as error:
         return fail(f"invalid configuration: {error}", CONFIG_ERROR_EXIT_CODE)
     try:
@@ -231,7 +233,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if resume_from:
         log.info("resuming from %s", resume_from)
 
-    timeout = float(environ.get("ACCELERATE_TRAINER_RENDEZVOUS_TIMEOUT", "600"))
     try:
         wait_for_master(topology, timeout=timeout)
     except MasterUnreachable as error:
@@ -239,14 +240,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     plan = build_launch_plan(
         topology, config, script, resume_from=str(resume_from) if resume_from else None,
-        fast_exit_python=fast_exit_python(environ),
+        fast_exit_python=fast_exit_python(environ), rendezvous_timeout=timeout,
     )
     log.info(
         "node %d/%d, %d process(es) per node, world size %d: %s",
         topology.node_rank, topology.num_nodes, topology.nproc_per_node, topology.world_size,
         " ".join(plan.argv),
     )
-    return launch(plan.argv, {**environ, **plan.env, **launch_env}, topology.node_rank)
+    env = {**environ, **plan.env, **launch_env}
+    env.update(hook_env(env))  # each process explains its own failure (error_files.py)
+    return launch(plan.argv, env, topology.node_rank)
 
 
 def launch(argv: list[str], env: dict[str, str], node_rank: int) -> int:

@@ -11,6 +11,9 @@ from .deepspeed_cpu import build_expectation_env
 from .topology import Topology
 
 FAST_EXIT_MODULE = "accelerate_trainer.fast_exit"
+# Seconds a group may take to form (env ENV_RENDEZVOUS_TIMEOUT on the trainer container).
+ENV_RENDEZVOUS_TIMEOUT = "ACCELERATE_TRAINER_RENDEZVOUS_TIMEOUT"
+DEFAULT_RENDEZVOUS_TIMEOUT = 600
 # What the `accelerate` console script runs.
 ACCELERATE_CLI_MODULE = "accelerate.commands.accelerate_cli"
 
@@ -30,6 +33,7 @@ def build_launch_plan(
     *,
     resume_from: str | None = None,
     fast_exit_python: str | None = None,
+    rendezvous_timeout: int = DEFAULT_RENDEZVOUS_TIMEOUT,
 ) -> LaunchPlan:
     """Every topology flag is passed explicitly: accelerate reads none of MASTER_ADDR, RANK or
     PET_* for itself, and a value on the command line wins over the YAML.
@@ -50,6 +54,9 @@ def build_launch_plan(
         "--machine_rank", str(topology.node_rank),
         "--main_process_ip", topology.master_addr,
         "--main_process_port", str(topology.master_port),
+        # A group that has not formed within this ends the launch with a rendezvous error
+        # (`timeout`: the static store's wait; `join_timeout`: c10d's).
+        "--rdzv_conf", f"timeout={rendezvous_timeout},join_timeout={rendezvous_timeout}",
     ]
     env: dict[str, str] = {}
     if is_cpu_job(config):

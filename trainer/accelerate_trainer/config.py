@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from .block_keys import check_block_keys, check_parallelism
 from .deepspeed_checks import FILE_KEY as DEEPSPEED_FILE_KEY
 from .deepspeed_checks import check_deepspeed
 from .deepspeed_cpu import ENV_DEEPSPEED_ON_CPU
@@ -124,6 +125,32 @@ def check_distribution(config: Mapping[str, Any], *, num_nodes: int, num_process
             )
 
 
+# torchrun's rendezvous backends that work between these pods with nothing else running: static
+# (pod 0 hosts the store, the default) and c10d (pod 0 hosts it too: the endpoint accelerate
+# passes is --main_process_ip:--main_process_port, pod 0's name).
+RENDEZVOUS_BACKENDS = ("static", "c10d")
+
+
+def check_rendezvous(config: Mapping[str, Any], *, num_nodes: int) -> None:
+    """A rendezvous setting that cannot bring the pods together is refused, naming the key: the
+    group would wait, Running at step 0, until the rendezvous timeout."""
+    backend = config.get("rdzv_backend")
+    backend = "static" if backend is None else str(backend)
+    if backend not in RENDEZVOUS_BACKENDS:
+        raise ConfigError(
+            f"rdzv_backend {backend!r}: torchrun would look for a {backend} rendezvous server "
+            "at pod 0's name and main port, and none runs there, so the group would never "
+            "form; use rdzv_backend: static (the default) or c10d"
+        )
+    if backend == "c10d" and num_nodes > 1 and bool(config.get("same_network")):
+        raise ConfigError(
+            "same_network: true with rdzv_backend: c10d: accelerate then passes no "
+            "--rdzv_endpoint, and torchrun on each pod rendezvouses on its own localhost:29400, "
+            "so the pods never meet; delete same_network (c10d then meets at pod 0), or use "
+            "rdzv_backend: static"
+        )
+
+
 def check_environment(config: Mapping[str, Any]) -> None:
     """Keys whose value means the config was written for somewhere other than a pod."""
     environment = config.get("compute_environment", "LOCAL_MACHINE")
@@ -182,6 +209,8 @@ def check_job_fits(
         config, num_nodes=num_nodes, num_processes=num_processes, master_port=master_port
     )
     check_distribution(config, num_nodes=num_nodes, num_processes=num_processes)
+    check_rendezvous(config, num_nodes=num_nodes)
+    check_parallelism(config, cpu=is_cpu_job(config))
     if distributed_type(config) == "DEEPSPEED":
         check_deepspeed(config, deepspeed_json, world_size=num_processes, source=deepspeed_source)
     check_fsdp(config, fsdp_names or FsdpNames())
@@ -213,6 +242,7 @@ def check_against_accelerate_schema(config: Mapping[str, Any],
             f"{schema.version}, which does not know them (a newer or older accelerate may "
             f"have written them; delete or rename them). It accepts: {', '.join(sorted(known))}"
         )
+    check_block_keys(config, schema.launch_args, schema.version)
     dtype = distributed_type(config)
     valid_types = list(schema.distributed_types)
     if dtype not in valid_types:

@@ -103,10 +103,19 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # only; `attempt` the attempt of the launch the progress is from, `previous` (after an in-place
 # restart) the last step of the attempt before and when it came: where its recovery began.
 # `exit`, from any pod restarted in place: its launcher of attempt N ended with C and the pod
-# waits for the operator's decision (RUN_ATTEMPT_ANNOTATION). The pod may change nothing else
-# (the chart's ValidatingAdmissionPolicy), and only its own pod (a Role per job naming its pods,
-# and the policy comparing the caller's pod-bound token with the object).
+# waits for the operator's decision (RUN_ATTEMPT_ANNOTATION). Where the launch's root cause is
+# known (accelerate_trainer.root_cause), `exit` also has EXIT_ROOT_CAUSE_FIELDS: "rootCause" (the
+# first failing rank's own error line and the traceback lines above it, python's own line for a
+# script it could not open, "out of memory: ..." with the limit, or "the rendezvous did not
+# complete ..."), "rank" (that rank's global rank), "signal" ("SIGKILL"... when a signal ended
+# it), "reason" (EXIT_REASONS: OOMKilled, RendezvousTimeout, RendezvousFailed), "oomKills" (OOM
+# kills the container's cgroup counted during the launch) and "memoryLimitBytes" (its limit).
+# The pod may change nothing else (the chart's ValidatingAdmissionPolicy), and only its own pod
+# (a Role per job naming its pods, and the policy comparing the caller's pod-bound token with the
+# object).
 REPORT_ANNOTATION = "accelerate-operator.io/report"
+EXIT_ROOT_CAUSE_FIELDS = ("rootCause", "rank", "signal", "reason", "oomKills", "memoryLimitBytes")
+EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed")
 MAX_REPORT_BYTES = 4096
 # ---- in-place restarts: the attempt a pod's processes run, set by the operator ----
 # The operator writes RUN_ATTEMPT_ANNOTATION on every pod of the group (the creation's attempt

@@ -12,10 +12,26 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Mapping
 
+from .command import DEFAULT_RENDEZVOUS_TIMEOUT, ENV_RENDEZVOUS_TIMEOUT
+from .errors import ConfigError
 from .topology import Topology
 
 log = logging.getLogger("accelerate_trainer")
+
+
+def rendezvous_timeout(environ: Mapping[str, str]) -> int:
+    """Seconds the master's name and then the group may take (ENV_RENDEZVOUS_TIMEOUT)."""
+    text = environ.get(ENV_RENDEZVOUS_TIMEOUT, "").strip()
+    if not text:
+        return DEFAULT_RENDEZVOUS_TIMEOUT
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"{ENV_RENDEZVOUS_TIMEOUT}={text!r} must be a whole number of seconds, at least 1 "
+            f"(default {DEFAULT_RENDEZVOUS_TIMEOUT}); fix it in the trainer container's env"
+        )
+    return int(text)
 
 
 class MasterUnreachable(RuntimeError):

@@ -32,12 +32,15 @@ class AccelerateSchema:
     distributed_types: tuple[str, ...]
     precisions: tuple[str, ...]
     fsdp: FsdpNames
+    # The destinations of `accelerate launch`'s arguments: where a block's keys go (block_keys.py).
+    launch_args: frozenset[str] = frozenset()
 
     def to_json(self) -> str:
         return json.dumps({"version": self.version, "config_keys": sorted(self.config_keys),
                            "distributed_types": list(self.distributed_types),
                            "precisions": list(self.precisions),
-                           "fsdp": dataclasses.asdict(self.fsdp)}, indent=1)
+                           "fsdp": dataclasses.asdict(self.fsdp),
+                           "launch_args": sorted(self.launch_args)}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> AccelerateSchema:
@@ -46,13 +49,15 @@ class AccelerateSchema:
                    distributed_types=tuple(data["distributed_types"]),
                    precisions=tuple(data["precisions"]),
                    fsdp=FsdpNames(**{k: tuple(v) if isinstance(v, list) else v
-                                     for k, v in data["fsdp"].items()}))
+                                     for k, v in data["fsdp"].items()}),
+                   launch_args=frozenset(data["launch_args"]))
 
 
 def from_accelerate() -> AccelerateSchema:
     """Read from the installed accelerate (imports it, and torch)."""
     import accelerate
     from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
     from accelerate.utils import DistributedType, PrecisionType, constants
 
     return AccelerateSchema(
@@ -69,6 +74,7 @@ def from_accelerate() -> AccelerateSchema:
             backward_prefetch=tuple(constants.FSDP_BACKWARD_PREFETCH),
             source=f"accelerate {accelerate.__version__}",
         ),
+        launch_args=frozenset(action.dest for action in launch_command_parser()._actions),
     )
 
 

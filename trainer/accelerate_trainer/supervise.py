@@ -46,6 +46,7 @@ the kubelet rotates it) over one kept-alive TLS connection checked against the c
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -55,6 +56,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -62,7 +64,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from . import cgroup_memory, root_cause
 from .checkpoints import find_resume_checkpoint
+from .command import DEFAULT_RENDEZVOUS_TIMEOUT, ENV_RENDEZVOUS_TIMEOUT
 from .contract import (
     ENV_CHECKPOINT_DIR,
     ENV_JOB_ATTEMPT,
@@ -79,6 +83,7 @@ from .contract import (
     REPORT_TOKEN_FILE,
     RUN_ATTEMPT_FILE,
 )
+from .error_files import ENV_LAUNCH_REPORT, read_json
 from .kubeflow_relay import start_relay
 
 # At most one push per this while the progress changes. Each push and the status write it
@@ -111,6 +116,9 @@ STDERR = 2
 RESUME_ENV = "ACCELERATE_RESUME_FROM"
 # torchrun's --rdzv-id, read from the env by its parser (accelerate does not pass one).
 RDZV_ID_ENV = "PET_RDZV_ID"
+# Where Kubernetes reads a container's termination message (at most 4096 bytes are kept).
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_CHARS = 4000
 
 
 def say(message: str) -> None:
@@ -189,15 +197,21 @@ class Reports:
         self._tail = b""  # the newest bytes on stderr: a failed launch's message
         self.wake = threading.Event()  # set when a report must go at once
 
-    def ended(self, attempt: int, code: int, now: float) -> None:
+    def ended(self, attempt: int, code: int, now: float,
+              cause: root_cause.RootCause | None = None) -> None:
         """The launch of `attempt` failed with `code` at wall time `now`: report it at once, with
-        the last lines it wrote on stderr (a traceback, torchrun's summary)."""
-        lines = self._tail.decode("utf-8", "replace").strip().splitlines()[-TAIL_LINES:]
+        the last lines it wrote on stderr (a traceback, torchrun's summary) and its root cause
+        (root_cause.py) where one is known."""
         ended = {"attempt": attempt, "exitCode": code, "time": _stamp(now),
-                 "message": "\n".join(lines)[-TAIL_CHARS:]}
+                 "message": self.tail(), **(cause.report() if cause else {})}
         with self._lock:
             self.current = replace(self.current, exit=ended)
         self.wake.set()
+
+    def tail(self) -> str:
+        """The last lines the launch wrote on stderr."""
+        lines = self._tail.decode("utf-8", "replace").strip().splitlines()[-TAIL_LINES:]
+        return "\n".join(lines)[-TAIL_CHARS:]
 
     def launched(self, attempt: int) -> None:
         """A new launch runs: the last one's failure and progress are no longer news."""
@@ -481,6 +495,12 @@ class Supervisor:
         self.node_rank = node_rank
         self.child: subprocess.Popen | None = None
         self.stopping = False  # Kubernetes asked the pod to stop: no launch after this one
+        # Where the launcher's hook says why it failed (error_files.py), the container's memory
+        # counters when the launch began, and the root cause of the last failed launch.
+        self.launch_report = os.path.join(tempfile.gettempdir(),
+                                          f"accelerate-trainer-launch-{os.getpid()}.json")
+        self.memory: cgroup_memory.MemoryState | None = None
+        self.cause: root_cause.RootCause | None = None
 
     def signal(self, received: int) -> None:
         if received in STOP_SIGNALS:
@@ -490,9 +510,12 @@ class Supervisor:
 
     def start(self, attempt: int, first: bool, out: int, err: int) -> bool:
         argv = list(self.launch.argv)
+        env = {**self.launch.env_for(attempt, first), ENV_LAUNCH_REPORT: self.launch_report}
+        with contextlib.suppress(OSError):
+            os.unlink(self.launch_report)
+        self.memory, self.cause = cgroup_memory.read(), None
         try:
-            self.child = subprocess.Popen(argv, env=self.launch.env_for(attempt, first),
-                                          stdout=out, stderr=err)
+            self.child = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
         except OSError as error:
             say(f"cannot run {argv[0]!r} ({error.strerror})")
             return False
@@ -514,11 +537,20 @@ class Supervisor:
                 self.child.wait()
                 return None
 
+    def explain(self) -> root_cause.RootCause | None:
+        """Why the launch that just ended failed (root_cause.py)."""
+        after = cgroup_memory.read()
+        limit = (after or self.memory or cgroup_memory.MemoryState(0, None)).limit
+        timeout = self.launch.env.get(ENV_RENDEZVOUS_TIMEOUT) or str(DEFAULT_RENDEZVOUS_TIMEOUT)
+        return root_cause.from_launch(read_json(self.launch_report),
+                                      oom_kills=cgroup_memory.kills_between(self.memory, after),
+                                      memory_limit=limit, rendezvous_timeout=timeout)
+
     def hold(self, attempt: int, code: int) -> int | None:
         """After a failed launch: report it, then wait for the operator's next attempt (None:
         it did not come within HOLD_SECONDS, or the pod is being stopped)."""
         assert self.attempts is not None
-        self.reports.ended(attempt, code, time.time())
+        self.reports.ended(attempt, code, time.time(), self.cause)
         deadline = time.monotonic() + HOLD_SECONDS
         while time.monotonic() < deadline and not self.stopping:
             newer = self.attempts.newer(attempt)
@@ -534,6 +566,8 @@ class Supervisor:
         while self.start(attempt, first, out, err):
             code = self.wait(attempt)
             first = False
+            if code:
+                self.cause = self.explain()
             if code is None:  # the operator moved on while this attempt ran
                 stop_orphans()
                 attempt = self.attempts.read() or attempt + 1  # type: ignore[union-attr]
@@ -636,7 +670,20 @@ def supervise(launch: Launch, patcher: PodPatcher | None, node_rank: int = 0,
         os.close(err_write)
     drain(pumps)
     pusher.finish()
+    if code and supervisor.cause is not None:
+        write_termination_message(supervisor.cause, supervisor.reports.tail())
     return code
+
+
+def write_termination_message(cause: root_cause.RootCause, tail: str,
+                              path: str = TERMINATION_LOG) -> None:
+    """The pod's last word, which the kubelet copies into the container's terminated state:
+    the root cause first, then the launch's last lines. Only into the file the kubelet made:
+    outside a pod there is none, and nothing is written."""
+    if not os.path.isfile(path):
+        return
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as file:
+        file.write(f"{cause.text}\n\n{tail}"[:TERMINATION_CHARS])
 
 
 def command(argv: Sequence[str], python: str = sys.executable) -> list[str]:

@@ -1,0 +1,143 @@
+"""Write down why a launch failed, in torch's own error-file format, from inside the processes.
+
+torchrun gives every rank the env TORCHELASTIC_ERROR_FILE and, when that rank fails, reads the
+file into its ProcessFailure (torch.distributed.elastic.multiprocessing.errors). Only a rank whose
+entrypoint is decorated with torch's `@record` writes it, which no training script is, so the
+summary says "error_file: <N/A>". The launch hook (launch_hook/sitecustomize.py, on each
+process's PYTHONPATH) calls `install`, which:
+
+- in a rank (TORCHELASTIC_ERROR_FILE set): chains sys.excepthook to write the exception and its
+  traceback into that file, as torch's ErrorHandler.record_exception would, plus the time to the
+  microsecond (torch's is whole seconds: ranks failing in the same second would tie). A script
+  Python cannot open is recorded too, with the OSError the same open() gives, in Python's words.
+- in the launcher (ENV_LAUNCH_REPORT set, set by the supervisor): chains sys.excepthook to write
+  what ended the launch into that file: the ChildFailedError's failures as torch read them (rank,
+  exit code, signal, error file), or any other exception (a rendezvous that timed out) with the
+  names of its classes. root_cause.py reads it.
+
+Imports nothing beyond the standard library at start: it runs in every process before its
+program, and a torch import here would cost every rank seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch's: set by torchrun for each rank
+ENV_LAUNCH_REPORT = "ACCELERATE_TRAINER_LAUNCH_REPORT"
+HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_hook")
+TRACEBACK_CHARS = 8000
+CHILD_FAILED = "ChildFailedError"
+
+
+def error_record(error: BaseException, now: float | None = None) -> dict[str, Any]:
+    """torch's error-file JSON for `error` (ErrorHandler.record_exception's shape), with `time`
+    (float seconds) beside torch's whole-second `timestamp`."""
+    now = time.time() if now is None else now
+    callstack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return {"message": {"message": f"{type(error).__name__}: {error}",
+                        "extraInfo": {"py_callstack": callstack[-TRACEBACK_CHARS:],
+                                      "timestamp": str(int(now)), "time": now}}}
+
+
+def unopenable_script(argv: list[str], executable: str) -> dict[str, Any] | None:
+    """The error record of a script Python will not be able to open (the file is opened here as
+    Python opens it), worded as Python's own line; None when it opens, or argv is no script."""
+    if not argv or not argv[0] or argv[0] in ("-c", "-m", "-"):
+        return None
+    try:
+        with open(argv[0], "rb"):
+            return None
+    except OSError as error:
+        line = (f"{executable}: can't open file {argv[0]!r}: [Errno {error.errno}] "
+                f"{error.strerror}")
+        now = time.time()
+        return {"message": {"message": line,
+                            "extraInfo": {"py_callstack": line, "timestamp": str(int(now)),
+                                          "time": now}}}
+
+
+def write_json(path: str, data: Mapping[str, Any]) -> None:
+    """Never raises: a failure to explain a failure must not change the exit."""
+    try:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(data, file)
+    except (OSError, TypeError, ValueError):
+        pass
+
+
+def launch_record(error: BaseException) -> dict[str, Any]:
+    """What ended the launcher: its exception's class names and message, and for torch's
+    ChildFailedError each failed rank as torch read it."""
+    record: dict[str, Any] = {
+        "exception": [cls.__name__ for cls in type(error).__mro__],
+        "message": str(error)[-TRACEBACK_CHARS:],
+    }
+    failures = getattr(error, "failures", None) if type(error).__name__ == CHILD_FAILED else None
+    if isinstance(failures, Mapping):
+        record["failures"] = [_failure(rank, failure) for rank, failure in failures.items()]
+    return record
+
+
+def _failure(rank: Any, failure: Any) -> dict[str, Any]:
+    exitcode = getattr(failure, "exitcode", None)
+    signal = failure.signal_name() if isinstance(exitcode, int) and exitcode < 0 else None
+    # torch fills error_file_data with a placeholder when the rank wrote no file.
+    written = os.path.isfile(str(getattr(failure, "error_file", "")))
+    data = getattr(failure, "error_file_data", None) if written else None
+    return {"rank": rank, "localRank": getattr(failure, "local_rank", None),
+            "exitCode": exitcode, "signal": signal,
+            "timestamp": getattr(failure, "timestamp", None),
+            "error": data if isinstance(data, Mapping) and data else None}
+
+
+def _chain(write) -> None:
+    previous = sys.excepthook
+
+    def hook(kind, error, tb):
+        try:
+            previous(kind, error, tb)
+        finally:
+            write(error)
+
+    sys.excepthook = hook
+
+
+def install(environ: Mapping[str, str] | None = None) -> None:
+    """Set this process up to explain its failure (the module's docstring)."""
+    environ = os.environ if environ is None else environ
+    error_file = environ.get(ENV_ERROR_FILE)
+    if error_file:
+        unopenable = unopenable_script(list(sys.argv), sys.executable)
+        if unopenable is not None:
+            write_json(error_file, unopenable)
+        _chain(lambda error: write_json(error_file, error_record(error)))
+        return
+    report = environ.get(ENV_LAUNCH_REPORT)
+    if report:
+        _chain(lambda error: write_json(report, launch_record(error)))
+
+
+def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The env that loads the launch hook in the launcher and in every rank it starts: last on
+    PYTHONPATH, so the user's own folders still come first (and a sitecustomize of theirs wins),
+    yet before site-packages, whose sitecustomize the hook runs after its own."""
+    path = environ.get("PYTHONPATH")
+    return {"PYTHONPATH": (path + os.pathsep if path else "") + HOOK_DIR}
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    """A record the hook wrote, or None when there is none (the launch did not fail in Python,
+    or was killed before its hook ran)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
