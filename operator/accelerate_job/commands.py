@@ -72,7 +72,8 @@ def cmd_get(args: argparse.Namespace, term: Terminal) -> int:
 
 
 def cmd_list(args: argparse.Namespace, term: Terminal) -> int:
-    """`get`, except that -o json and yaml print each job's summary (earlier releases' form)."""
+    """`get`, except that -o json and yaml print each job's summary (the older form, kept
+    for scripts)."""
     output = session.output_kind(args)
     if args.watch:
         if output not in ("text", "wide"):

@@ -19,7 +19,7 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 def duration(value: str) -> float:
     """Seconds, from a Go duration as kubectl takes it (`10m`, `1h30m`, `2.5s`, `0`), or a bare
-    number of seconds (the spelling `--timeout 300` of earlier releases)."""
+    number of seconds (the spelling `--timeout 300` of earlier versions)."""
     text = value.strip()
     try:
         seconds = float(text)
@@ -96,7 +96,7 @@ class WaitFor:
 
 def wait_for(value: str) -> WaitFor:
     """`condition=Succeeded`, `jsonpath={.status.phase}=Running`, `delete`, or a bare condition
-    name (the spelling `--for Succeeded` of earlier releases)."""
+    name (the spelling `--for Succeeded` of earlier versions)."""
     kind, sep, rest = value.partition("=")
     if value == "delete":
         return WaitFor("delete")

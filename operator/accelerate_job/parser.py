@@ -1,7 +1,7 @@
 """The command line of `accelerate-job` (and `kubectl accelerate`), in kubectl's habits: the
 cluster flags (-n, --context, --kubeconfig, -A, -o) go anywhere, before or after the command;
 `get` and `describe`; `wait --for=condition=X --timeout=10m`; several names or -l for get,
-delete and wait. The spellings of earlier releases (`list`, `status`, `--for Succeeded`,
+delete and wait. The older spellings (`list`, `status`, `--for Succeeded`,
 `--timeout 300`, `--attempt N`) stay. argparse does the parsing: the global flags are one
 parent parser, added to the top level and (with SUPPRESS defaults, so they do not overwrite
 what was given before the command) to every command."""
@@ -124,7 +124,7 @@ def _add_reading(commands: Any, parent: argparse.ArgumentParser) -> None:
     listing = commands.add_parser(
         "list", parents=[parent], help="the jobs of a namespace (-o json|yaml: summaries)",
         description="The table of `get`. Its -o json and yaml print one summary per job "
-        "(name, phase, progress, goodput, conditions), as earlier releases did.")
+        "(name, phase, progress, goodput, conditions), as the older form did.")
     _selector(listing)
     listing.add_argument("-w", "--watch", action="store_true",
                          help="keep the table live, as `top` does")
