@@ -36,9 +36,9 @@ def targets(client: Any, args: argparse.Namespace, verb: str | None) -> list[str
     names = list(getattr(args, "names", None) or [])
     if names and args.selector:
         raise CommandError(f"name the jobs or select them with -l {args.selector}, not both")
-    if names and args.all_namespaces:
-        raise CommandError("a job cannot be named across every namespace: drop -A, or "
-                           "give its namespace with -n")
+    if (names or verb) and args.all_namespaces:
+        raise CommandError(f"{verb or 'a name'} works in one namespace: drop -A, and give "
+                           "the namespace with -n")
     if names:
         return names
     if verb and not args.selector:

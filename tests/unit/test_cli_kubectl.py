@@ -229,7 +229,8 @@ def test_delete_takes_several_names(fake):
 @pytest.mark.parametrize(("argv", "says"), [
     (["delete"], "name the jobs to delete (delete NAME...), or select them with -l"),
     (["delete", "a", "-l", "x=y"], "name the jobs or select them with -l x=y, not both"),
-    (["get", "a", "-A"], "a job cannot be named across every namespace"),
+    (["get", "a", "-A"], "a name works in one namespace: drop -A, and give the namespace"),
+    (["delete", "-A", "-l", "x=y"], "delete works in one namespace: drop -A"),
     (["wait"], "name the jobs to wait for"),
 ])
 def test_names_and_selectors_that_cannot_work_are_refused_saying_why(fake, argv, says):
