@@ -18,7 +18,15 @@ from rich.text import Text
 from . import session
 from .describe import render_describe
 from .printing import RESOURCE, render_jobs
-from .render import dump_data, jobs_table, render_status, render_table, status_view, summarize
+from .render import (
+    dump_data,
+    jobs_table,
+    render_status,
+    render_table,
+    render_wide_status,
+    status_view,
+    summarize,
+)
 from .session import CommandError, Terminal
 
 
@@ -135,7 +143,7 @@ def _status_text(job: dict[str, Any], output: str, watching: bool) -> str:
     if output == "yaml":
         return ("---\n" if watching else "") + yaml.dump(
             summarize(job), sort_keys=False).rstrip("\n")
-    return render_status(job)
+    return render_wide_status(job) if output == "wide" else render_status(job)
 
 
 def _status_live(client: Any, name: str, term: Terminal) -> int:
@@ -152,13 +160,13 @@ def cmd_status(args: argparse.Namespace, term: Terminal) -> int:
     if not args.watch:
         term.out.write(_status_text(client.get(args.name), output, False) + "\n")
         return 0
-    if output == "text" and session.console(term).is_terminal:
+    if output in ("text", "wide") and session.console(term).is_terminal:
         return _status_live(client, args.name, term)
     shown = None
     for job in client.watch(args.name):
         text = _status_text(job, output, True)
         if text != shown:
-            if shown is not None and output == "text":
+            if shown is not None and output in ("text", "wide"):
                 term.out.write("\n")
             term.out.write(text + "\n")
             term.out.flush()

@@ -21,7 +21,7 @@ OUTPUTS = {
     "submit": ("", "yaml", "json"),
     "get": ("", "wide", "name", "json", "yaml", "jsonpath"),
     "list": ("text", "wide", "name", "json", "yaml"),
-    "status": ("text", "json", "yaml"),
+    "status": ("text", "wide", "json", "yaml"),
     "top": ("text", "wide"),
     "describe": ("",), "logs": ("",), "wait": ("",), "delete": ("", "name"),
 }
@@ -142,7 +142,8 @@ def _add_reading(commands: Any, parent: argparse.ArgumentParser) -> None:
     status.add_argument("-w", "--watch", action="store_true",
                         help="keep a live progress bar until the job finishes (a watch on the "
                              "job: it changes as the status does); -o json: one line per "
-                             "change, yaml: one document each")
+                             "change, yaml: one document each; -o wide adds the table's wide "
+                             "columns")
 
     commands.add_parser(
         "top", parents=[parent], help="every job's phase, progress and ETA, live (Ctrl-C)",

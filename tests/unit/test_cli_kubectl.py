@@ -323,3 +323,13 @@ def test_describe_of_a_job_with_nothing_yet_says_none(fake):
     assert describe.render_describe(ajob("a", "Pending"), [], [], datetime.now(timezone.utc)
                                     ).endswith("Pods:\n  <none> (not created yet, or cleaned "
                                                "up)\nEvents:\n  <none>")
+
+
+def test_status_wide_adds_the_columns_get_wide_adds(fake):
+    fake(Client(ajob("a", topology={"summary": "2x4", "masterPort": 29500},
+                     queue={"name": "team-q"})))
+    code, out, _ = run("status", "a", "-o", "wide")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "Name:         a (namespace team)"
+    assert lines[-6:] == ["Topology:     2x4", "Port:         29500", "Counted:      -",
+                          "Attempt:      -", "Queue:        team-q", "Accelerate:   -"]
