@@ -22,23 +22,43 @@ from tests.helpers.jobs import apply_job, command_job
 
 pytestmark = [pytest.mark.timeout(600)]
 
-VENV_BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
 FLAKY = ("import os, sys; attempt = os.environ['ACCELERATE_JOB_ATTEMPT']; "
          "print(f'flaky attempt={attempt}', flush=True); sys.exit(3 if attempt == '0' else 0)")
 STEADY = "print('steady done', flush=True)"
-FRONT_ENDS = {"accelerate-job": [str(VENV_BIN / "accelerate-job")],
-              "kubectl accelerate": [kubectl_binary(), "accelerate"]}
+# What pip writes for the console scripts `accelerate-job` and `kubectl-accelerate`, here running
+# this checkout's code (the venv's installed copy is whichever checkout installed it last).
+ENTRY_POINT = """#!{python}
+import sys
+sys.path[:0] = [{operator!r}, {trainer!r}]
+from accelerate_job.cli import main
+sys.exit(main())
+"""
 
 
-def runner(front_end: str, kubeconfig: str):
-    """Run the CLI through `front_end` with the venv's bin first on PATH (krew's convention:
-    kubectl runs the `kubectl-accelerate` it finds there) and KUBECONFIG set."""
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+def front_ends(bin_dir: Path) -> dict[str, list[str]]:
+    """The two ways a user runs the CLI, with `accelerate-job` and `kubectl-accelerate` in
+    `bin_dir` (krew's convention: kubectl runs the `kubectl-NAME` it finds on PATH)."""
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("accelerate-job", "kubectl-accelerate"):
+        script = bin_dir / name
+        script.write_text(ENTRY_POINT.format(python=sys.executable,
+                                             operator=str(ROOT / "operator"),
+                                             trainer=str(ROOT / "trainer")))
+        script.chmod(0o755)
+    return {"accelerate-job": [str(bin_dir / "accelerate-job")],
+            "kubectl accelerate": [kubectl_binary(), "accelerate"]}
+
+
+def runner(front_end: str, kubeconfig: str, bin_dir: Path):
+    """Run the CLI through `front_end`, with `bin_dir` first on PATH and KUBECONFIG set."""
+    command = front_ends(bin_dir)[front_end]
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
            "KUBECONFIG": kubeconfig}
 
     def run(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        proc = subprocess.run([*FRONT_ENDS[front_end], *args], capture_output=True, text=True,
-                              env=env, timeout=timeout)
+        proc = subprocess.run([*command, *args], capture_output=True, text=True, env=env,
+                              timeout=timeout)
         if check:
             assert proc.returncode == 0, (f"{front_end} {' '.join(args)} exited "
                                           f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
@@ -46,9 +66,9 @@ def runner(front_end: str, kubeconfig: str):
     return run
 
 
-@pytest.mark.parametrize("front_end", list(FRONT_ENDS))
-def test_kubectl_habits_on_the_cluster(kubeconfig, namespace, front_end):
-    run = runner(front_end, kubeconfig)
+@pytest.mark.parametrize("front_end", ["accelerate-job", "kubectl accelerate"])
+def test_kubectl_habits_on_the_cluster(kubeconfig, namespace, front_end, tmp_path):
+    run = runner(front_end, kubeconfig, tmp_path / "bin")
     for name, script in (("flaky", FLAKY), ("steady", STEADY)):
         apply_job(kubeconfig, namespace,
                   command_job(name, script, nodes=1).labels(suite="cli").for_server().build())
