@@ -63,10 +63,11 @@ manifests: ## Regenerate the chart's CRD from crds/ and the docs' reference page
 	$(PY) hack/docs_reference.py
 
 .PHONY: verify
-verify: ## Fail when generated files drift from their sources, or the chart's version from pyproject.toml's
+verify: ## Fail when generated files drift from their sources, a values key is undocumented, the chart's version differs from pyproject.toml's, or CHANGELOG.md is out of form
 	hack/sync-chart-crd.sh --check
 	$(PY) hack/docs_reference.py --check
 	hack/check-version.sh >/dev/null
+	$(PY) hack/check-changelog.py
 
 .PHONY: docs
 docs: ## Build the docs site into site/ in strict mode (a broken link or a page left out fails); offline

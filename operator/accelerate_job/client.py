@@ -18,11 +18,13 @@ from accelerate_operator.constants import (
     FAILED,
     FINISHED_PHASES,
     GROUP,
+    KIND,
     PLURAL,
     SUCCEEDED,
     VERSION,
 )
 from accelerate_trainer.config import ConfigError
+from accelerate_trainer.contract import JOB_NAME_LABEL
 
 from .code import CodeArchive
 from .errors import AccelerateJobError, InvalidConfig, JobFailed, JobNotFound, WaitTimeout
@@ -89,14 +91,15 @@ class AccelerateJobClient:
         return self._job_call("read", name, self.requests.custom.get_namespaced_custom_object,
                               name)
 
-    def list(self, all_namespaces: bool = False) -> list[dict[str, Any]]:
+    def list(self, all_namespaces: bool = False,
+             selector: str | None = None) -> list[dict[str, Any]]:
         """The namespace's jobs sorted by name; with `all_namespaces`, every namespace's, sorted
-        by namespace then name (`kubectl get -A`)."""
+        by namespace then name (`kubectl get -A`); `selector`: those a label selector picks."""
         missing_crd = AccelerateJobError(
             "the AccelerateJob CRD is not installed in this cluster; install the operator with "
             "its Helm chart (charts/accelerate-operator)")
         result = self.requests.call("list AccelerateJobs", *self._list_call(all_namespaces),
-                                    errors={404: missing_crd})
+                                    errors={404: missing_crd}, label_selector=selector or None)
         return sorted(result.get("items") or [], key=_job_key)
 
     def _list_call(self, all_namespaces: bool) -> tuple[Any, ...]:
@@ -105,6 +108,23 @@ class AccelerateJobClient:
             return self.requests.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL
         return (self.requests.custom.list_namespaced_custom_object, GROUP, VERSION,
                 self.namespace, PLURAL)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The events about the job (the operator's Normal and Warning events), oldest first."""
+        result = self.requests.call(
+            f"list the events of AccelerateJob {name}",
+            self.requests.core.list_namespaced_event, self.namespace,
+            field_selector=f"involvedObject.name={name},involvedObject.kind={KIND}")
+        events = self.requests.api_client.sanitize_for_serialization(result.items)
+        return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        """The job's pods now (by the job-name label), sorted by name."""
+        result = self.requests.call(
+            f"list the pods of AccelerateJob {name}", self.requests.core.list_namespaced_pod,
+            self.namespace, label_selector=f"{JOB_NAME_LABEL}={name}")
+        pods = self.requests.api_client.sanitize_for_serialization(result.items)
+        return sorted(pods, key=lambda pod: pod["metadata"]["name"])
 
     def progress(self, name: str) -> dict[str, Any] | None:
         """status.progress (step, totalSteps, loss, eta...), or None before rank 0 reports."""
@@ -334,14 +354,18 @@ class AccelerateJobClient:
     # ---- logs -----------------------------------------------------------------------------
 
     def logs(self, name: str, node: int | str = 0, follow: bool = False,
-             attempt: int | None = None, tail_lines: int | None = None) -> str | Iterator[str]:
+             attempt: int | None = None, tail_lines: int | None = None, *,
+             container: str | None = None,
+             since_seconds: int | None = None) -> str | Iterator[str]:
         """The log of node `node` (an index, or "all": every line prefixed `[node N] `).
 
         `attempt` reads the log the operator archived when it restarted the group after that
         attempt (its last lines). `follow` returns an iterator of lines instead of the text,
-        following the pods through restarts until the job finishes."""
+        following the pods through restarts until the job finishes. `container` (default: the
+        trainer) and `since_seconds` are kubectl's -c and --since, for live logs."""
         return self._logs.logs(self.get(name), node, follow=follow, attempt=attempt,
-                               tail_lines=tail_lines)
+                               tail_lines=tail_lines, container=container,
+                               since_seconds=since_seconds)
 
     def archived_attempts(self, name: str) -> list[int]:
         """The attempts whose logs the operator archived before restarting the group."""

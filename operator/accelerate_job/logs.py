@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from accelerate_operator.constants import FINISHED_PHASES, GROUP, PLURAL, VERSION
@@ -51,6 +52,15 @@ def _archive_hint(job: Job) -> str:
             "--attempt N`")
 
 
+@dataclass(frozen=True)
+class LiveLog:
+    """What to read of a live pod log: which container, and kubectl's --tail and --since."""
+
+    container: str | None
+    tail_lines: int | None = None
+    since_seconds: int | None = None
+
+
 class LogReader:
     def __init__(self, requests: Requests, get_job: Callable[[str], Job]):
         self.requests = requests
@@ -58,20 +68,22 @@ class LogReader:
         self._get_job = get_job
 
     def logs(self, job: Job, node: int | str, *, follow: bool, attempt: int | None,
-             tail_lines: int | None) -> str | Iterator[str]:
+             tail_lines: int | None, container: str | None = None,
+             since_seconds: int | None = None) -> str | Iterator[str]:
         nodes, prefix = _nodes(job, node), node == "all"
+        live = LiveLog(container or _container(job), tail_lines, since_seconds)
         if attempt is not None:
             if follow:
                 raise AccelerateJobError("--follow and --attempt do not mix: an archived log is "
                                          "complete; drop --follow")
             return self._archived(job, nodes, prefix, attempt)
         if follow:
-            return self._follow(job, nodes, prefix)
-        texts = (self._pod_log(job, index, tail_lines) for index in nodes)
+            return _Follower(self, job, nodes, prefix, live).lines()
+        texts = (self._pod_log(job, index, live) for index in nodes)
         return "".join(prefix_lines(text, index) if prefix else text
                        for index, text in zip(nodes, texts, strict=True))
 
-    def _pod_log(self, job: Job, index: int, tail_lines: int | None) -> str:
+    def _pod_log(self, job: Job, index: int, live: LiveLog) -> str:
         name = job["metadata"]["name"]
         pod = pod_name(name, index)
         phase = (job.get("status") or {}).get("phase") or "Pending"
@@ -86,8 +98,8 @@ class LogReader:
 
         return self.requests.call(
             f"read the log of pod {pod}", self.requests.core.read_namespaced_pod_log, pod,
-            self.namespace, container=_container(job), tail_lines=tail_lines,
-            errors={404: missing, 400: not_started}) or ""
+            self.namespace, container=live.container, tail_lines=live.tail_lines,
+            since_seconds=live.since_seconds, errors={404: missing, 400: not_started}) or ""
 
     def archived_attempts(self, name: str) -> list[int]:
         """The attempts whose logs the operator archived before restarting the group."""
@@ -121,10 +133,6 @@ class LogReader:
         return "".join(prefix_lines(text, index) if prefix else text
                        for index, text in zip(nodes, texts, strict=True))
 
-    def _follow(self, job: Job, nodes: list[int], prefix: bool) -> Iterator[str]:
-        """Follow the logs of `nodes` through restarts, driven by watches (_Follower)."""
-        return _Follower(self, job, nodes, prefix).lines()
-
     def _watch(self, list_fn: Callable[..., Any], what: str, *args: Any,
                **selectors: Any) -> Iterator[dict[str, Any] | None]:
         """Every object a namespaced list call returns (its current state), then None, then
@@ -152,11 +160,12 @@ class LogReader:
             except WatchExpired:
                 continue
 
-    def _stream(self, pod: str, container: str | None) -> Iterator[str]:
+    def _stream(self, pod: str, live: LiveLog) -> Iterator[str]:
         """The pod's log, following it until its container ends (a follow stream)."""
         lines = self.requests.watch(
             f"follow the log of pod {pod}", self.requests.core.read_namespaced_pod_log, pod,
-            self.namespace, container=container, follow=True,
+            self.namespace, container=live.container, follow=True,
+            since_seconds=live.since_seconds,
             errors={400: AccelerateJobError(f"pod {pod} has not started"),
                     404: AccelerateJobError(f"pod {pod} is gone")})
         for _, line in lines:
@@ -171,8 +180,9 @@ class _Follower:
     one queue, whichever pod they are from. Ends once the job has finished and every stream
     has ended."""
 
-    def __init__(self, reader: LogReader, job: Job, nodes: list[int], prefix: bool):
-        self.reader, self.job, self.prefix = reader, job, prefix
+    def __init__(self, reader: LogReader, job: Job, nodes: list[int], prefix: bool,
+                 live: LiveLog):
+        self.reader, self.job, self.prefix, self.live = reader, job, prefix, live
         self.name = job["metadata"]["name"]
         self.wanted = set(nodes)
         self.out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=10000)
@@ -203,7 +213,7 @@ class _Follower:
             if index in self.seen_node:
                 self.out.put(("line", (index, f"--- {pod} restarted (attempt {attempt}) ---")))
             self.seen_node.add(index)
-            for line in self.reader._stream(pod, _container(self.job)):
+            for line in self.reader._stream(pod, self.live):
                 self.out.put(("line", (index, line)))
         except AccelerateJobError as error:
             self.out.put(("line", (index, f"error: {error}")))

@@ -144,6 +144,13 @@ def _bar(progress: Mapping[str, Any], width: int) -> RenderableType:
                        width=width)
 
 
+def render_wide_status(job: Mapping[str, Any]) -> str:
+    """`status -o wide`: the status block, then what `-o wide` adds to the table, one a line."""
+    wide = [f"{(column.title() + ':'):<14}{value}"
+            for column, value in zip(WIDE_COLUMNS, _wide_cells(job), strict=True)]
+    return "\n".join([render_status(job), *wide])
+
+
 def _wide_cells(job: Mapping[str, Any]) -> list[str]:
     status = job.get("status") or {}
     topology = status.get("topology") or {}

@@ -1,10 +1,12 @@
-"""Fixtures for the tests that run the trainer's main() in-process: a pod without GPUs whose
-exec and termination log are recorded instead of used."""
+"""Fixtures for the tests that run the trainer's main() in-process (a pod without GPUs whose
+exec and termination log are recorded instead of used), and for the CLI's commands run against
+a fake client."""
 
 from __future__ import annotations
 
 import accelerate_trainer.__main__ as trainer_main
 import pytest
+from accelerate_job import session
 
 
 @pytest.fixture
@@ -23,3 +25,12 @@ def no_exec(monkeypatch):
     monkeypatch.setattr(trainer_main, "start_relay", lambda environ, node_rank: {})
     monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda: 0)
     return calls
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """`fake(client)`: every CLI command of the test talks to `client` instead of a cluster."""
+    def install(client):
+        monkeypatch.setattr(session, "client", lambda args: client)
+        return client
+    return install

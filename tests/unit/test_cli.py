@@ -11,7 +11,15 @@ from types import SimpleNamespace
 import kubernetes
 import pytest
 import yaml
-from accelerate_job import AccelerateJobClient, JobFailed, JobNotFound, WaitTimeout, cli, render
+from accelerate_job import (
+    AccelerateJobClient,
+    JobFailed,
+    JobNotFound,
+    WaitTimeout,
+    cli,
+    render,
+    submit,
+)
 from kubernetes.client.rest import ApiException
 
 CPU_CONFIG = """\
@@ -65,12 +73,12 @@ def test_logs_and_wait_defaults():
     args = cli.build_parser().parse_args(["logs", "j"])
     assert (args.node, args.all, args.follow, args.attempt) == (0, False, False, None)
     args = cli.build_parser().parse_args(["wait", "j"])
-    assert (args.condition, args.timeout) == ("Succeeded", 3600)
+    assert (args.wait_for.condition, args.timeout) == ("Succeeded", 3600)
 
 
 def test_default_names_are_dns_labels_from_the_script():
-    assert cli.default_job_name("/opt/x/Train_LLM.py", "ab12c") == "train-llm-ab12c"
-    assert cli.default_job_name("2stage.py", "ab12c") == "job-2stage-ab12c"
+    assert submit.default_job_name("/opt/x/Train_LLM.py", "ab12c") == "train-llm-ab12c"
+    assert submit.default_job_name("2stage.py", "ab12c") == "job-2stage-ab12c"
 
 
 def test_run_as_a_kubectl_plugin_names_itself_so():
@@ -243,20 +251,12 @@ class FakeClient:
                               "`accelerate-job list`")
         return self.jobs[name]
 
-    def list(self, all_namespaces=False):
-        self.all_namespaces = all_namespaces
+    def list(self, all_namespaces=False, selector=None):
+        self.all_namespaces, self.selector = all_namespaces, selector
         return [self.jobs[name] for name in sorted(self.jobs)]
 
     def wait(self, name, condition, timeout):
         raise self.error
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    def install(client):
-        monkeypatch.setattr(cli, "_client", lambda args: client)
-        return client
-    return install
 
 
 def test_a_missing_job_says_how_to_list_them(fake):
@@ -381,7 +381,7 @@ def test_list_watch_as_json_is_refused_saying_what_works(fake):
 
 def test_top_watches_every_namespace_with_a():
     args = cli.build_parser().parse_args(["top", "-A", "-o", "wide"])
-    assert (args.all_namespaces, args.output) == (True, "wide")
+    assert (args.all_namespaces, args.output.kind) == (True, "wide")
 
 
 def test_wait_for_a_failed_job_exits_1_with_the_reason(fake):
@@ -441,7 +441,8 @@ class FakeCore:
     def __init__(self, logs=None, configmaps=None):
         self.logs, self.configmaps = logs or {}, configmaps or {}
 
-    def read_namespaced_pod_log(self, name, namespace, container=None, tail_lines=None):
+    def read_namespaced_pod_log(self, name, namespace, container=None, tail_lines=None,
+                                since_seconds=None):
         return self.logs[name]
 
     def read_namespaced_config_map(self, name, namespace):

@@ -16,25 +16,28 @@ docs_reference = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(docs_reference)
 
 
-def leaf_keys(values: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in values.items():
-        path = f"{prefix}{key}"
-        keys += leaf_keys(value, f"{path}.") if isinstance(value, dict) and value else [path]
-    return keys
-
-
 def test_the_committed_pages_are_what_the_sources_generate():
     assert docs_reference.main(["--check"]) == 0
 
 
 def test_every_helm_value_is_documented_by_itself_or_its_parent():
     text = docs_reference.VALUES.read_text()
-    documented = dict(docs_reference._value_comments(text))
-    assert all(comment for comment in documented.values())
-    missing = [key for key in leaf_keys(yaml.safe_load(text))
-               if not any(key == d or key.startswith(f"{d}.") for d in documented)]
-    assert missing == []
+    assert all(comment for _, comment in docs_reference._value_comments(text))
+    assert docs_reference.undocumented_values(text) == []
+
+
+def test_a_values_key_without_a_comment_fails_the_check_naming_it(tmp_path, monkeypatch, capsys):
+    values = tmp_path / "values.yaml"
+    values.write_text(docs_reference.VALUES.read_text()
+                      + "\n# -- Documented.\nnewKey: 1\nextra:\n  quiet: true\n")
+    monkeypatch.setattr(docs_reference, "VALUES", values)
+    monkeypatch.setattr(docs_reference, "ROOT", tmp_path)
+    monkeypatch.setattr(docs_reference, "OUT", tmp_path / "reference")
+    assert docs_reference.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("values.yaml: no `# --` comment on extra.quiet;")
+    assert "newKey" not in err
+    assert docs_reference.main([]) == 1  # `make manifests` refuses to write it too
 
 
 def test_every_spec_field_of_the_crd_has_a_row():

@@ -18,7 +18,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 import yaml
-from accelerate_job import AccelerateJobClient, AccelerateJobError, cli
+from accelerate_job import AccelerateJobClient, AccelerateJobError, cli, session
 from accelerate_job.code import (
     CodeError,
     CodeTooLarge,
@@ -173,7 +173,7 @@ def test_code_past_what_a_configmap_holds_is_refused_before_anything_is_created(
 
     def no_cluster(args):
         raise AssertionError("a cluster was contacted")
-    monkeypatch.setattr(cli, "_client", no_cluster)
+    monkeypatch.setattr(session, "client", no_cluster)
     config = project / "accelerate.yaml"
     config.write_text(CPU_CONFIG)
     out, err = io.StringIO(), io.StringIO()
