@@ -24,7 +24,7 @@ demo: ## The main job: local cluster + operator, then the CPU example trained to
 .PHONY: test
 test: ## Everything CI runs: lint, unit, integration and end-to-end tests on the local cluster
 	$(MAKE) lint
-	$(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests -p no:cacheprovider --durations=40 $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: ## Unit tests only (seconds, no cluster)
