@@ -267,7 +267,7 @@ def test_a_job_whose_pods_cannot_be_created_says_why_and_starts_when_they_can(cl
 
 def test_a_pod_that_cannot_start_says_why_until_the_waiting_timeout_fails_the_job(cluster):
     unschedulable = "0/2 nodes are available: 2 Insufficient cpu."
-    run_steps(cluster, "stuck", [
+    run_steps(cluster, "nostart", [
         ("created with a 20 s waiting timeout", create(job().run_policy(waitingTimeoutSeconds=20)),
          Expect(phase="Pending", pods=2)),
         ("pod 1 cannot pull its image", pod_waits(1, "ErrImagePull", "not found"),
@@ -279,13 +279,13 @@ def test_a_pod_that_cannot_start_says_why_until_the_waiting_timeout_fails_the_jo
          Expect(phase="Pending", reasons={"Waiting": "Unschedulable"},
                 events=["Unschedulable"])),
     ])
-    stuck = cluster.job("stuck")
-    assert stuck["status"]["reason"] == "Unschedulable"  # kept by the CRD's schema
+    waiting = cluster.job("nostart")
+    assert waiting["status"]["reason"] == "Unschedulable"  # kept by the CRD's schema
     events = cluster.core.list_namespaced_event(
-        cluster.namespace, field_selector="involvedObject.name=stuck").items
+        cluster.namespace, field_selector="involvedObject.name=nostart").items
     pulls = [e for e in events if e.reason in ("ErrImagePull", "ImagePullBackOff")]
-    assert len(pulls) == 1 and pulls[0].message.startswith("pod stuck-1 cannot start"), pulls
-    run_steps(cluster, "stuck", [
+    assert len(pulls) == 1 and pulls[0].message.startswith("pod nostart-1 cannot start"), pulls
+    run_steps(cluster, "nostart", [
         ("20 s after the pods were created the job fails", nothing(),
          Expect(phase="Failed", reasons={"Failed": "WaitingTimeoutExceeded"},
                 events=["WaitingTimeoutExceeded"])),
