@@ -171,7 +171,10 @@ def test_a_replica_whose_record_is_not_renewed_pauses_before_the_others_may_take
         await follow(follower, 0.6)  # the record ends 1 s after its touch; the margin is 0.5 s
         return told
 
-    assert asyncio.run(scenario()) == [False, True]
+    told = asyncio.run(scenario())
+    # Running, then paused for good before the record ends. A starved event loop may also pause
+    # and resume in between (a read later than the grace): what must hold is the end.
+    assert told[0] is False and told[-1] is True, told
 
 
 def test_the_replica_cut_off_stops_before_the_other_one_starts(fast):
