@@ -43,8 +43,13 @@ from .controller import (
     pod_entry,
 )
 from .kube import Kube
+from .kube_reports import ReportKube
 from .kueue import KUEUE_GROUP
+from .observed import Reporting
 from .peering import PeeringFollower
+from .report_keeper import CertKeeper
+from .report_server import ReportServer
+from .report_settings import read_report_settings
 
 log = logging.getLogger("accelerate_operator")
 
@@ -54,6 +59,8 @@ KUEUE_ENABLED = os.environ.get("ACCELERATE_OPERATOR_KUEUE", "").lower() in ("1",
 WORKER_IDLE_SECONDS = 0.5
 # Initial lists in pages of this many objects (default: one response for all of them).
 LIST_CHUNK = 500
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+REPORT_RETRY_SECONDS = 30.0
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -79,6 +86,8 @@ class _Runtime:
     identity: str | None = None
     metrics_served = False
     follower: asyncio.Task | None = None
+    reports: asyncio.Task | None = None  # the report endpoint's start, then its TLS keeper
+    report_server: ReportServer | None = None
 
 
 RUNTIME = _Runtime()
@@ -148,6 +157,7 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
     RUNTIME.controller = controller
+    RUNTIME.reports = asyncio.create_task(_serve_reports(controller), name="report endpoint")
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
     if port and not RUNTIME.metrics_served:
         metrics.count_jobs_from(controller.job_bodies)
@@ -155,8 +165,48 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
         RUNTIME.metrics_served = True  # one server per process, across kopf runs in tests
 
 
+def _account_namespace() -> str | None:
+    try:
+        with open(f"{SERVICE_ACCOUNT_DIR}/namespace", encoding="utf-8") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
+
+
+async def _serve_reports(controller: Controller) -> None:
+    """The report endpoint (report_server.py) with its TLS (report_keeper.py). A start that
+    fails (the Secret cannot be read or written yet) is tried again; the passes run meanwhile,
+    and the pods retry their reports."""
+    settings = read_report_settings(os.environ, _account_namespace())
+    controller.reconciler.reporting = Reporting(settings.endpoint)
+    api = ReportKube(controller.kube)
+    keeper = CertKeeper(api, settings.namespace, settings.secret, list(settings.names),
+                        RUNTIME.namespaces, CONFIGMAP_SELECTOR)
+    while True:
+        try:
+            context = await keeper.start()
+            server = ReportServer(lambda: RUNTIME.controller, api)
+            port = await server.start("0.0.0.0", settings.port, context)
+            break
+        except Exception as error:  # noqa: BLE001 - logged, tried again
+            log.error("the report endpoint cannot start (tried again in %.0f s): %r",
+                      REPORT_RETRY_SECONDS, error)
+            await asyncio.sleep(REPORT_RETRY_SECONDS)
+    RUNTIME.report_server = server
+    controller.reconciler.reporting = Reporting(settings.endpoint, lambda: keeper.bundle)
+    log.info("report endpoint on port %d, reached by the pods at %s", port,
+             settings.endpoint.base_url)
+    await keeper.run()
+
+
 @kopf.on.cleanup(id="stop")
 async def stop(**_: Any) -> None:
+    if RUNTIME.reports is not None:
+        RUNTIME.reports.cancel()
+        RUNTIME.reports = None
+    if RUNTIME.report_server is not None:
+        await RUNTIME.report_server.stop()
+        RUNTIME.report_server = None
     if RUNTIME.follower is not None:
         RUNTIME.follower.cancel()
         RUNTIME.follower = None
