@@ -76,7 +76,7 @@ def parse_report(text: str | None) -> PushedReport | None:
 
 
 # status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),
-# from transformers through the relay. The log is the user's output: keep a few short ones.
+# from transformers (KEP-2779 trainerStatus). The log is the user's output: keep a few short ones.
 MAX_METRICS = 16
 MAX_METRIC_NAME = 64
 

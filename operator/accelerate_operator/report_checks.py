@@ -3,8 +3,8 @@ caller is (a TokenReview's answer), whether that pod may write what it sent, and
 caller may ask. Nothing here calls the API server or reads a clock of its own.
 
 The endpoint speaks KEP-2779's protocol (Kubeflow Trainer's status server): a POST of
-`{"trainerStatus": {...}}` (transformers' KubeflowCallback, validated as the trainer's relay
-validates it: accelerate_trainer.kubeflow_relay) and our extension
+`{"trainerStatus": {...}}` (transformers' KubeflowCallback, validated and mapped by
+accelerate_trainer.kubeflow_status) and our extension
 `{REPORT_BODY_KEY: <the pod's report>}` (accelerate_trainer.contract's report object)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_AUDIENCE, REPORT_BODY_KEY
-from accelerate_trainer.kubeflow_relay import BadReport, TrainerStatus, parse_trainer_status
+from accelerate_trainer.kubeflow_status import BadReport, TrainerStatus, trainer_status
 
 from .observed import PodState, read_process_exit
 from .progress import parse_report
@@ -47,11 +47,11 @@ class ReportBody:
     def progress(self) -> bool:
         """Whether it carries what only pod 0 may send."""
         return self.trainer_status is not None or any(
-            key in (self.report or {}) for key in PROGRESS_KEYS)
+            (self.report or {}).get(key) is not None for key in PROGRESS_KEYS)
 
     @property
     def exit(self) -> bool:
-        return "exit" in (self.report or {})
+        return (self.report or {}).get("exit") is not None
 
 
 def parse_body(body: bytes) -> ReportBody:
@@ -68,8 +68,10 @@ def parse_body(body: bytes) -> ReportBody:
                            f"{REPORT_BODY_KEY!r}")
     status = None
     if TRAINER_STATUS_KEY in document:
+        if not isinstance(document[TRAINER_STATUS_KEY], dict):
+            raise Refused(400, f"{TRAINER_STATUS_KEY} is not an object")
         try:
-            status = parse_trainer_status(body)
+            status = trainer_status(document[TRAINER_STATUS_KEY])
         except BadReport as error:
             raise Refused(400, f"{TRAINER_STATUS_KEY}: {error}") from None
     report = document.get(REPORT_BODY_KEY)
@@ -80,17 +82,21 @@ def parse_body(body: bytes) -> ReportBody:
 
 def check_report(report: Any) -> dict[str, Any]:
     """The pod's report as the passes read it (progress.parse_report, observed
-    .read_process_exit): an object holding a progress with a step, a lastOutputTime or a
-    failed launch's exit; anything else is refused."""
+    .read_process_exit): an object whose `exit`, `progress` and `lastOutputTime`, where not
+    null, are what those read; anything else is refused. A report with all three null (a pod
+    whose failed launch was replaced by a new attempt) clears the last one."""
     if not isinstance(report, dict):
         raise Refused(400, f"{REPORT_BODY_KEY} is not an object")
     text = json.dumps(report)
-    if "exit" in report and read_process_exit(text) is None:
+    if report.get("exit") is not None and read_process_exit(text) is None:
         raise Refused(400, f"{REPORT_BODY_KEY}.exit needs an integer attempt and a non-zero "
                            "integer exitCode")
-    if "exit" not in report and parse_report(text) is None:
-        raise Refused(400, f"{REPORT_BODY_KEY} holds no progress with a step, no "
-                           "lastOutputTime and no exit")
+    parsed = parse_report(text)
+    if report.get("progress") is not None and (parsed is None or parsed.progress is None):
+        raise Refused(400, f"{REPORT_BODY_KEY}.progress needs a step (a whole number >= 0)")
+    if report.get("lastOutputTime") is not None and (parsed is None or parsed.last_output
+                                                      is None):
+        raise Refused(400, f"{REPORT_BODY_KEY}.lastOutputTime is not an RFC 3339 time")
     return report
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from accelerate_trainer.kubeflow_relay import BadReport, RelayState, TrainerStatus
+from accelerate_trainer.kubeflow_status import BadReport, KubeflowProgress, TrainerStatus
 
-from .timefmt import format_time
+from .timefmt import format_time, parse_time
 
 JobKey = tuple[str, str]
 V = TypeVar("V")
@@ -22,47 +22,57 @@ V = TypeVar("V")
 
 class ReportStore:
     """Per pod uid, its latest report (the JSON object the passes parse: progress.parse_report,
-    observed.read_process_exit). A trainerStatus (KEP-2779) is turned into that report's
-    progress as the trainer's relay turns it into a progress line, remembering each pod's step
-    counts (RelayState: the last POST of a run carries none)."""
+    observed.read_process_exit), and what its KEP-2779 trainerStatus POSTs said: a progress as
+    accelerate_trainer.kubeflow_status maps it (KubeflowProgress remembers the run's step
+    counts: the last POST of a run carries none) and a sign of life. The pod's own progress
+    wins over transformers'; a new attempt starts transformers' afresh."""
 
     def __init__(self) -> None:
         self._reports: dict[str, dict[str, Any]] = {}
-        self._relays: dict[str, RelayState] = {}
+        self._kubeflow: dict[str, tuple[KubeflowProgress, Any, dict[str, Any]]] = {}
         self._pods: dict[JobKey, set[str]] = {}
 
     def take_report(self, key: JobKey, uid: str, report: Mapping[str, Any]) -> None:
-        """The pod's own report replaces the last; a progress that only came by trainerStatus
-        stays while the report brings none."""
-        old = self._reports.get(uid) or {}
-        new = dict(report)
-        if "progress" not in new and "progress" in old:
-            new.update({k: old[k] for k in ("progress", "progressTime") if k in old})
-        self._put(key, uid, new)
+        self._reports[uid] = dict(report)
+        self._pods.setdefault(key, set()).add(uid)
+        kubeflow = self._kubeflow.get(uid)
+        if kubeflow is not None and kubeflow[1] != report.get("attempt"):
+            del self._kubeflow[uid]
 
     def take_trainer_status(self, key: JobKey, uid: str, status: TrainerStatus,
                             now: datetime) -> None:
-        """A KEP-2779 trainerStatus: the progress of the report, seen now. Raises BadReport
-        when it contradicts itself (a step past the total)."""
-        progress = self._relays.setdefault(uid, RelayState()).build_report(status)
-        new = dict(self._reports.get(uid) or {})
-        new["lastOutputTime"] = format_time(now)
+        """Raises BadReport when it contradicts itself (a step past the total)."""
+        attempt = (self._reports.get(uid) or {}).get("attempt")
+        tracker, seen_attempt, view = self._kubeflow.get(uid) or (KubeflowProgress(), attempt,
+                                                                   {})
+        if seen_attempt != attempt:
+            tracker, view = KubeflowProgress(), {}
+        progress = tracker.build_report(status)
+        view = {**view, "lastOutputTime": format_time(now, precise=True)}
         if progress is not None:
-            new["progress"] = {k: v for k, v in progress.items() if v is not None}
-            new["progressTime"] = format_time(now)
-        self._put(key, uid, new)
-
-    def _put(self, key: JobKey, uid: str, report: dict[str, Any]) -> None:
-        self._reports[uid] = report
+            view.update(progress={k: v for k, v in progress.items() if v is not None},
+                        progressTime=format_time(now, precise=True))
+        self._kubeflow[uid] = (tracker, attempt, view)
         self._pods.setdefault(key, set()).add(uid)
 
     def text(self, uid: str) -> str | None:
-        report = self._reports.get(uid)
-        return json.dumps(report) if report is not None else None
+        """The pod's report as the passes read it, or None before its first."""
+        report, kubeflow = self._reports.get(uid), self._kubeflow.get(uid)
+        if report is None and kubeflow is None:
+            return None
+        merged = dict(report or {})
+        if kubeflow is not None:
+            view = kubeflow[2]
+            if merged.get("progress") is None and "progress" in view:
+                merged.update(progress=view["progress"], progressTime=view["progressTime"])
+            own = parse_time(merged.get("lastOutputTime"))
+            if own is None or own < parse_time(view["lastOutputTime"]):
+                merged["lastOutputTime"] = view["lastOutputTime"]
+        return json.dumps(merged)
 
     def forget_pod(self, key: JobKey, uid: str) -> None:
         self._reports.pop(uid, None)
-        self._relays.pop(uid, None)
+        self._kubeflow.pop(uid, None)
         pods = self._pods.get(key)
         if pods is not None:
             pods.discard(uid)
@@ -78,7 +88,7 @@ class ReportStore:
         self.keep_only(key, ())
 
     def __len__(self) -> int:
-        return len(self._reports)
+        return len(set(self._reports) | set(self._kubeflow))
 
 
 class RateLimiter:
