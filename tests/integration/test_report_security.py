@@ -1,0 +1,147 @@
+"""Who may report to a job, checked against the real API server and the deployed operator's
+report endpoint (reached through `kubectl port-forward` to its active replica): only a live pod
+of the job, with a token the API server issued bound to that pod for the endpoint's own
+audience; progress only from pod 0. Every refusal leaves the job's status as it was. The tokens
+come from TokenRequest (`kubectl create token`, as the kubelet asks for the projected volume);
+the pods are never scheduled: a token is bound to a pod object, not to a running container."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ssl
+import time
+from collections.abc import Iterator
+
+import pytest
+from accelerate_operator.report_tls import renew
+from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_BODY_KEY
+
+from devtools.cluster import create_namespace, delete_namespace, kubectl, kubectl_json, wait_for
+from tests.helpers.jobs import JobBuilder, apply_job, wait_for_job
+from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator
+from tests.helpers.report_post import forwarded, job_ca, pod_token, post
+
+pytestmark = pytest.mark.cluster
+
+
+def progress(step: int) -> dict:
+    return {REPORT_BODY_KEY: {"progress": {"step": step, "total_steps": 40, "loss": 0.5},
+                              "lastOutputTime": "2026-01-01T00:00:00Z"}}
+
+
+def pod_uid(kubeconfig: str, namespace: str, name: str) -> str:
+    return wait_for(lambda: kubectl("-n", namespace, "get", "pod", name, "-o",
+                                    "jsonpath={.metadata.uid}", kubeconfig=kubeconfig,
+                                    check=False).stdout, timeout=60, description=f"pod {name}")
+
+
+@pytest.fixture(scope="module")
+def site(kubeconfig: str) -> Iterator[dict]:
+    """Jobs `alpha` (2 pods) and `beta` in one namespace, `alpha` again in another; the
+    endpoint's local port and CA."""
+    namespaces = [create_namespace(kubeconfig, prefix="report-security") for _ in range(2)]
+    main, other = namespaces
+    apply_job(kubeconfig, main, JobBuilder("alpha").nodes(2).procs(1).unscheduled().build())
+    apply_job(kubeconfig, main, JobBuilder("beta").nodes(1).unscheduled().build())
+    apply_job(kubeconfig, other, JobBuilder("alpha").nodes(1).unscheduled().build())
+    uids = {(ns, pod): pod_uid(kubeconfig, ns, pod) for ns, pod in (
+        (main, "alpha-0"), (main, "alpha-1"), (main, "beta-0"), (other, "alpha-0"))}
+    active, _ = active_operator(kubeconfig)
+    try:
+        with forwarded(kubeconfig, OPERATOR_NAMESPACE, active) as port:
+            yield {"ns": main, "other": other, "uids": uids, "port": port,
+                   "ca": job_ca(kubeconfig, main, "alpha")}
+    finally:
+        for namespace in namespaces:
+            delete_namespace(kubeconfig, namespace)
+
+
+def send(site: dict, token: str | None, body, job: str = "alpha", namespace: str | None = None):
+    return post(site["port"], site["ca"], namespace or site["ns"], job, token, body)
+
+
+def token_of(kubeconfig: str, site: dict, pod: str, namespace: str | None = None, **kw) -> str:
+    namespace = namespace or site["ns"]
+    return pod_token(kubeconfig, namespace, pod, site["uids"][(namespace, pod)], **kw)
+
+
+def status_of(kubeconfig: str, namespace: str, job: str) -> dict:
+    return kubectl_json("-n", namespace, "get", "acceleratejob", job,
+                        kubeconfig=kubeconfig).get("status") or {}
+
+
+def test_pod_0s_token_is_taken_and_its_progress_shows_in_the_status(kubeconfig, site):
+    answer = send(site, token_of(kubeconfig, site, "alpha-0"), progress(12))
+    assert answer[0] == 200, answer
+    job = wait_for_job(kubeconfig, site["ns"], "alpha",
+                       lambda j: (j.get("status", {}).get("progress") or {}).get("step") == 12,
+                       timeout=30, description="the reported progress in the job's status")
+    assert job["status"]["progress"]["summary"] == "12/40 (30%)"
+
+
+def test_forged_and_unauthenticated_reports_are_refused_and_change_nothing(kubeconfig, site):
+    ns, other = site["ns"], site["other"]
+    wait_for_job(kubeconfig, ns, "alpha", lambda j: (j.get("status", {}).get("progress") or {})
+                 .get("step") == 12, timeout=30, description="the first report")
+    before = status_of(kubeconfig, ns, "alpha")
+    refused = {
+        "a pod of another job": (token_of(kubeconfig, site, "beta-0"), 403),
+        "pod 1 sending progress": (token_of(kubeconfig, site, "alpha-1"), 403),
+        "alpha-0 of another namespace": (token_of(kubeconfig, site, "alpha-0", other), 403),
+        "the pod's token for the API server": (
+            token_of(kubeconfig, site, "alpha-0", audience=None), 401),
+        "a token bound to no pod": (pod_token(kubeconfig, ns, None), 401),
+        "no token": (None, 401),
+    }
+    for why, (token, code) in refused.items():
+        answer = send(site, token, progress(999))
+        assert answer[0] == code, (why, answer)
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), b"{not json")[0] == 400
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), b"x" * (MAX_BODY_BYTES + 1))[0] \
+        == 413
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), progress(999), job="nope")[0] \
+        == 404
+    time.sleep(7)  # past the operator's progress write interval
+    assert status_of(kubeconfig, ns, "alpha")["progress"] == before["progress"]
+
+
+def test_a_token_of_a_pod_deleted_and_created_again_is_refused(kubeconfig, site):
+    ns = site["ns"]
+    old = token_of(kubeconfig, site, "beta-0")
+    kubectl("-n", ns, "delete", "pod", "beta-0", "--wait=true", kubeconfig=kubeconfig)
+    wait_for(lambda: pod_uid(kubeconfig, ns, "beta-0") not in ("", site["uids"][(ns, "beta-0")]),
+             timeout=90, description="beta-0 created again")
+    answer = send(site, old, progress(5), job="beta")
+    assert answer[0] in (401, 403), answer  # the API server no longer vouches for it, or the
+    assert "progress" not in status_of(kubeconfig, ns, "beta")  # operator sees the old uid
+
+
+def test_a_flood_from_one_pod_is_throttled_with_retry_after(kubeconfig, site):
+    token = token_of(kubeconfig, site, "alpha-0")
+    answers = [send(site, token, progress(13 + i)) for i in range(25)]
+    throttled = [a for a in answers if a[0] == 429]
+    assert throttled and all(a[2] and int(a[2]) >= 1 for a in throttled), answers
+    assert {a[0] for a in answers} <= {200, 429}
+
+
+def test_the_endpoints_token_is_refused_by_the_api_server_and_pods_may_not_patch_pods(
+        kubeconfig, site):
+    ns = site["ns"]
+    token = token_of(kubeconfig, site, "alpha-0")
+    done = kubectl("--token", token, "-n", ns, "get", "pods", kubeconfig=kubeconfig,
+                   check=False)
+    assert done.returncode != 0 and "Unauthorized" in done.stderr
+    can = kubectl("auth", "can-i", "patch", "pods", "-n", ns,
+                  f"--as=system:serviceaccount:{ns}:default", kubeconfig=kubeconfig, check=False)
+    assert can.stdout.strip() == "no"
+    owned = kubectl_json("-n", ns, "get", "roles,rolebindings", kubeconfig=kubeconfig)["items"]
+    assert owned == []
+
+
+def test_a_client_that_trusts_another_ca_does_not_send(kubeconfig, site):
+    """The pods verify the endpoint with the CA of their job's ConfigMap: the same check with a
+    CA of another fails the handshake before anything is sent."""
+    stranger = renew(None, ["x"], dt.datetime.now(dt.timezone.utc)).ca_certs
+    with pytest.raises(ssl.SSLCertVerificationError):
+        send({**site, "ca": stranger}, None, progress(1))
+    assert send(site, None, progress(1))[0] == 401  # the job's own CA: the handshake works
