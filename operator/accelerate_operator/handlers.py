@@ -49,7 +49,7 @@ from .observed import Reporting
 from .peering import PeeringFollower
 from .report_keeper import CertKeeper
 from .report_server import ReportServer
-from .report_settings import read_report_settings
+from .report_settings import ReportSettings, read_report_settings
 
 log = logging.getLogger("accelerate_operator")
 
@@ -145,6 +145,8 @@ async def _follow_peering(settings: kopf.OperatorSettings, controller: Controlle
 
 @kopf.on.startup(id="configure")
 async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
+    # Bad report endpoint settings stop the start-up here, naming the variable (ValueError).
+    reporting = read_report_settings(os.environ, _account_namespace())
     _configure_kopf(settings)
     controller = Controller(await asyncio.to_thread(Kube), kueue=KUEUE_ENABLED)
     if KUEUE_ENABLED:
@@ -157,7 +159,9 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
     RUNTIME.controller = controller
-    RUNTIME.reports = asyncio.create_task(_serve_reports(controller), name="report endpoint")
+    controller.reconciler.reporting = Reporting(reporting.endpoint)
+    RUNTIME.reports = asyncio.create_task(_serve_reports(controller, reporting),
+                                          name="report endpoint")
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
     if port and not RUNTIME.metrics_served:
         metrics.count_jobs_from(controller.job_bodies)
@@ -173,12 +177,10 @@ def _account_namespace() -> str | None:
         return None
 
 
-async def _serve_reports(controller: Controller) -> None:
+async def _serve_reports(controller: Controller, settings: ReportSettings) -> None:
     """The report endpoint (report_server.py) with its TLS (report_keeper.py). A start that
     fails (the Secret cannot be read or written yet) is tried again; the passes run meanwhile,
     and the pods retry their reports."""
-    settings = read_report_settings(os.environ, _account_namespace())
-    controller.reconciler.reporting = Reporting(settings.endpoint)
     api = ReportKube(controller.kube)
     keeper = CertKeeper(api, settings.namespace, settings.secret, list(settings.names),
                         RUNTIME.namespaces, CONFIGMAP_SELECTOR)

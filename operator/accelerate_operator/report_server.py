@@ -112,7 +112,13 @@ class ReportServer:
             wait = self.reviews_due.take(None, self.clock())
             if wait:
                 raise Refused(429, "too many new tokens to review", wait)
-            caller = read_caller(await self.kube.review_token(token))
+            try:
+                status = await self.kube.review_token(token)
+            except Exception as error:  # noqa: BLE001 - the pod retries; nothing is cached
+                log.warning("TokenReview failed: %r", error)
+                raise Refused(503, "the token cannot be checked now",
+                              NOT_ACTIVE_RETRY_SECONDS) from None
+            caller = read_caller(status)
             self.reviews.put(digest, caller, self.clock())
         if caller is None:
             raise Refused(401, "the token is not a pod's token for this endpoint's audience")
