@@ -48,6 +48,7 @@ from .kueue import KUEUE_GROUP
 from .observed import Reporting
 from .peering import PeeringFollower
 from .report_keeper import CertKeeper
+from .report_presence import Presence
 from .report_server import ReportServer
 from .report_settings import ReportSettings, read_report_settings
 
@@ -88,6 +89,7 @@ class _Runtime:
     follower: asyncio.Task | None = None
     reports: asyncio.Task | None = None  # the report endpoint's start, then its TLS keeper
     report_server: ReportServer | None = None
+    presence: Presence | None = None
 
 
 RUNTIME = _Runtime()
@@ -131,15 +133,21 @@ def _configure_kopf(settings: kopf.OperatorSettings) -> None:
     selectors["policy", "poddisruptionbudgets"] = PDB_SELECTOR
 
 
-async def _follow_peering(settings: kopf.OperatorSettings, controller: Controller) -> None:
-    """With peering on, no pass runs until the peering object shows this replica active."""
+async def _follow_peering(settings: kopf.OperatorSettings, controller: Controller,
+                          presence: Presence) -> None:
+    """With peering on, no pass runs until the peering object shows this replica active; the
+    report Service sends to it only then (report_presence.py)."""
     kube, name, namespaces = controller.kube, settings.peering.name, RUNTIME.namespaces
     await kube.ensure_peering(name, namespaces)
     controller.queue.paused = True
+
+    def on_change(paused: bool) -> None:
+        controller.queue.paused = paused
+        presence.set(active=not paused)
+
     follower = PeeringFollower(lambda: kube.read_peering(name, namespaces),
                                RUNTIME.identity or "", settings.peering.priority,
-                               on_change=lambda paused: setattr(controller.queue, "paused",
-                                                                paused))
+                               on_change=on_change)
     RUNTIME.follower = asyncio.create_task(follower.run(), name="peering follower")
 
 
@@ -154,13 +162,16 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
         # watches the preferred version itself, and the pure code reads both shapes.
         version = await controller.kube.discover_kueue_version()
         log.info("Kueue integration on: Workloads %s", version or "not served (Kueue absent)")
+    presence = RUNTIME.presence = Presence(ReportKube(controller.kube), reporting.namespace,
+                                           reporting.pod)
     if settings.peering.mandatory and not settings.peering.standalone:
-        await _follow_peering(settings, controller)
+        await _follow_peering(settings, controller, presence)
+    presence.set(active=not controller.queue.paused)  # a label left by a restart goes
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
     RUNTIME.controller = controller
     controller.reconciler.reporting = Reporting(reporting.endpoint)
-    RUNTIME.reports = asyncio.create_task(_serve_reports(controller, reporting),
+    RUNTIME.reports = asyncio.create_task(_serve_reports(controller, reporting, presence),
                                           name="report endpoint")
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
     if port and not RUNTIME.metrics_served:
@@ -177,7 +188,8 @@ def _account_namespace() -> str | None:
         return None
 
 
-async def _serve_reports(controller: Controller, settings: ReportSettings) -> None:
+async def _serve_reports(controller: Controller, settings: ReportSettings,
+                         presence: Presence) -> None:
     """The report endpoint (report_server.py) with its TLS (report_keeper.py). A start that
     fails (the Secret cannot be read or written yet) is tried again; the passes run meanwhile,
     and the pods retry their reports."""
@@ -195,6 +207,7 @@ async def _serve_reports(controller: Controller, settings: ReportSettings) -> No
                       REPORT_RETRY_SECONDS, error)
             await asyncio.sleep(REPORT_RETRY_SECONDS)
     RUNTIME.report_server = server
+    presence.set(serving=True)
     controller.reconciler.reporting = Reporting(settings.endpoint, lambda: keeper.bundle)
     log.info("report endpoint on port %d, reached by the pods at %s", port,
              settings.endpoint.base_url)
@@ -206,6 +219,9 @@ async def stop(**_: Any) -> None:
     if RUNTIME.reports is not None:
         RUNTIME.reports.cancel()
         RUNTIME.reports = None
+    if RUNTIME.presence is not None:
+        RUNTIME.presence.stop()
+        RUNTIME.presence = None
     if RUNTIME.report_server is not None:
         await RUNTIME.report_server.stop()
         RUNTIME.report_server = None

@@ -64,6 +64,12 @@ class ReportKube:
             raise
         return True
 
+    async def label_pod(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set (None: remove) one label of a pod."""
+        await self.kube.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                                {"metadata": {"labels": {key: value}}}, content_type=MERGE,
+                                query={"fieldManager": FIELD_MANAGER})
+
     async def configmaps(self, namespaces: Iterable[str], selector: str
                          ) -> AsyncIterator[dict[str, Any]]:
         """Every ConfigMap the selector matches, in the namespaces (none: all), in pages."""

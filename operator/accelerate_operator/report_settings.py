@@ -8,7 +8,9 @@ defaults fit an install by other means in the same shape): pure.
 - ACCELERATE_OPERATOR_REPORT_SECRET: the Secret of its CA and certificate, in the operator's
   namespace (default accelerate-operator-report-tls; created if absent).
 - ACCELERATE_OPERATOR_POD_NAMESPACE: the operator's namespace (the chart: the downward API);
-  else its service account's, else accelerate-system."""
+  else its service account's, else accelerate-system.
+- ACCELERATE_OPERATOR_POD_NAME: the operator's pod (the chart: the downward API), which it labels
+  while it is the active replica (report_presence.py); none: no label."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ ENV_URL = "ACCELERATE_OPERATOR_REPORT_URL"
 ENV_PORT = "ACCELERATE_OPERATOR_REPORT_PORT"
 ENV_SECRET = "ACCELERATE_OPERATOR_REPORT_SECRET"
 ENV_NAMESPACE = "ACCELERATE_OPERATOR_POD_NAMESPACE"
+ENV_POD = "ACCELERATE_OPERATOR_POD_NAME"
 DEFAULT_NAMESPACE = "accelerate-system"
 DEFAULT_SERVICE = "accelerate-operator"
 DEFAULT_PORT = 8443
@@ -36,6 +39,7 @@ class ReportSettings:
     namespace: str
     secret: str
     names: tuple[str, ...]  # the DNS names the serving certificate holds
+    pod: str | None = None  # the operator's own pod
 
 
 def read_report_settings(environ: Mapping[str, str], account_namespace: str | None = None
@@ -55,4 +59,4 @@ def read_report_settings(environ: Mapping[str, str], account_namespace: str | No
         raise ValueError(f"{ENV_PORT}={port}: give a port from 0 to 65535")
     return ReportSettings(ReportEndpoint(f"https://{parts.netloc}"), port, namespace,
                           environ.get(ENV_SECRET) or DEFAULT_SECRET,
-                          tuple(service_names(parts.hostname)))
+                          tuple(service_names(parts.hostname)), environ.get(ENV_POD) or None)

@@ -48,7 +48,7 @@ NAMESPACED_RULES = {
 # The report endpoint's TokenReviews of the pods' tokens.
 CLUSTER_ONLY_RULES = {("", "nodes"): {"get"},
                       ("authentication.k8s.io", "tokenreviews"): {"create"}}
-REPORT_TLS_ROLE = f"{RELEASE}-report-tls"
+REPORT_TLS_ROLE = f"{RELEASE}-report-endpoint"
 # An operator of every namespace peers through one ClusterKopfPeering.
 CLUSTER_WIDE_PEERING = {("kopf.dev", "clusterkopfpeerings"): READ | {"create", "patch"}}
 
@@ -305,7 +305,8 @@ def test_the_only_secret_the_operator_may_touch_is_its_own_tls_secret(helm):
         assert role["rules"] == [
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"],
-             "resourceNames": [f"{RELEASE}-report-tls"]}]
+             "resourceNames": [f"{RELEASE}-report-tls"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
 
 
 def test_the_report_endpoint_has_a_service_and_the_operator_knows_its_url(helm):
@@ -313,6 +314,11 @@ def test_the_report_endpoint_has_a_service_and_the_operator_knows_its_url(helm):
     service = service_named(docs, RELEASE)
     assert service["spec"]["ports"] == [{"name": "reports", "port": 8443,
                                          "targetPort": "reports", "protocol": "TCP"}]
+    # the active replica alone: the label it puts on its own pod (report_presence.py)
+    pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == {
+        **{k: pod_labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")},
+        "accelerate-operator.io/report-endpoint": "true"}
     container = operator_container(docs)
     assert {"name": "reports", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
     env = {e["name"]: e for e in container["env"]}
@@ -321,6 +327,8 @@ def test_the_report_endpoint_has_a_service_and_the_operator_knows_its_url(helm):
     assert env["ACCELERATE_OPERATOR_REPORT_SECRET"]["value"] == f"{RELEASE}-report-tls"
     assert env["ACCELERATE_OPERATOR_POD_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["ACCELERATE_OPERATOR_POD_NAME"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}}
     moved = operator_container(render(helm, "reports.port=9443"))
     assert {e["name"]: e.get("value") for e in moved["env"]}[
         "ACCELERATE_OPERATOR_REPORT_URL"].endswith(".svc:9443")

@@ -102,3 +102,42 @@ def test_the_bundle_goes_into_the_job_configmaps_that_lack_it():
         assert {i["data"]["report-ca.crt"] for i in server.items} == {kept.bundle}
         assert all(i["data"]["config.yaml"] == "x" for i in server.items)
     asyncio.run(run())
+
+
+def test_the_pod_is_labelled_for_the_service_only_while_active_and_serving_in_order(
+        monkeypatch):
+    import accelerate_operator.report_presence as module
+    from accelerate_operator.report_presence import ACTIVE_LABEL, Presence
+
+    monkeypatch.setattr(module, "RETRY_SECONDS", 0.0)
+
+    class Labels:
+        def __init__(self):
+            self.writes, self.fail = [], 1
+
+        async def label_pod(self, namespace, name, key, value):
+            if self.fail:
+                self.fail -= 1
+                raise ConnectionError("API server away")
+            self.writes.append((namespace, name, key, value))
+
+    async def run():
+        api = Labels()
+        presence = Presence(api, "accelerate-system", "operator-abc")
+        presence.set(active=False)  # a label left by a restarted container goes
+        await presence._task
+        presence.set(active=True)
+        await asyncio.sleep(0)
+        presence.set(serving=True)
+        await presence._task
+        presence.set(active=False)
+        await presence._task
+        return api.writes
+
+    writes = asyncio.run(run())
+    assert writes == [("accelerate-system", "operator-abc", ACTIVE_LABEL, None),
+                      ("accelerate-system", "operator-abc", ACTIVE_LABEL, "true"),
+                      ("accelerate-system", "operator-abc", ACTIVE_LABEL, None)]
+    nowhere = Presence(Labels(), "ns", None)
+    nowhere.set(active=True, serving=True)
+    assert nowhere._task is None  # not in a pod: nothing to label
