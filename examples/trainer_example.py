@@ -1,7 +1,7 @@
 """An ordinary `transformers.Trainer` script, with no progress code of ours: in an AccelerateJob,
 PROGRESS, ETA and its latest metrics still reach `kubectl get ajob`, because transformers'
-KubeflowCallback reports to the relay the trainer starts in pod 0
-(accelerate_trainer/kubeflow_relay.py).
+KubeflowCallback reports to the operator's endpoint, which the operator points it at on pod 0
+(KUBEFLOW_TRAINER_SERVER_URL; docs/progress-logs-cli.md).
 
 It trains a tiny Llama built from a config (no download) on a synthetic, learnable sequence task,
 so it runs anywhere, CPU included: `accelerate launch examples/trainer_example.py --max-steps 50`.

@@ -49,11 +49,8 @@ class Applier:
         for write in actions.workload_writes:  # after the deletes: a release needs no pod left
             await self._write_workload(job.namespace, write)
         children = actions.children + ((actions.workload,) if actions.workload else ())
-        # The pods mount the ConfigMap; a RoleBinding goes after its Role (the API server
-        # checks that whoever binds a Role holds its rules, so the Role must be there).
-        first = tuple(m for m in children if m["kind"] != "RoleBinding")
-        then = tuple(m for m in children if m["kind"] == "RoleBinding") + actions.pods
-        for manifests in (first, then):
+        # The pods mount the ConfigMap: the children first.
+        for manifests in (children, actions.pods):
             refused = await self._create_all(state, job, manifests)
             if refused is not None:
                 return refused

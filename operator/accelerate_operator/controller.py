@@ -41,8 +41,9 @@ from .constants import KIND, PENDING
 from .kube import ApiException, Kube, NamespaceTerminating
 from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
 from .metrics import observe_pass
-from .observed import PodState, read_pod_state
+from .observed import PodState, group_attempt, read_pod_state, read_process_exit
 from .reconciler import Reconciler
+from .report_store import ReportStore
 from .state import JobState, JobStates
 from .status import Event
 from .timefmt import utcnow
@@ -193,6 +194,8 @@ class Controller:
         self.reconciler = Reconciler(kube, clock)
         self.states = JobStates(clock)
         self.queue = WorkQueue(self.reconcile, clock=clock)
+        # The pods' latest reports, taken by the report endpoint (report_server.py).
+        self.reports = ReportStore()
         self.indexes: dict[str, Index] = {}
         self._ghosts: set[tuple[str, str, str]] = set()  # (kind, namespace, name)
         self._audit_due: asyncio.TimerHandle | None = None
@@ -208,6 +211,8 @@ class Controller:
         if key is None:
             return
         self._seen(kind, event_type, metadata)
+        if kind == "Pod" and event_type == "DELETED":
+            self.reports.forget_pod(key, metadata.get("uid") or "")
         if kind == KIND and event_type == "DELETED":
             self.forget(key)
         elif is_deletion(kind, event_type, metadata):
@@ -231,6 +236,7 @@ class Controller:
     def forget(self, key: JobKey) -> None:
         self.states.forget(key)
         self.queue.forget(key)
+        self.reports.forget_job(key)
 
     # ---- what a pass reads ------------------------------------------------------------------
     def _values(self, index: str, key: JobKey) -> list[Any]:
@@ -245,9 +251,36 @@ class Controller:
         """The job's pods. A pod of an earlier job of the same name (deleted, its pods still
         terminating) is no pod of this one: the pass sees it as a stale pod on its way out, so
         the new group waits for the name without counting the deletion as a failure."""
-        return [state if owner == uid else replace(state, attempt=-1, deleting=True)
-                for owner, state in self._values("job_pods", key)
+        pods = [self._with_report(state) if owner == uid
+                else replace(state, attempt=-1, deleting=True)
+                for owner, state in self.pod_entries(key)]
+        self.reports.keep_only(key, [p.uid for p in pods if p.attempt != -1])
+        return pods
+
+    def pod_entries(self, key: JobKey) -> list[tuple[str | None, PodState]]:
+        """(owner uid, pod) of every pod indexed under the job's key, ghosts left out."""
+        return [(owner, state) for owner, state in self._values("job_pods", key)
                 if ("Pod", key[0], state.name) not in self._ghosts]
+
+    def _with_report(self, pod: PodState) -> PodState:
+        """The pod with what it last reported to the endpoint (the passes read no report from
+        the pod object)."""
+        text = self.reports.text(pod.uid)
+        if text is None:
+            return pod
+        return replace(pod, report=text, exit=read_process_exit(text, pod.name))
+
+    def current_group(self, key: JobKey) -> tuple[str, int] | None:
+        """(job uid, the attempt of its current pods) as the latest status says, our own last
+        write included; None for a job not indexed."""
+        body = self.job_body(key)
+        if body is None:
+            return None
+        uid, state = body["metadata"]["uid"], self.states.peek(key)
+        status = body.get("status") or {}
+        if state is not None and state.uid == uid:
+            status = state.latest_status(status)
+        return uid, group_attempt(status)
 
     def children_of(self, key: JobKey) -> set[tuple[str, str]]:
         return {(kind, name) for kind, index in (("ConfigMap", "job_configmaps"),

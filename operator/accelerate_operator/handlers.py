@@ -43,8 +43,14 @@ from .controller import (
     pod_entry,
 )
 from .kube import Kube
+from .kube_reports import ReportKube
 from .kueue import KUEUE_GROUP
+from .observed import Reporting
 from .peering import PeeringFollower
+from .report_keeper import CertKeeper
+from .report_presence import Presence
+from .report_server import ReportServer
+from .report_settings import ReportSettings, read_report_settings
 
 log = logging.getLogger("accelerate_operator")
 
@@ -54,6 +60,8 @@ KUEUE_ENABLED = os.environ.get("ACCELERATE_OPERATOR_KUEUE", "").lower() in ("1",
 WORKER_IDLE_SECONDS = 0.5
 # Initial lists in pages of this many objects (default: one response for all of them).
 LIST_CHUNK = 500
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+REPORT_RETRY_SECONDS = 30.0
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -79,6 +87,9 @@ class _Runtime:
     identity: str | None = None
     metrics_served = False
     follower: asyncio.Task | None = None
+    reports: asyncio.Task | None = None  # the report endpoint's start, then its TLS keeper
+    report_server: ReportServer | None = None
+    presence: Presence | None = None
 
 
 RUNTIME = _Runtime()
@@ -122,20 +133,28 @@ def _configure_kopf(settings: kopf.OperatorSettings) -> None:
     selectors["policy", "poddisruptionbudgets"] = PDB_SELECTOR
 
 
-async def _follow_peering(settings: kopf.OperatorSettings, controller: Controller) -> None:
-    """With peering on, no pass runs until the peering object shows this replica active."""
+async def _follow_peering(settings: kopf.OperatorSettings, controller: Controller,
+                          presence: Presence) -> None:
+    """With peering on, no pass runs until the peering object shows this replica active; the
+    report Service sends to it only then (report_presence.py)."""
     kube, name, namespaces = controller.kube, settings.peering.name, RUNTIME.namespaces
     await kube.ensure_peering(name, namespaces)
     controller.queue.paused = True
+
+    def on_change(paused: bool) -> None:
+        controller.queue.paused = paused
+        presence.set(active=not paused)
+
     follower = PeeringFollower(lambda: kube.read_peering(name, namespaces),
                                RUNTIME.identity or "", settings.peering.priority,
-                               on_change=lambda paused: setattr(controller.queue, "paused",
-                                                                paused))
+                               on_change=on_change)
     RUNTIME.follower = asyncio.create_task(follower.run(), name="peering follower")
 
 
 @kopf.on.startup(id="configure")
 async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
+    # Bad report endpoint settings stop the start-up here, naming the variable (ValueError).
+    reporting = read_report_settings(os.environ, _account_namespace())
     _configure_kopf(settings)
     controller = Controller(await asyncio.to_thread(Kube), kueue=KUEUE_ENABLED)
     if KUEUE_ENABLED:
@@ -143,11 +162,17 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
         # watches the preferred version itself, and the pure code reads both shapes.
         version = await controller.kube.discover_kueue_version()
         log.info("Kueue integration on: Workloads %s", version or "not served (Kueue absent)")
+    presence = RUNTIME.presence = Presence(ReportKube(controller.kube), reporting.namespace,
+                                           reporting.pod)
     if settings.peering.mandatory and not settings.peering.standalone:
-        await _follow_peering(settings, controller)
+        await _follow_peering(settings, controller, presence)
+    presence.set(active=not controller.queue.paused)  # a label left by a restart goes
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
     RUNTIME.controller = controller
+    controller.reconciler.reporting = Reporting(reporting.endpoint)
+    RUNTIME.reports = asyncio.create_task(_serve_reports(controller, reporting, presence),
+                                          name="report endpoint")
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
     if port and not RUNTIME.metrics_served:
         metrics.count_jobs_from(controller.job_bodies)
@@ -155,8 +180,51 @@ async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
         RUNTIME.metrics_served = True  # one server per process, across kopf runs in tests
 
 
+def _account_namespace() -> str | None:
+    try:
+        with open(f"{SERVICE_ACCOUNT_DIR}/namespace", encoding="utf-8") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
+
+
+async def _serve_reports(controller: Controller, settings: ReportSettings,
+                         presence: Presence) -> None:
+    """The report endpoint (report_server.py) with its TLS (report_keeper.py). A start that
+    fails (the Secret cannot be read or written yet) is tried again; the passes run meanwhile,
+    and the pods retry their reports."""
+    api = ReportKube(controller.kube)
+    keeper = CertKeeper(api, settings.namespace, settings.secret, list(settings.names),
+                        RUNTIME.namespaces, CONFIGMAP_SELECTOR)
+    while True:
+        try:
+            context = await keeper.start()
+            server = ReportServer(lambda: RUNTIME.controller, api)
+            port = await server.start("0.0.0.0", settings.port, context)
+            break
+        except Exception as error:  # noqa: BLE001 - logged, tried again
+            log.error("the report endpoint cannot start (tried again in %.0f s): %r",
+                      REPORT_RETRY_SECONDS, error)
+            await asyncio.sleep(REPORT_RETRY_SECONDS)
+    RUNTIME.report_server = server
+    presence.set(serving=True)
+    controller.reconciler.reporting = Reporting(settings.endpoint, lambda: keeper.bundle)
+    log.info("report endpoint on port %d, reached by the pods at %s", port,
+             settings.endpoint.base_url)
+    await keeper.run()
+
+
 @kopf.on.cleanup(id="stop")
 async def stop(**_: Any) -> None:
+    if RUNTIME.reports is not None:
+        RUNTIME.reports.cancel()
+        RUNTIME.reports = None
+    if RUNTIME.presence is not None:
+        RUNTIME.presence.stop()
+        RUNTIME.presence = None
+    if RUNTIME.report_server is not None:
+        await RUNTIME.report_server.stop()
+        RUNTIME.report_server = None
     if RUNTIME.follower is not None:
         RUNTIME.follower.cancel()
         RUNTIME.follower = None

@@ -57,8 +57,6 @@ _PATHS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
           "Service": "/api/v1/namespaces/{}/services",
           "PodDisruptionBudget": "/apis/policy/v1/namespaces/{}/poddisruptionbudgets",
           "Pod": "/api/v1/namespaces/{}/pods",
-          "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{}/roles",
-          "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{}/rolebindings",
           "Event": "/api/v1/namespaces/{}/events"}
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"

@@ -46,6 +46,7 @@ def pdb_name(job_name: str) -> str:
     return job_name
 
 
-def report_access_name(job_name: str) -> str:
-    """The Role and RoleBinding that let pod `<job>-0` write its report onto itself."""
-    return f"{job_name}-report"
+def report_path(namespace: str, job_name: str) -> str:
+    """The job's report endpoint on the operator (KEP-2779's path shape): report_server.py."""
+    return (f"/apis/accelerate-operator.io/v1alpha1/namespaces/{namespace}/acceleratejobs/"
+            f"{job_name}/status")

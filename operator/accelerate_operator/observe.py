@@ -2,9 +2,10 @@
 
 The pods and children come from the informers' stores (passed in: no API call), completed by
 what this operator created that the stores do not show yet; the status is the server's, unless
-our own last write is newer. Pod 0's pushed report (an annotation on the pod, so it comes with
-the pod's watch event) gives rank 0's progress and its last sign of life; a new progress is
-handed to the plan at most once every PROGRESS_WRITE_SECONDS, however often the pod reports.
+our own last write is newer. Pod 0's report (taken by the report endpoint, which queues the
+job's pass; the controller puts it on the PodState) gives rank 0's progress and its last sign
+of life; a new progress is handed to the plan at most once every PROGRESS_WRITE_SECONDS,
+however often the pod reports.
 The reads that call the API server, through kube.py: the user's ConfigMap named by
 spec.accelerateConfigFrom (the YAML and the files beside it), only while the rendered config has
 yet to be created or the topology still depends on that YAML (no status.topology yet); for a
@@ -28,7 +29,7 @@ from .constants import PENDING
 from .kube import ConfigMapMissing, Kube
 from .kueue import QueueContext, priority_class, queue_name, read_workload
 from .naming import configmap_name, pod_name, trainer_container_name
-from .observed import NodeState, Observed, PodState, group_attempt
+from .observed import NodeState, Observed, PodState, Reporting, group_attempt
 from .progress import build_progress_status, parse_report, parse_trainer_info, progress_changed
 from .state import JobState
 from .timefmt import parse_time
@@ -48,18 +49,20 @@ async def observe(kube: Kube, state: JobState, body: Mapping[str, Any], job: Job
                   pods: Iterable[PodState],
                   children: Iterable[tuple[str, str]] = (),
                   queue: QueueContext | None = None, clock: float = 0.0,
-                  now: datetime | None = None) -> Observed:
+                  now: datetime | None = None, reporting: Reporting | None = None) -> Observed:
     """`clock` is the operator's monotonic time, for what is due (in-flight expiry, the next
     progress write, the next read of the trainer's versions); `now` the wall clock the pass
-    plans with (UTC), for pods overdue on their node."""
+    plans with (UTC), for pods overdue on their node; `reporting` where the pods report to."""
     status = state.latest_status(body.get("status") or {})
     attempt = group_attempt(status)  # the current pods' (in-place restarts keep them)
-    children = frozenset(children) | state.kept
+    children = frozenset(children)
     if queue is not None and queue.workload is not None:
         children |= {("Workload", queue.workload["metadata"]["name"])}
     all_pods, all_children = state.with_in_flight(attempt, list(pods), children, clock)
     seen = Observed(body=body, job=job, status=status, pods=tuple(all_pods),
                     children=all_children, queue=queue)
+    if reporting is not None:
+        seen = replace(seen, report_endpoint=reporting.endpoint, report_ca=reporting.ca())
     if queue is not None and queue_name(body) and not seen.finished:
         seen = await _read_kueue(kube, seen, queue)
     if now is not None:

@@ -5,7 +5,7 @@ manifest in, a frozen record out; observe.py does the reading from the API serve
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,7 +13,6 @@ from typing import Any
 from accelerate_trainer.contract import (
     ATTEMPT_LABEL,
     NODE_INDEX_LABEL,
-    REPORT_ANNOTATION,
     RUN_ATTEMPT_ANNOTATION,
 )
 
@@ -22,6 +21,7 @@ from .causes import OOM_KILLED, read_exit_cause, read_pod_cause
 from .constants import FAILED, FINISHED_PHASES, PENDING, RUNNING, SUCCEEDED
 from .kueue import QueueContext
 from .resources.configmap import ConfigSource
+from .resources.pods import DEFAULT_REPORT_ENDPOINT, ReportEndpoint
 from .timefmt import parse_time
 from .waiting import Waiting, read_waiting
 
@@ -34,6 +34,7 @@ class PodState:
     index: int
     attempt: int
     phase: str
+    uid: str = ""
     ready: bool = False
     deleting: bool = False
     exit_code: int | None = None
@@ -44,7 +45,8 @@ class PodState:
     # TerminationByKubelet, DeletionByPodGC...), or the pod's own status.reason for a node that
     # went away (NodeLost, Shutdown, Terminated) or a kubelet eviction (Evicted). None otherwise.
     disruption: str | None = None
-    # Pod 0's pushed report (contract.REPORT_ANNOTATION), as written: parsed by observe.py.
+    # The pod's latest report to the operator's endpoint (report_server.py), as JSON text,
+    # filled in by the controller from its ReportStore: parsed by observe.py.
     report: str | None = None
     # The node it is bound to (spec.nodeName), and, once deleted, when its grace period ends
     # (metadata.deletionTimestamp): a pod still there after that waits on its node's kubelet.
@@ -102,8 +104,8 @@ NODE_DISRUPTION_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "NodeShu
 
 @dataclass(frozen=True)
 class ProcessExit:
-    """A failed launch a pod reported (contract.REPORT_ANNOTATION's `exit`): the pod runs on and
-    waits for the operator's next attempt."""
+    """A failed launch a pod reported (the `exit` of its report, contract.REPORT_BODY_KEY): the
+    pod runs on and waits for the operator's next attempt."""
 
     attempt: int
     exit_code: int
@@ -114,8 +116,8 @@ class ProcessExit:
 
 
 def read_process_exit(report: str | None, pod: str = "") -> ProcessExit | None:
-    """The `exit` of a pod's report, or None. The report is the pod's own writing (bounded by
-    the chart's admission policy): anything malformed is no exit."""
+    """The `exit` of a pod's report, or None. The report is the pod's own writing (the
+    endpoint bounds its size): anything malformed is no exit."""
     if not report or '"exit"' not in report:
         return None
     try:
@@ -187,11 +189,10 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         reason=reason,
         message=message,
         disruption=disruption,
-        report=annotations.get(REPORT_ANNOTATION),
+        uid=metadata.get("uid") or "",
         node=(pod.get("spec") or {}).get("nodeName"),
         gone_by=parse_time(metadata.get("deletionTimestamp")),
         run_attempt=_integer(annotations.get(RUN_ATTEMPT_ANNOTATION)),
-        exit=read_process_exit(annotations.get(REPORT_ANNOTATION), name),
         waiting=read_waiting(pod),
         cause=read_pod_cause(pod),
     )
@@ -208,6 +209,15 @@ def _integer(text: str | None) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """What the operator tells the pods about its report endpoint: its URL and, as it is
+    now, the CA bundle (report_keeper.py)."""
+
+    endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT
+    ca: Callable[[], str | None] = lambda: None
 
 
 @dataclass(frozen=True)
@@ -261,6 +271,10 @@ class Observed:
     due_in: float | None = None
     # The nodes of the job's pods that are not Ready, by name (NodeState).
     lost_nodes: Mapping[str, NodeState] = field(default_factory=dict)
+    # Where the pods report (the operator's endpoint), and the CA bundle its certificate is
+    # signed by, for the job's ConfigMap (None: not known yet).
+    report_endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT
+    report_ca: str | None = None
 
     @property
     def finished(self) -> bool:

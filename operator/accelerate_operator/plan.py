@@ -37,17 +37,15 @@ from .kueue import (
 from .naming import (
     configmap_name,
     pdb_name,
-    report_access_name,
     service_name,
     trainer_container_name,
     workload_name,
 )
 from .observed import Observed, group_attempt
 from .queueing import FLAVOR_WAIT_SECONDS, QueueState
-from .resources.configmap import prepare_config
+from .resources.configmap import prepare_config, with_report_ca
 from .resources.pdb import build_pdb
 from .resources.pods import build_pod
-from .resources.report_access import build_report_binding, build_report_role
 from .resources.service import build_service
 from .resources.workload import Placement, build_placement, build_workload, with_placement
 from .status import build_status_write
@@ -110,7 +108,8 @@ def plan_pass(seen: Observed, now: datetime) -> Actions:
                           activity=Activity(seen.last_activity, seen.last_step),
                           lost_nodes=seen.lost_nodes)
     finishing = not seen.finished and plan.status.get("phase") in FINISHED_PHASES
-    pods = tuple(build_pod(job, index, plan.group, plan.attempt) for index in plan.create)
+    pods = tuple(build_pod(job, index, plan.group, plan.attempt, seen.report_endpoint)
+                 for index in plan.create)
     if pods and queue is not None:
         if not isinstance(placement, Placement):  # a flavor the index does not show yet
             pods, plan = (), replace(plan, requeue_after=FLAVOR_WAIT_SECONDS)
@@ -207,14 +206,12 @@ def _missing_children(seen: Observed) -> tuple[JobSpec, list[dict[str, Any]], st
         except (ConfigError, SpecError) as error:
             return seen.job, [], str(error)
         if not rendered:
-            children.append(configmap)
+            children.append(with_report_ca(configmap, seen.report_ca))
     if not seen.has("Service", service_name(job.name)):
         children.append(build_service(job))
     if job.run_policy.pod_disruption_budget and not seen.has("PodDisruptionBudget",
                                                              pdb_name(job.name)):
         children.append(build_pdb(job))
-    if not seen.has("RoleBinding", report_access_name(job.name)):
-        children += [build_report_role(job), build_report_binding(job)]
     return job, children, None
 
 

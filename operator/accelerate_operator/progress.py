@@ -1,7 +1,8 @@
-"""Turn pod 0's pushed report (the annotation contract.REPORT_ANNOTATION, which
-accelerate_trainer.supervise writes from rank 0's `ACCELERATE_PROGRESS {json}` lines) into the
-job's status.progress, and the trainer's `ACCELERATE_TRAINER_INFO {json}` line (the library
-versions it runs with, at the head of pod 0's log) into status.trainer.
+"""Turn pod 0's report to the operator's endpoint (report_server.py: the object
+accelerate_trainer.supervise sends from rank 0's `ACCELERATE_PROGRESS {json}` lines, or a
+KEP-2779 trainerStatus made into one) into the job's status.progress, and the trainer's
+`ACCELERATE_TRAINER_INFO {json}` line (the library versions it runs with, at the head of pod 0's
+log) into status.trainer.
 
 Pure: text and a clock in, dicts out. Everything here comes from the user's program, through a
 pod: a report that is malformed or too big is ignored (the status stays as it was), never an
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from accelerate_trainer.contract import MAX_REPORT_BYTES, TRAINER_INFO_LINE
+from accelerate_trainer.contract import MAX_BODY_BYTES, TRAINER_INFO_LINE
 
 from .timefmt import format_time, parse_time
 
@@ -53,8 +54,8 @@ class PushedReport:
 
 
 def parse_report(text: str | None) -> PushedReport | None:
-    """The report an annotation holds, or None when it holds none that is valid."""
-    if not text or len(text.encode()) > MAX_REPORT_BYTES:
+    """The report a pod sent (JSON text), or None when it holds none that is valid."""
+    if not text or len(text.encode()) > MAX_BODY_BYTES:
         return None
     try:
         value = json.loads(text)
@@ -75,7 +76,7 @@ def parse_report(text: str | None) -> PushedReport | None:
 
 
 # status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),
-# from transformers through the relay. The log is the user's output: keep a few short ones.
+# from transformers (KEP-2779 trainerStatus). The log is the user's output: keep a few short ones.
 MAX_METRICS = 16
 MAX_METRIC_NAME = 64
 

@@ -21,7 +21,7 @@ from .constants import FINISHED_PHASES
 from .kube import Kube
 from .kueue import QueueContext
 from .observe import observe
-from .observed import Observed, PodState
+from .observed import Observed, PodState, Reporting
 from .plan import Actions, plan_pass
 from .state import JobState
 from .timefmt import utcnow
@@ -64,6 +64,7 @@ class Reconciler:
         self.kube = kube
         self.clock = clock
         self.applier = Applier(kube, clock)
+        self.reporting = Reporting()
 
     async def reconcile(self, state: JobState, body: Mapping[str, Any],
                         pods: Iterable[PodState], children: Iterable[tuple[str, str]] = (),
@@ -78,7 +79,7 @@ class Reconciler:
             return None
         now = utcnow()
         seen = await observe(self.kube, state, body, job, pods, children, queue, self.clock(),
-                             now)
+                             now, self.reporting)
         actions = plan_pass(seen, now)
         refused = await self.applier.apply(state, seen, actions, now)
         if refused is not None:

@@ -17,8 +17,6 @@ from .observed import PodState
 
 # How long an object this operator created counts as existing when no index shows it yet.
 IN_FLIGHT_SECONDS = 30.0
-# Children the operator creates but does not watch (no informer for a kind it only creates once).
-UNWATCHED_KINDS = frozenset({"Role", "RoleBinding"})
 
 
 @dataclass(frozen=True)
@@ -39,8 +37,6 @@ class JobState:
       plan those pods again (a 409 each) and write the status twice. An entry goes when a
       pass finds the object in an index, when the object's DELETED event comes, when the job
       moves to another attempt, or after IN_FLIGHT_SECONDS.
-    - `kept`: children no index shows because the operator does not watch their kind (the
-      report Role and RoleBinding): created, or found there by a create, once per job.
     - `next_progress_write`: the earliest time (the operator's clock) status.progress may be
       written again, however often pod 0 reports; `next_info_read`: when the head of pod 0's
       log may be read again for its trainer's versions (observe.py).
@@ -52,7 +48,6 @@ class JobState:
     uid: str
     written: dict[str, Any] | None = None
     in_flight: dict[tuple[str, str], _Created] = field(default_factory=dict)
-    kept: set[tuple[str, str]] = field(default_factory=set)
     next_progress_write: float = 0.0
     next_info_read: float = 0.0
     check_exists: bool = False
@@ -70,9 +65,6 @@ class JobState:
 
     def record_created(self, manifests: Iterable[Mapping[str, Any]], now: float) -> None:
         for manifest in manifests:
-            if manifest["kind"] in UNWATCHED_KINDS:
-                self.kept.add((manifest["kind"], manifest["metadata"]["name"]))
-                continue
             labels = manifest["metadata"].get("labels") or {}
             attempt, index = labels.get(ATTEMPT_LABEL), labels.get(NODE_INDEX_LABEL)
             self.in_flight[(manifest["kind"], manifest["metadata"]["name"])] = _Created(

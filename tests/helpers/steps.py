@@ -8,7 +8,6 @@ and written through the API server (the official client), nothing of the operato
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,15 +15,16 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import kubernetes
+from accelerate_trainer.contract import REPORT_BODY_KEY
 from kubernetes.client.rest import ApiException
 
 from devtools.cluster import wait_for
 from tests.helpers.jobs import JobBuilder
+from tests.helpers.report_post import job_ca, pod_token, post
 
 GROUP, VERSION, PLURAL = "accelerate-operator.io", "v1alpha1", "acceleratejobs"
 JOB_LABEL = "accelerate-operator.io/job-name"
 ATTEMPT_LABEL = "accelerate-operator.io/attempt"
-REPORT_ANNOTATION = "accelerate-operator.io/report"
 RUN_ATTEMPT_ANNOTATION = "accelerate-operator.io/run-attempt"
 KUEUE_GROUP = "kueue.x-k8s.io"
 MERGE = "application/merge-patch+json"
@@ -37,7 +37,9 @@ def now() -> str:
 class Cluster:
     """One namespace of the API server, through the official client."""
 
-    def __init__(self, kubeconfig: str, namespace: str, kueue_version: str = "v1beta2"):
+    def __init__(self, kubeconfig: str, namespace: str, kueue_version: str = "v1beta2",
+                 report_port: int | None = None):
+        self.kubeconfig, self.report_port = kubeconfig, report_port  # the operator's endpoint
         client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
@@ -180,14 +182,19 @@ def pod_exits(index: int, code: int, message: str = "") -> Action:
 
 def launch_fails(index: int, code: int, message: str = "") -> Action:
     """Pod `index`'s supervisor reports that its launch of the job's current attempt ended
-    with `code`, as accelerate_trainer.supervise writes it; the pod runs on."""
+    with `code`, as accelerate_trainer.supervise sends it: a POST to the operator's report
+    endpoint (on cluster.report_port), with a token bound to the pod; the pod runs on."""
     def act(cluster: Cluster, job: str) -> None:
         pod = _current_pod(cluster, job, index)
         attempt = (cluster.job(job) or {}).get("status", {}).get("attempt", 0)
-        report = json.dumps({"progress": None, "lastOutputTime": None, "exit": {
-            "attempt": attempt, "exitCode": code, "time": now(), "message": message}})
-        cluster.core.patch_namespaced_pod(pod["metadata"]["name"], cluster.namespace, {
-            "metadata": {"annotations": {REPORT_ANNOTATION: report}}})
+        report = {"progress": None, "lastOutputTime": None, "attempt": attempt, "exit": {
+            "attempt": attempt, "exitCode": code, "time": now(), "message": message}}
+        token = pod_token(cluster.kubeconfig, cluster.namespace, pod["metadata"]["name"],
+                          pod["metadata"]["uid"])
+        ca = job_ca(cluster.kubeconfig, cluster.namespace, job)
+        answer = post(cluster.report_port, ca, cluster.namespace, job, token,
+                      {REPORT_BODY_KEY: report})
+        assert answer[0] == 200, answer
     return act
 
 

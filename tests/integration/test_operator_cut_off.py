@@ -90,6 +90,7 @@ class Replica:
                  "--liveness-port", str(self.port)],
                 stdout=out, stderr=subprocess.STDOUT, env={
                     **os.environ, "KUBECONFIG": kubeconfig,
+                    "ACCELERATE_OPERATOR_REPORT_PORT": "0",  # two replicas on one host
                     # this checkout's operator, whichever checkout last installed itself
                     "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("operator", "trainer"))})
 

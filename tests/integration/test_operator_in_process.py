@@ -60,7 +60,8 @@ def test_operator_process_creates_children_recreates_a_deleted_one_and_stops_on_
         process = subprocess.Popen(
             [sys.executable, "-m", "accelerate_operator", "--namespace", namespace,
              "--liveness-port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": kubeconfig})
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": kubeconfig,
+                                                    "ACCELERATE_OPERATOR_REPORT_PORT": "0"})
     try:
         wait_for(lambda: (health(port) or {}).get("jobs"), timeout=60,
                  description="kopf's liveness endpoint to answer with the operator's probe")

@@ -44,16 +44,19 @@ from tests.helpers.steps import (
     run_steps,
     suspend,
 )
+from tests.integration.test_operator_in_process import free_port
 
 
 @pytest.fixture(scope="module")
 def cluster(kubeconfig: str) -> Iterator[Cluster]:
     namespace = create_namespace(kubeconfig, prefix="steps")
     args = ["run", "-m", "accelerate_operator.handlers", "--standalone", "-n", namespace]
+    port = free_port()  # the in-process operator's report endpoint (launch_fails posts there)
     try:
-        with deployed_operator_scaled_down(kubeconfig):
+        with deployed_operator_scaled_down(kubeconfig), pytest.MonkeyPatch.context() as env:
+            env.setenv("ACCELERATE_OPERATOR_REPORT_PORT", str(port))
             with KopfRunner(args, timeout=60) as runner:
-                yield Cluster(kubeconfig, namespace)
+                yield Cluster(kubeconfig, namespace, report_port=port)
     finally:
         delete_namespace(kubeconfig, namespace)
     assert runner.exception is None, runner.output

@@ -62,6 +62,7 @@ def cluster(kubeconfig: str, workload_crd_served: None, tmp_path_factory) -> Ite
     namespace = create_namespace(kubeconfig, prefix="steps-kueue")
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     env = {**os.environ, "KUBECONFIG": kubeconfig, "ACCELERATE_OPERATOR_KUEUE": "1",
+           "ACCELERATE_OPERATOR_REPORT_PORT": "0",
            "PYTHONPATH": os.pathsep.join(str(ROOT / part) for part in ("operator", "trainer"))}
     try:
         with deployed_operator_scaled_down(kubeconfig), open(log, "w") as out:

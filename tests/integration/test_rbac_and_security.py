@@ -79,11 +79,10 @@ ALLOWED = [
     pytest.param("create", "events.events.k8s.io", (), id="create-events.k8s.io"),
     pytest.param("create", "configmaps", (), id="create-configmaps"),
     pytest.param("create", "services", (), id="create-services"),
-    # Each job's Role and RoleBinding `<job>-report`: pod 0 may patch itself (its progress),
-    # which the operator may grant only because it holds it.
-    pytest.param("create", "roles.rbac.authorization.k8s.io", (), id="create-roles"),
-    pytest.param("create", "rolebindings.rbac.authorization.k8s.io", (), id="create-rolebindings"),
+    # The run-attempt annotation (restart in place), and the report CA bundle in a job's
+    # ConfigMap when the operator renews its CA.
     pytest.param("patch", "pods", (), id="patch-pods"),
+    pytest.param("patch", "configmaps", (), id="patch-configmaps"),
 ]
 
 DENIED = [
@@ -100,7 +99,9 @@ DENIED = [
     pytest.param("create", "pods", ("--subresource=exec",), id="exec-into-pods"),
     pytest.param("create", "pods", ("--subresource=portforward",), id="port-forward-to-pods"),
     pytest.param("update", "pods", (), id="update-pods"),
-    pytest.param("patch", "configmaps", (), id="patch-configmaps"),
+    # No RBAC object per job: reports go to the operator's endpoint (issue 47).
+    pytest.param("create", "roles.rbac.authorization.k8s.io", (), id="create-roles"),
+    pytest.param("create", "rolebindings.rbac.authorization.k8s.io", (), id="create-rolebindings"),
     pytest.param("*", "*", (), id="everything"),
 ]
 
@@ -150,9 +151,9 @@ def test_operator_service_account_cannot_do_more_cluster_wide(kubeconfig: str, v
         f"{SERVICE_ACCOUNT} can {verb} {resource} cluster-wide: more than it needs"
 
 
-def test_the_operator_cannot_grant_more_than_it_holds(kubeconfig: str, rbac_ns: str):
-    """It may create RoleBindings (each job's `<job>-report`), but RBAC refuses any that would
-    grant what the operator itself lacks: the admin role, or a Role reading Secrets."""
+def test_the_operator_cannot_grant_anything(kubeconfig: str, rbac_ns: str):
+    """It creates no Role or RoleBinding (a job owns none): RBAC refuses both, the admin role
+    or a Role reading Secrets alike."""
     as_operator = (f"--as={SERVICE_ACCOUNT}", "-n", rbac_ns, "--dry-run=server")
     admin = kubectl("create", "rolebinding", "takeover", "--clusterrole=admin",
                     f"--serviceaccount={rbac_ns}:default", *as_operator, kubeconfig=kubeconfig,
@@ -161,6 +162,18 @@ def test_the_operator_cannot_grant_more_than_it_holds(kubeconfig: str, rbac_ns: 
     secrets = kubectl("create", "role", "read-secrets", "--verb=get", "--resource=secrets",
                       *as_operator, kubeconfig=kubeconfig, check=False)
     assert secrets.returncode != 0 and "forbidden" in secrets.stderr, secrets.stderr
+
+
+def test_the_only_secret_the_operator_may_read_is_its_report_tls_in_its_namespace(
+        kubeconfig: str):
+    """The report endpoint's CA and certificate, which the operator creates if absent; and the
+    TokenReviews that check the pods' tokens."""
+    own = f"secrets/{OPERATOR_DEPLOYMENT}-report-tls"
+    assert can_i(kubeconfig, OPERATOR_NAMESPACE, "get", own)
+    assert can_i(kubeconfig, OPERATOR_NAMESPACE, "update", own)
+    assert not can_i(kubeconfig, OPERATOR_NAMESPACE, "get", "secrets/another")
+    assert not can_i(kubeconfig, OPERATOR_NAMESPACE, "list", "secrets")
+    assert can_i(kubeconfig, None, "create", "tokenreviews.authentication.k8s.io")
 
 
 def test_operator_service_account_has_no_wildcard_and_no_secret_rule(kubeconfig: str,

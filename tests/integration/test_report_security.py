@@ -1,158 +1,167 @@
-"""Who may push a job's progress, checked against the real API server with the chart's admission
-policy and the Roles the deployed operator creates: only pod `<job>-0` itself, with a token bound
-to it, changing only its report annotation, up to its size limit. The pushes go through the
-supervisor's own PodPatcher (TLS to the API server, the cluster's CA), with tokens the API server
-issues bound to the pods (TokenRequest, as the kubelet asks for the projected volume). The pods
-are never scheduled: a token is bound to a pod object, not to a running container.
-
-What the operator makes of what is admitted: a valid report becomes status.progress; a malformed
-one leaves the status as it was."""
+"""Who may report to a job, checked against the real API server and the deployed operator's
+report endpoint (reached through `kubectl port-forward` to its active replica): only a live pod
+of the job, with a token the API server issued bound to that pod for the endpoint's own
+audience; progress only from pod 0. Every refusal leaves the job's status as it was. The tokens
+come from TokenRequest (`kubectl create token`, as the kubelet asks for the projected volume);
+the pods are never scheduled: a token is bound to a pod object, not to a running container."""
 
 from __future__ import annotations
 
 import base64
-import json
+import datetime as dt
 import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from accelerate_trainer.contract import MAX_REPORT_BYTES, REPORT_ANNOTATION
-from accelerate_trainer.supervise import PodPatcher, PushRefused, Snapshot, encode
+from accelerate_operator.report_tls import renew
+from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_BODY_KEY
 
-from devtools.cluster import kubectl, kubectl_json, wait_for
+from devtools.cluster import create_namespace, delete_namespace, kubectl, kubectl_json, wait_for
 from tests.helpers.jobs import JobBuilder, apply_job, wait_for_job
+from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator
+from tests.helpers.report_post import forwarded, job_ca, pod_token, post
 
 pytestmark = pytest.mark.cluster
 
 
+def progress(step: int) -> dict:
+    return {REPORT_BODY_KEY: {"progress": {"step": step, "total_steps": 40, "loss": 0.5},
+                              "lastOutputTime": "2026-01-01T00:00:00Z"}}
+
+
+def pod_uid(kubeconfig: str, namespace: str, name: str) -> str:
+    return wait_for(lambda: kubectl("-n", namespace, "get", "pod", name, "-o",
+                                    "jsonpath={.metadata.uid}", kubeconfig=kubeconfig,
+                                    check=False).stdout, timeout=60, description=f"pod {name}")
+
+
 @pytest.fixture(scope="module")
-def jobs(kubeconfig: str, request: pytest.FixtureRequest) -> Iterator[tuple[str, dict]]:
-    """Two jobs, `alpha` and `beta`, in one namespace, whose pods 0 exist: (namespace, uids)."""
-    from devtools.cluster import create_namespace, delete_namespace
-
-    namespace = create_namespace(kubeconfig, prefix="report-security")
-    for name in ("alpha", "beta"):
-        apply_job(kubeconfig, namespace, JobBuilder(name).nodes(1).unscheduled().build())
-    uids = {}
-    for name in ("alpha", "beta"):
-        pod = wait_for(lambda n=name: _get(kubeconfig, namespace, "pod", f"{n}-0"), timeout=60,
-                       description=f"pod {name}-0")
-        wait_for(lambda n=name: _get(kubeconfig, namespace, "rolebinding", f"{n}-report"),
-                 timeout=60, description=f"the report RoleBinding of {name}")
-        uids[name] = pod["metadata"]["uid"]
-    yield namespace, uids
-    delete_namespace(kubeconfig, namespace)
-
-
-def _get(kubeconfig: str, namespace: str, kind: str, name: str) -> dict | None:
-    found = kubectl("-n", namespace, "get", kind, name, "-o", "json", kubeconfig=kubeconfig,
-                    check=False)
-    return json.loads(found.stdout) if found.returncode == 0 else None
+def site(kubeconfig: str) -> Iterator[dict]:
+    """Jobs `alpha` (2 pods) and `beta` in one namespace, `alpha` again in another; the
+    endpoint's local port and CA."""
+    namespaces = [create_namespace(kubeconfig, prefix="report-security") for _ in range(2)]
+    main, other = namespaces
+    apply_job(kubeconfig, main, JobBuilder("alpha").nodes(2).procs(1).unscheduled().build())
+    apply_job(kubeconfig, main, JobBuilder("beta").nodes(1).unscheduled().build())
+    apply_job(kubeconfig, other, JobBuilder("alpha").nodes(1).unscheduled().build())
+    uids = {(ns, pod): pod_uid(kubeconfig, ns, pod) for ns, pod in (
+        (main, "alpha-0"), (main, "alpha-1"), (main, "beta-0"), (other, "alpha-0"))}
+    active, _ = active_operator(kubeconfig)
+    try:
+        with forwarded(kubeconfig, OPERATOR_NAMESPACE, active) as port:
+            yield {"ns": main, "other": other, "uids": uids, "port": port,
+                   "ca": job_ca(kubeconfig, main, "alpha")}
+    finally:
+        for namespace in namespaces:
+            delete_namespace(kubeconfig, namespace)
 
 
-def bound_token(kubeconfig: str, namespace: str, pod: str | None, uid: str | None) -> str:
-    """A token of the namespace's `default` account, bound to `pod` (or to nothing)."""
-    bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod,
-             "--bound-object-uid", uid] if pod else []
-    return kubectl("-n", namespace, "create", "token", "default", *bound,
-                   kubeconfig=kubeconfig).stdout.strip()
+def send(site: dict, token: str | None, body, job: str = "alpha", namespace: str | None = None):
+    return post(site["port"], site["ca"], namespace or site["ns"], job, token, body)
 
 
-def patcher(kubeconfig: str, namespace: str, pod: str, token: str | None,
-            tmp_path: Path) -> PodPatcher:
-    """The supervisor's patcher, aimed at the API server of `kubeconfig`."""
+def token_of(kubeconfig: str, site: dict, pod: str, namespace: str | None = None, **kw) -> str:
+    namespace = namespace or site["ns"]
+    return pod_token(kubeconfig, namespace, pod, site["uids"][(namespace, pod)], **kw)
+
+
+def api_server_answer(kubeconfig: str, path: str, token: str) -> int:
+    """The API server's answer to a GET with `token` alone (no client certificate)."""
     cluster = yaml.safe_load(Path(kubeconfig).read_text())["clusters"][0]["cluster"]
     ca = cluster.get("certificate-authority-data")
     context = (ssl.create_default_context(cadata=base64.b64decode(ca).decode()) if ca else
                ssl.create_default_context(cafile=cluster["certificate-authority"]))
-    directory = tmp_path / f"token-{time.monotonic_ns()}"
-    directory.mkdir()
-    (directory / "token").write_text(token or "")
-    url = urlsplit(cluster["server"])
-    return PodPatcher(namespace, pod, url.hostname, url.port or 443, directory=str(directory),
-                      context=context)
-
-
-def push(patcher_: PodPatcher, annotation: str) -> str | None:
-    """None when the API server took the push, else its refusal."""
+    request = urllib.request.Request(cluster["server"] + path,
+                                     headers={"Authorization": f"Bearer {token}"})
     try:
-        patcher_.patch(annotation)
-    except PushRefused as refused:
-        return str(refused)
-    return None
+        with urllib.request.urlopen(request, context=context, timeout=15) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
 
 
-REPORT = encode(Snapshot({"step": 12, "total_steps": 40, "loss": 0.5}, time.time()))
+def status_of(kubeconfig: str, namespace: str, job: str) -> dict:
+    return kubectl_json("-n", namespace, "get", "acceleratejob", job,
+                        kubeconfig=kubeconfig).get("status") or {}
 
 
-def test_pod_0_pushes_its_own_report_and_the_operator_shows_it(kubeconfig, jobs, tmp_path):
-    namespace, uids = jobs
-    token = bound_token(kubeconfig, namespace, "alpha-0", uids["alpha"])
-    assert push(patcher(kubeconfig, namespace, "alpha-0", token, tmp_path), REPORT) is None
-    job = wait_for_job(kubeconfig, namespace, "alpha",
+def test_pod_0s_token_is_taken_and_its_progress_shows_in_the_status(kubeconfig, site):
+    answer = send(site, token_of(kubeconfig, site, "alpha-0"), progress(12))
+    assert answer[0] == 200, answer
+    job = wait_for_job(kubeconfig, site["ns"], "alpha",
                        lambda j: (j.get("status", {}).get("progress") or {}).get("step") == 12,
-                       timeout=30, description="the pushed progress in the job's status")
+                       timeout=30, description="the reported progress in the job's status")
     assert job["status"]["progress"]["summary"] == "12/40 (30%)"
 
 
-def test_a_pod_of_another_job_is_refused(kubeconfig, jobs, tmp_path):
-    namespace, uids = jobs
-    beta = bound_token(kubeconfig, namespace, "beta-0", uids["beta"])
-    refusal = push(patcher(kubeconfig, namespace, "alpha-0", beta, tmp_path), REPORT)
-    assert refusal and "only the pod itself may write its report" in refusal
-    assert REPORT_ANNOTATION not in _annotations(kubeconfig, namespace, "beta-0")
+def test_forged_and_unauthenticated_reports_are_refused_and_change_nothing(kubeconfig, site):
+    ns, other = site["ns"], site["other"]
+    wait_for_job(kubeconfig, ns, "alpha", lambda j: (j.get("status", {}).get("progress") or {})
+                 .get("step") == 12, timeout=30, description="the first report")
+    before = status_of(kubeconfig, ns, "alpha")
+    refused = {
+        "a pod of another job": (token_of(kubeconfig, site, "beta-0"), 403),
+        "pod 1 sending progress": (token_of(kubeconfig, site, "alpha-1"), 403),
+        "alpha-0 of another namespace": (token_of(kubeconfig, site, "alpha-0", other), 403),
+        "the pod's token for the API server": (
+            token_of(kubeconfig, site, "alpha-0", audience=None), 401),
+        "a token bound to no pod": (pod_token(kubeconfig, ns, None), 401),
+        "no token": (None, 401),
+    }
+    for why, (token, code) in refused.items():
+        answer = send(site, token, progress(999))
+        assert answer[0] == code, (why, answer)
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), b"{not json")[0] == 400
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), b"x" * (MAX_BODY_BYTES + 1))[0] \
+        == 413
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), progress(999), job="nope")[0] \
+        == 404
+    time.sleep(7)  # past the operator's progress write interval
+    assert status_of(kubeconfig, ns, "alpha")["progress"] == before["progress"]
 
 
-def test_a_token_bound_to_no_pod_and_an_unauthenticated_caller_are_refused(
-        kubeconfig, jobs, tmp_path):
-    namespace, _ = jobs
-    unbound = bound_token(kubeconfig, namespace, None, None)
-    refusal = push(patcher(kubeconfig, namespace, "beta-0", unbound, tmp_path), REPORT)
-    assert refusal and "only the pod itself" in refusal
-    anonymous = push(patcher(kubeconfig, namespace, "beta-0", None, tmp_path), REPORT)
-    assert anonymous and anonymous.startswith(("HTTP 401", "HTTP 403"))
-    assert REPORT_ANNOTATION not in _annotations(kubeconfig, namespace, "beta-0")
+def test_a_token_of_a_pod_deleted_and_created_again_is_refused(kubeconfig, site):
+    ns = site["ns"]
+    old = token_of(kubeconfig, site, "beta-0")
+    kubectl("-n", ns, "delete", "pod", "beta-0", "--wait=true", kubeconfig=kubeconfig)
+    wait_for(lambda: pod_uid(kubeconfig, ns, "beta-0") not in ("", site["uids"][(ns, "beta-0")]),
+             timeout=90, description="beta-0 created again")
+    answer = send(site, old, progress(5), job="beta")
+    assert answer[0] in (401, 403), answer  # the API server no longer vouches for it, or the
+    assert "progress" not in status_of(kubeconfig, ns, "beta")  # operator sees the old uid
 
 
-def test_a_pod_may_change_nothing_but_its_report_and_not_too_much(kubeconfig, jobs, tmp_path):
-    namespace, uids = jobs
-    token = bound_token(kubeconfig, namespace, "beta-0", uids["beta"])
-    own = patcher(kubeconfig, namespace, "beta-0", token, tmp_path)
-    # A label, or the attempt the operator tells the pod to run (a pod restarting itself in
-    # place would skip the restart count), through the same connection.
-    for change in ({"labels": {"accelerate-operator.io/job-name": "alpha"}},
-                   {"annotations": {"accelerate-operator.io/run-attempt": "9"}}):
-        connection = own._connect()
-        connection.request("PATCH", own.path, json.dumps({"metadata": change}), {
-            "Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"})
-        answer = connection.getresponse()
-        message = json.loads(answer.read()).get("message", "")
-        assert answer.status == 403 and "may change only its annotation" in message, change
-    oversized = push(own, "x" * (MAX_REPORT_BYTES + 1))
-    assert oversized and "at most 4096 bytes" in oversized
-    assert REPORT_ANNOTATION not in _annotations(kubeconfig, namespace, "beta-0")
+def test_a_flood_from_one_pod_is_throttled_with_retry_after(kubeconfig, site):
+    token = token_of(kubeconfig, site, "alpha-0")
+    answers = [send(site, token, progress(13 + i)) for i in range(25)]
+    throttled = [a for a in answers if a[0] == 429]
+    assert throttled and all(a[2] and int(a[2]) >= 1 for a in throttled), answers
+    assert {a[0] for a in answers} <= {200, 429}
 
 
-def test_a_malformed_report_leaves_the_status_as_it_was(kubeconfig, jobs, tmp_path):
-    namespace, uids = jobs
-    token = bound_token(kubeconfig, namespace, "beta-0", uids["beta"])
-    own = patcher(kubeconfig, namespace, "beta-0", token, tmp_path)
-    assert push(own, REPORT) is None
-    before = wait_for_job(kubeconfig, namespace, "beta",
-                          lambda j: (j.get("status", {}).get("progress") or {}).get("step") == 12,
-                          timeout=30, description="the first report in the status")
-    for malformed in ('{"progress": {"step": "twelve"}}', "not json", "[]"):
-        assert push(own, malformed) is None  # admitted: the API server cannot read JSON
-    time.sleep(8)  # past the operator's progress write interval
-    after = kubectl_json("-n", namespace, "get", "acceleratejob", "beta", kubeconfig=kubeconfig)
-    assert after["status"]["progress"] == before["status"]["progress"]
-    assert after["status"]["phase"] == before["status"]["phase"]
+def test_the_endpoints_token_is_refused_by_the_api_server_and_pods_may_not_patch_pods(
+        kubeconfig, site):
+    ns = site["ns"]
+    token = token_of(kubeconfig, site, "alpha-0")
+    assert api_server_answer(kubeconfig, f"/api/v1/namespaces/{ns}/pods", token) == 401
+    assert api_server_answer(kubeconfig, f"/api/v1/namespaces/{ns}/pods",
+                             token_of(kubeconfig, site, "alpha-0", audience=None)) == 403
+    can = kubectl("auth", "can-i", "patch", "pods", "-n", ns,
+                  f"--as=system:serviceaccount:{ns}:default", kubeconfig=kubeconfig, check=False)
+    assert can.stdout.strip() == "no"
+    owned = kubectl_json("-n", ns, "get", "roles,rolebindings", kubeconfig=kubeconfig)["items"]
+    assert owned == []
 
 
-def _annotations(kubeconfig: str, namespace: str, pod: str) -> dict:
-    return (_get(kubeconfig, namespace, "pod", pod) or {}).get("metadata", {}).get(
-        "annotations") or {}
+def test_a_client_that_trusts_another_ca_does_not_send(kubeconfig, site):
+    """The pods verify the endpoint with the CA of their job's ConfigMap: the same check with a
+    CA of another fails the handshake before anything is sent."""
+    stranger = renew(None, ["x"], dt.datetime.now(dt.timezone.utc)).ca_certs
+    with pytest.raises(ssl.SSLCertVerificationError):
+        send({**site, "ca": stranger}, None, progress(1))
+    assert send(site, None, progress(1))[0] == 401  # the job's own CA: the handshake works

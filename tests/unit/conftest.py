@@ -21,8 +21,6 @@ def no_exec(monkeypatch):
     """Record what main() would exec instead of replacing the test process."""
     calls = []
     monkeypatch.setattr(trainer_main.os, "execvpe", lambda *args: calls.append(args))
-    # no exec, so no launcher for the progress relay to end with: test_kubeflow_relay.py starts it
-    monkeypatch.setattr(trainer_main, "start_relay", lambda environ, node_rank: {})
     monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda: 0)
     return calls
 
@@ -34,3 +32,20 @@ def fake(monkeypatch):
         monkeypatch.setattr(session, "client", lambda args: client)
         return client
     return install
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """Test CAs and server certificates for the report endpoint's stand-in: `cert` for
+    localhost signed by `ca`; `cert_other_ca` signed by another CA; `cert_other_host` for
+    another host name, signed by `ca`."""
+    from types import SimpleNamespace
+
+    from tests.helpers.report_endpoint import make_ca, make_cert
+
+    directory = tmp_path_factory.mktemp("pki")
+    ca, other = make_ca(directory, "ca"), make_ca(directory, "other-ca")
+    return SimpleNamespace(ca=ca[0], other_ca=other[0],
+                           cert=make_cert(directory, ca, "localhost"),
+                           cert_other_ca=make_cert(directory, other, "localhost"),
+                           cert_other_host=make_cert(directory, ca, "other.example"))

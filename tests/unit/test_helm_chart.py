@@ -25,20 +25,19 @@ CRD_SOURCE = ROOT / "crds" / "accelerate-operator.io_acceleratejobs.yaml"
 RELEASE = "accelerate-operator"
 NAMESPACE = "accelerate-system"
 
-# What the operator may do, and nothing more (no Secrets, nothing cluster-wide of its own).
+# What the operator may do, and nothing more (no Secrets but its own TLS Secret in its own
+# namespace, nothing cluster-wide of its own but TokenReviews).
 READ = {"get", "list", "watch"}
 NAMESPACED_RULES = {
     ("accelerate-operator.io", "acceleratejobs"): READ | {"patch", "update", "delete"},
     ("accelerate-operator.io", "acceleratejobs/status"): {"get", "patch", "update"},
     # blockOwnerDeletion on the children (OwnerReferencesPermissionEnforcement)
     ("accelerate-operator.io", "acceleratejobs/finalizers"): {"update"},
-    # patch: only so it may grant it (each job's Role lets pod 0 patch its own report)
+    # patch: the run-attempt annotation (restart in place); no Role or RoleBinding per job
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "pods/log"): {"get"},  # the trainer's versions and the logs archived before a restart
-    ("rbac.authorization.k8s.io", "roles"): {"create"},  # the job's Role <job>-report
-    ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
     ("", "services"): {"get", "list", "watch", "create"},
-    ("", "configmaps"): {"get", "list", "watch", "create"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch"},  # + the CA bundle
     ("", "events"): {"create", "patch"},
     # spec.runPolicy.podDisruptionBudget: one budget per job, owned by it
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create"},
@@ -46,7 +45,10 @@ NAMESPACED_RULES = {
     ("kopf.dev", "kopfpeerings"): READ | {"create", "patch"},  # kopf's peering per namespace
 }
 # Nodes by name (is a pod's node lost?); with kueue.enabled, Kueue's flavors and priority classes.
-CLUSTER_ONLY_RULES = {("", "nodes"): {"get"}}
+# The report endpoint's TokenReviews of the pods' tokens.
+CLUSTER_ONLY_RULES = {("", "nodes"): {"get"},
+                      ("authentication.k8s.io", "tokenreviews"): {"create"}}
+REPORT_TLS_ROLE = f"{RELEASE}-report-endpoint"
 # An operator of every namespace peers through one ClusterKopfPeering.
 CLUSTER_WIDE_PEERING = {("kopf.dev", "clusterkopfpeerings"): READ | {"create", "patch"}}
 
@@ -119,6 +121,17 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
     return out
 
 
+def service_named(docs: list[dict], name: str) -> dict:
+    found = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one Service {name}, got {len(found)}"
+    return found[0]
+
+
+def selected_by(monitor: dict, service: dict) -> bool:
+    wanted = monitor["spec"]["selector"]["matchLabels"].items()
+    return wanted <= service["metadata"]["labels"].items()
+
+
 def operator_container(docs: list[dict]) -> dict:
     return only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
 
@@ -142,10 +155,9 @@ def test_default_render_has_exactly_the_expected_kinds(helm):
             "ClusterRole": 1,
             "ClusterRoleBinding": 1,
             "Deployment": 1,
-            "Service": 1,  # the metrics Service
-            # only a pod's own report: templates/report-policy.yaml
-            "ValidatingAdmissionPolicy": 1,
-            "ValidatingAdmissionPolicyBinding": 1,
+            "Service": 2,  # the metrics Service, the report endpoint's
+            "Role": 1,  # the report endpoint's TLS Secret, in the release namespace
+            "RoleBinding": 1,
         }
     )
 
@@ -244,8 +256,10 @@ def test_invalid_value_types_fail_schema_validation(helm):
 
 def test_watch_namespaces_get_a_role_each_and_no_cluster_wide_pod_access(helm):
     docs = render(helm, "watchNamespaces={team-a,team-b}")
-    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
-    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"
+             and d["metadata"]["name"] != REPORT_TLS_ROLE}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"
+                and d["metadata"]["name"] != REPORT_TLS_ROLE}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}
     for ns in ("team-a", "team-b"):
         assert rules_of(roles[ns]) == NAMESPACED_RULES
@@ -279,11 +293,49 @@ def test_cluster_role_grants_exactly_the_operator_verbs_and_no_secrets(helm):
     ]
 
 
-def test_no_rendering_mentions_secrets_in_rbac(helm):
+def test_the_only_secret_the_operator_may_touch_is_its_own_tls_secret(helm):
     for sets in ((), ("watchNamespaces={team-a}",)):
         for doc in render(helm, *sets):
-            if doc["kind"] in ("Role", "ClusterRole"):
+            if doc["kind"] in ("Role", "ClusterRole") and doc["metadata"]["name"] != \
+                    REPORT_TLS_ROLE:
                 assert "secrets" not in yaml.safe_dump(doc["rules"]), doc["kind"]
+        role = next(d for d in render(helm, *sets) if d["metadata"]["name"] == REPORT_TLS_ROLE
+                    and d["kind"] == "Role")
+        assert role["metadata"]["namespace"] == NAMESPACE
+        assert role["rules"] == [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"],
+             "resourceNames": [f"{RELEASE}-report-tls"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+
+
+def test_the_report_endpoint_has_a_service_and_the_operator_knows_its_url(helm):
+    docs = render(helm)
+    service = service_named(docs, RELEASE)
+    assert service["spec"]["ports"] == [{"name": "reports", "port": 8443,
+                                         "targetPort": "reports", "protocol": "TCP"}]
+    # the active replica alone: the label it puts on its own pod (report_presence.py)
+    pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == {
+        **{k: pod_labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")},
+        "accelerate-operator.io/report-endpoint": "true"}
+    container = operator_container(docs)
+    assert {"name": "reports", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ACCELERATE_OPERATOR_REPORT_URL"]["value"] == (
+        f"https://{RELEASE}.{NAMESPACE}.svc:8443")
+    assert env["ACCELERATE_OPERATOR_REPORT_SECRET"]["value"] == f"{RELEASE}-report-tls"
+    assert env["ACCELERATE_OPERATOR_POD_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["ACCELERATE_OPERATOR_POD_NAME"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}}
+    moved = operator_container(render(helm, "reports.port=9443"))
+    assert {e["name"]: e.get("value") for e in moved["env"]}[
+        "ACCELERATE_OPERATOR_REPORT_URL"].endswith(".svc:9443")
+    assert not [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    for bad in ("reports.port=8080", "reports.port=0", "reports.prot=1"):
+        done = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad)
+        assert done.returncode != 0, f"--set {bad} was accepted"
 
 
 def test_crds_disabled_renders_no_crd(helm):
@@ -356,7 +408,10 @@ def test_kueue_enabled_grants_exactly_the_workload_verbs_and_turns_the_integrati
     env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
     assert env["ACCELERATE_OPERATOR_KUEUE"] == "true"
     namespaced = render(helm, "kueue.enabled=true", "watchNamespaces={team-a}")
-    assert rules_of(only(namespaced, "Role")) == {**NAMESPACED_RULES, **KUEUE_NAMESPACED_RULES}
+    watched = [d for d in namespaced if d["kind"] == "Role"
+               and d["metadata"]["name"] != REPORT_TLS_ROLE]
+    assert len(watched) == 1
+    assert rules_of(watched[0]) == {**NAMESPACED_RULES, **KUEUE_NAMESPACED_RULES}
     assert rules_of(only(namespaced, "ClusterRole")) == {**CLUSTER_ONLY_RULES,
                                                           **KUEUE_CLUSTER_RULES}
 
@@ -376,7 +431,7 @@ def test_metrics_are_served_on_their_own_port_behind_a_service_by_default(helm):
     container = operator_container(docs)
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
     assert {"name": "ACCELERATE_OPERATOR_METRICS_PORT", "value": "9090"} in container["env"]
-    service = only(docs, "Service")
+    service = service_named(docs, f"{RELEASE}-metrics")
     pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["metadata"]["name"] == f"{RELEASE}-metrics"
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090,
@@ -389,8 +444,8 @@ def test_metrics_port_is_configurable_and_can_be_switched_off(helm):
     container = operator_container(render(helm, "metrics.port=9200"))
     assert {"name": "ACCELERATE_OPERATOR_METRICS_PORT", "value": "9200"} in container["env"]
     off = render(helm, "metrics.enabled=false")
-    assert not [d for d in off if d["kind"] == "Service"]
-    assert [p["name"] for p in operator_container(off)["ports"]] == ["health"]
+    assert [d["metadata"]["name"] for d in off if d["kind"] == "Service"] == [RELEASE]
+    assert [p["name"] for p in operator_container(off)["ports"]] == ["health", "reports"]
     assert not [e for e in operator_container(off)["env"] if "METRICS" in e["name"]]
     for bad in ("metrics.port=8080", "metrics.port=0", "metrics.serviceMonitor.interval=often",
                 "metrics.dashbord.enabled=true"):
@@ -403,7 +458,8 @@ def test_service_monitor_selects_the_metrics_service_with_the_users_labels(helm)
                   "metrics.serviceMonitor.labels.release=prom",
                   "metrics.serviceMonitor.interval=15s")
     monitor = only(docs, "ServiceMonitor")
-    service = only(docs, "Service")
+    service = service_named(docs, f"{RELEASE}-metrics")
+    assert not selected_by(monitor, service_named(docs, RELEASE))
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prom"
     selected = monitor["spec"]["selector"]["matchLabels"]

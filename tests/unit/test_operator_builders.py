@@ -6,8 +6,7 @@ import pytest
 import yaml
 from accelerate_operator.api import SpecError, parse_job
 from accelerate_operator.resources.configmap import build_configmap, render_accelerate_config
-from accelerate_operator.resources.pods import build_pod
-from accelerate_operator.resources.report_access import build_report_binding, build_report_role
+from accelerate_operator.resources.pods import ReportEndpoint, build_pod
 from accelerate_operator.resources.service import build_service
 from accelerate_trainer.config import ConfigError
 
@@ -28,6 +27,17 @@ LABELS = {
     "app.kubernetes.io/managed-by": "accelerate-operator",
     "accelerate-operator.io/job-name": "train",
 }
+
+
+# The chart's default endpoint: the operator's Service, KEP-2779's path for job ml/train.
+URL = ("https://accelerate-operator.accelerate-system.svc:8443"
+       "/apis/accelerate-operator.io/v1alpha1/namespaces/ml/acceleratejobs/train/status")
+# A token for the operator's endpoint only (the API server refuses its audience), and the CA
+# that signed the endpoint's certificate, from the job's own ConfigMap.
+REPORT_TOKEN = {"serviceAccountToken": {"audience": "accelerate-operator.io/report",
+                                        "path": "token", "expirationSeconds": 3600}}
+REPORT_CA = {"configMap": {"name": "train-accelerate-config", "optional": True,
+                           "items": [{"key": "report-ca.crt", "path": "ca.crt"}]}}
 
 
 def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
@@ -60,8 +70,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
                                     "capabilities": {"drop": ["ALL"]}},
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "env": [
-                    {"name": "ACCELERATE_REPORT_POD", "value": "train-1"},
-                    {"name": "ACCELERATE_REPORT_NAMESPACE", "value": "ml"},
+                    {"name": "ACCELERATE_REPORT_URL", "value": URL},
                     {"name": "MASTER_ADDR", "value": "train-0.train"},
                     {"name": "MASTER_PORT", "value": "29500"},
                     {"name": "NODE_RANK", "value": "1"},
@@ -87,9 +96,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
                     "name": "train-accelerate-config"}},
                 {"name": "dshm", "emptyDir": {"medium": "Memory"}},
                 {"name": "accelerate-report", "projected": {"sources": [
-                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
-                    {"configMap": {"name": "kube-root-ca.crt",
-                                   "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    REPORT_TOKEN, REPORT_CA,
                     {"downwardAPI": {"items": [{"path": "attempt", "fieldRef": {
                         "fieldPath":
                             "metadata.annotations['accelerate-operator.io/run-attempt']"}}]}},
@@ -231,8 +238,7 @@ def test_pod_disruption_budget_is_built_whole_and_planned_only_when_asked():
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
     now = datetime(2026, 1, 1)
-    children = frozenset({("ConfigMap", "train-accelerate-config"), ("Service", "train"),
-                          ("RoleBinding", "train-report")})
+    children = frozenset({("ConfigMap", "train-accelerate-config"), ("Service", "train")})
     planned = plan_pass(Observed(body, job, {}, (), children), now)
     assert [c["kind"] for c in planned.children] == ["PodDisruptionBudget"]
     with_pdb = plan_pass(Observed(body, job, {}, (), children | {("PodDisruptionBudget",
@@ -253,40 +259,58 @@ def test_the_templates_grace_period_wins_and_the_launcher_waits_as_long():
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "600"
 
 
-def test_without_in_place_restarts_pod_0_alone_gets_a_token_bound_to_itself():
+def test_without_in_place_restarts_pod_0_alone_reports_with_a_token_for_the_endpoint_only():
     job = parse_job(JobBuilder("train", "ml").nodes(2).run_policy(restartInPlace=False).pod_spec(
         serviceAccountName="trainer", automountServiceAccountToken=False).build())
     first, second = build_pod(job, 0, 0), build_pod(job, 1, 0)
-    assert first["spec"]["volumes"][-1] == {"name": "accelerate-report", "projected": {"sources": [
-        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
-        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt",
-                                                              "path": "ca.crt"}]}}]}}
+    assert first["spec"]["volumes"][-1] == {"name": "accelerate-report", "projected": {
+        "sources": [REPORT_TOKEN, REPORT_CA]}}
     trainer = first["spec"]["containers"][0]
     assert trainer["volumeMounts"][-1] == {
         "name": "accelerate-report", "mountPath": "/var/run/secrets/accelerate-operator.io/report",
         "readOnly": True}
-    assert trainer["env"][:2] == [{"name": "ACCELERATE_REPORT_POD", "value": "train-0"},
-                                  {"name": "ACCELERATE_REPORT_NAMESPACE", "value": "ml"}]
+    # pod 0 also points transformers' KubeflowCallback (KEP-2779) at the same endpoint
+    assert trainer["env"][:4] == [
+        {"name": "ACCELERATE_REPORT_URL", "value": URL},
+        {"name": "KUBEFLOW_TRAINER_SERVER_URL", "value": URL},
+        {"name": "KUBEFLOW_TRAINER_SERVER_TOKEN",
+         "value": "/var/run/secrets/accelerate-operator.io/report/token"},
+        {"name": "KUBEFLOW_TRAINER_SERVER_CA_CERT",
+         "value": "/var/run/secrets/accelerate-operator.io/report/ca.crt"}]
     assert first["spec"]["automountServiceAccountToken"] is False  # the template's choice stays
     assert "accelerate-report" not in [v["name"] for v in second["spec"]["volumes"]]
-    assert not any(e["name"].startswith("ACCELERATE_REPORT_")
+    assert not any(e["name"].startswith(("ACCELERATE_REPORT_", "KUBEFLOW_"))
                    for e in second["spec"]["containers"][0]["env"])
     assert first["metadata"]["annotations"] == {}
-    assert build_report_role(job)["rules"][0]["resourceNames"] == ["train-0"]
 
 
-def test_the_report_role_lets_the_pods_account_patch_the_jobs_pods_only():
-    job = parse_job(JobBuilder("train", "ml").pod_spec(serviceAccountName="trainer").build())
-    metadata = {"name": "train-report", "namespace": "ml", "labels": LABELS,
-                "ownerReferences": [OWNER]}
-    assert build_report_role(job) == {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": metadata,
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"],
-                   "resourceNames": ["train-0", "train-1"]}]}
-    assert build_report_binding(job) == {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": metadata,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                    "name": "train-report"},
-        "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": "ml"}]}
-    default = parse_job(JobBuilder("train", "ml").build())
-    assert build_report_binding(default)["subjects"][0]["name"] == "default"
+def test_no_service_account_token_of_the_api_servers_audience_is_added():
+    """Every token we project has the endpoint's audience; the template's automount setting is
+    left as it is (absent: the cluster's default)."""
+    job = parse_job(JobBuilder("train", "ml").nodes(2).build())
+    for index in range(2):
+        pod = build_pod(job, index, 0)
+        tokens = [source["serviceAccountToken"] for volume in pod["spec"]["volumes"]
+                  for source in (volume.get("projected") or {}).get("sources", [])
+                  if "serviceAccountToken" in source]
+        assert tokens == [REPORT_TOKEN["serviceAccountToken"]]
+        assert "automountServiceAccountToken" not in pod["spec"]
+
+
+def test_a_template_that_points_kubeflow_elsewhere_or_turns_it_off_keeps_its_choice():
+    mine = [{"name": "KUBEFLOW_TRAINER_SERVER_URL", "value": "http://mine:8080/"}]
+    off = [{"name": "DISABLE_KUBEFLOW_INTEGRATION", "value": "true"}]
+    for env in (mine, off):
+        job = parse_job(JobBuilder("train", "ml").container(env=env).build())
+        given = build_pod(job, 0, 0)["spec"]["containers"][0]["env"]
+        assert [e for e in given if e["name"].startswith(("KUBEFLOW", "DISABLE_KUBEFLOW"))] == env
+        assert "ACCELERATE_REPORT_URL" in [e["name"] for e in given]
+
+
+def test_the_report_endpoint_is_the_one_the_operator_was_given():
+    job = parse_job(JobBuilder("train", "ml").build())
+    pod = build_pod(job, 0, 0, endpoint=ReportEndpoint("https://ops.team-a.svc:9443/"))
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["ACCELERATE_REPORT_URL"] == (
+        "https://ops.team-a.svc:9443/apis/accelerate-operator.io/v1alpha1/namespaces/ml/"
+        "acceleratejobs/train/status")

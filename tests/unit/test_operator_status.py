@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from accelerate_operator.api import parse_job
 from accelerate_operator.decision import plan_reconcile
-from accelerate_operator.observed import NodeState, read_pod_state
+from accelerate_operator.observed import NodeState, read_pod_state, read_process_exit
 
 from tests.helpers.jobs import JobBuilder, pod
 
@@ -615,16 +615,19 @@ def test_a_failed_pod_after_in_place_restarts_recreates_the_group_from_the_curre
 
 
 def test_pod_state_reads_the_attempt_it_runs_and_the_failed_launch_it_reported():
-    manifest = {"metadata": {"name": "train-1", "labels": {
+    """The attempt from the operator's own annotation; the failed launch from the report the
+    pod sent to the endpoint (the controller puts it on the PodState), never from the pod."""
+    manifest = {"metadata": {"name": "train-1", "uid": "u-1", "labels": {
         "accelerate-operator.io/node-index": "1", "accelerate-operator.io/attempt": "0"},
         "annotations": {"accelerate-operator.io/run-attempt": "2",
-                        "accelerate-operator.io/report": '{"progress":null,"lastOutputTime":null,'
-                        '"exit":{"attempt":2,"exitCode":1,"time":"x","message":"boom"}}'}},
+                        "accelerate-operator.io/report": '{"exit":{"attempt":2,"exitCode":1}}'}},
         "status": {"phase": "Running"}}
     state = read_pod_state(manifest)
-    assert (state.attempt, state.run_attempt) == (0, 2)
-    assert (state.exit.attempt, state.exit.exit_code, state.exit.message) == (2, 1, "boom")
+    assert (state.attempt, state.run_attempt, state.uid) == (0, 2, "u-1")
+    assert state.exit is None and state.report is None  # an annotation is no report
+    ended = read_process_exit('{"progress":null,"lastOutputTime":null,'
+                              '"exit":{"attempt":2,"exitCode":1,"time":"x","message":"boom"}}')
+    assert (ended.attempt, ended.exit_code, ended.message) == (2, 1, "boom")
     for report in ('{"exit": {"attempt": "2", "exitCode": 1}}', '{"exit": [1]}', "not json",
                    '{"exit": {"attempt": 2, "exitCode": 0}}', '{"exit": {"attempt": 2}}'):
-        manifest["metadata"]["annotations"]["accelerate-operator.io/report"] = report
-        assert read_pod_state(manifest).exit is None
+        assert read_process_exit(report) is None

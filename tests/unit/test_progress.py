@@ -24,7 +24,7 @@ from accelerate_operator.progress import (
 )
 from accelerate_operator.state import JobState
 from accelerate_operator.status import _changed, build_status_write
-from accelerate_trainer.contract import MAX_REPORT_BYTES, format_trainer_info_line
+from accelerate_trainer.contract import MAX_BODY_BYTES, format_trainer_info_line
 from accelerate_trainer.progress import ProgressReporter, ProgressTracker, is_reporting_rank
 from accelerate_trainer.versions import read_versions
 
@@ -333,7 +333,7 @@ def test_after_an_in_place_restart_the_last_attempts_progress_is_history():
 @pytest.mark.parametrize("annotation", [
     "not json", "[1, 2]", '{"progress": {"step": -1}}', '{"progress": {"step": 1.5}}',
     '{"progress": "step 3"}', '{"lastOutputTime": "yesterday"}',
-    '{"progress": {"step": 1, "pad": "' + "x" * MAX_REPORT_BYTES + '"}}',
+    '{"progress": {"step": 1, "pad": "' + "x" * MAX_BODY_BYTES + '"}}',
 ])
 def test_a_malformed_or_oversized_report_leaves_the_status_as_it_was(annotation):
     body = running_body({"trainer": {"attempt": 1}, "progress": {"step": 5, "summary": "step 5"}})

@@ -227,7 +227,7 @@ def test_plan_builds_only_the_missing_children():
     actions = plan_pass(observed(body, children=frozenset({("ConfigMap",
                                                               "llm-accelerate-config")})), NOW)
     assert [(m["kind"], m["metadata"]["name"]) for m in actions.children] == [
-        ("Service", "llm"), ("Role", "llm-report"), ("RoleBinding", "llm-report")]
+        ("Service", "llm")]
     assert [m["metadata"]["name"] for m in actions.pods] == ["llm-0"]
 
 

@@ -446,7 +446,6 @@ def trainer_main(tmp_path, monkeypatch):
     monkeypatch.setattr(main_module, "wait_for_master", lambda topology, timeout: None)
     execs = []
     monkeypatch.setattr(main_module.os, "execvpe", lambda *args: execs.append(args))
-    monkeypatch.setattr(main_module, "start_relay", lambda environ, node_rank: {})
     main_module.execs = execs
     return main_module
 

@@ -1,23 +1,22 @@
 """Pod 0's supervisor (accelerate_trainer.supervise): a real child process's output passes through
-unchanged, its progress and last output reach a loopback stand-in for the API server as merge
-patches of one annotation (with the token, re-read), signals reach the child, its exit code is
-the container's, and a refused push never stops the training. The real API server's side (who
-may push what) is tests/integration/test_report_security.py."""
+unchanged, its progress and last output reach a real HTTPS stand-in for the operator's report
+endpoint (with the token, over TLS checked against the pod's CA), signals reach the child, its
+exit code is the container's, and a refused or impossible report never stops the training. The
+client's own checks (token rotation, CA rotation, retries) are test_report_client.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from accelerate_trainer.contract import MAX_REPORT_BYTES, REPORT_ANNOTATION
+from accelerate_trainer.contract import MAX_REPORT_BYTES
 from accelerate_trainer.supervise import (
     HEARTBEAT_SECONDS,
     PUSH_SECONDS,
@@ -27,57 +26,52 @@ from accelerate_trainer.supervise import (
     encode,
 )
 
+from tests.helpers.report_endpoint import PATH, ReportEndpoint
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class ApiServer(ThreadingHTTPServer):
-    """Records every PATCH; answers `status` (with a Status message when it is an error)."""
+@pytest.fixture
+def endpoint(pki):
+    """`endpoint(answers, cert)`: a report endpoint stand-in, stopped after the test."""
+    started = []
 
-    def __init__(self, status: int = 200):
-        self.patches: list[tuple[str, dict, dict]] = []
-        self.status = status
+    def start(answers=None, cert=None):
+        started.append(ReportEndpoint(cert or pki.cert, answers))
+        started[-1].ca = pki.ca  # what the pods are given
+        return started[-1]
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_PATCH(handler):  # noqa: N802, N805 - http.server's naming
-                body = handler.rfile.read(int(handler.headers["Content-Length"]))
-                self.patches.append((handler.path, dict(handler.headers), json.loads(body)))
-                answer = b"{}" if self.status < 300 else json.dumps(
-                    {"kind": "Status", "message": "denied by policy"}).encode()
-                handler.send_response(self.status)
-                handler.send_header("Content-Length", str(len(answer)))
-                handler.end_headers()
-                handler.wfile.write(answer)
-
-            def log_message(handler, *args):  # noqa: N805
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    def reports(self) -> list[dict]:
-        return [json.loads(body["metadata"]["annotations"][REPORT_ANNOTATION])
-                for _, _, body in self.patches]
+    yield start
+    for server in started:
+        server.stop()
 
 
 DRIVER = """
-import http.client, os, sys
-from accelerate_trainer.supervise import Attempts, Launch, PodPatcher, supervise
-patcher = PodPatcher("ml", "train-0", "127.0.0.1", int(sys.argv[1]), directory=sys.argv[2],
-                     connection=http.client.HTTPConnection)
+import os, sys
+from accelerate_trainer.supervise import Attempts, Launch, supervise
+from accelerate_trainer.report_client import ReportClient
+client = ReportClient(sys.argv[1], directory=sys.argv[2])
 attempts = os.path.join(sys.argv[2], "attempt")
 attempts = Attempts(attempts) if os.path.exists(attempts) else None
 launch = Launch(sys.argv[3:], dict(os.environ), os.environ.get("ACCELERATE_CHECKPOINT_DIR"))
-sys.exit(supervise(launch, patcher, int(os.environ.get("NODE_RANK", "0")), attempts))
+sys.exit(supervise(launch, client, int(os.environ.get("NODE_RANK", "0")), attempts))
 """
 
 
-def run_supervised(server: ApiServer, tmp_path: Path, script: str, env: dict | None = None,
-                   **kwargs) -> subprocess.Popen:
+def report_dir(tmp_path: Path, ca: Path) -> Path:
+    """The pod's projected report volume: the token and the endpoint's CA."""
     (tmp_path / "token").write_text("secret-token\n")
+    shutil.copy(ca, tmp_path / "ca.crt")
+    return tmp_path
+
+
+def run_supervised(server: ReportEndpoint, tmp_path: Path, script: str, env: dict | None = None,
+                   **kwargs) -> subprocess.Popen:
+    report_dir(tmp_path, server.ca)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'trainer'}:{ROOT / 'operator'}",
            "DISABLE_KUBEFLOW_INTEGRATION": "TRUE", **(env or {})}
     return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(server.server_address[1]), str(tmp_path),
+        [sys.executable, "-c", DRIVER, server.url(), str(tmp_path),
          sys.executable, "-u", "-c", script], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, **kwargs)
 
@@ -94,25 +88,26 @@ sys.exit(3)
 """
 
 
-def test_output_passes_through_and_the_last_report_and_exit_code_arrive(tmp_path):
-    server = ApiServer()
+def test_output_passes_through_and_the_last_report_and_exit_code_arrive(tmp_path, endpoint):
+    server = endpoint()
     child = run_supervised(server, tmp_path, PRINTS)
     out, err = child.communicate(timeout=60)
     assert child.returncode == 3
     assert out.splitlines()[0] == "starting" and out.splitlines()[-1] == "done"
     assert '"step": 3' in out and "3/3 [00:01<00:02" in err  # unchanged, each on its stream
-    path, headers, _ = server.patches[-1]
-    assert path == "/api/v1/namespaces/ml/pods/train-0"
+    path, headers, _ = server.requests[-1]
+    assert path == PATH
     assert headers["Authorization"] == "Bearer secret-token"
-    assert headers["Content-Type"] == "application/merge-patch+json"
+    assert headers["Content-Type"] == "application/json"
     last = server.reports()[-1]
     assert last["progress"] == {"step": 3, "total_steps": 3}
     assert last["lastOutputTime"].endswith("Z")
-    assert len(server.patches) <= 2  # the first sign of life, then the last report
+    assert len(server.requests) <= 2  # the first sign of life, then the last report
+    assert server.connections == 1  # kept alive
 
 
-def test_sigterm_reaches_the_child_and_its_exit_code_is_the_containers(tmp_path):
-    server = ApiServer()
+def test_sigterm_reaches_the_child_and_its_exit_code_is_the_containers(tmp_path, endpoint):
+    server = endpoint()
     script = ("import signal, sys, time\n"
               "def stop(*_):\n"
               "    print('checkpoint saved')\n"
@@ -127,19 +122,30 @@ def test_sigterm_reaches_the_child_and_its_exit_code_is_the_containers(tmp_path)
     assert child.returncode == 83 and "checkpoint saved" in out
 
 
-def test_a_child_killed_by_a_signal_exits_as_a_shell_would_say(tmp_path):
-    child = run_supervised(ApiServer(), tmp_path, "import os, signal\n"
+def test_a_child_killed_by_a_signal_exits_as_a_shell_would_say(tmp_path, endpoint):
+    child = run_supervised(endpoint(), tmp_path, "import os, signal\n"
                            "os.kill(os.getpid(), signal.SIGKILL)\n")
     child.communicate(timeout=30)
     assert child.returncode == 128 + signal.SIGKILL
 
 
-def test_a_refused_push_is_said_once_and_the_training_goes_on(tmp_path):
-    server = ApiServer(status=403)
+def test_a_refused_push_is_said_once_and_the_training_goes_on(tmp_path, endpoint):
+    server = endpoint([(403, {})] * 10)
     child = run_supervised(server, tmp_path, PRINTS)
     out, err = child.communicate(timeout=60)
     assert child.returncode == 3 and out.splitlines()[-1] == "done"
-    assert err.count("could not report progress") == 1 and "denied by policy" in err
+    assert 1 <= len(server.requests) <= 2  # the first report (if any), then the last
+    assert err.count("answered 403") == 1 and "refused 403" in err
+
+
+def test_an_endpoint_whose_certificate_the_pods_ca_did_not_sign_gets_nothing(tmp_path, endpoint,
+                                                                            pki):
+    server = endpoint(cert=pki.cert_other_ca)
+    child = run_supervised(server, tmp_path, PRINTS)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 3 and out.splitlines()[-1] == "done"
+    assert server.requests == []
+    assert err.count("got no answer (") == 1 and "CERTIFICATE_VERIFY_FAILED" in err
 
 
 # ---- when a push is due (Reports.due) -----------------------------------------------------
@@ -242,8 +248,9 @@ def wait_for(predicate, seconds: float = 30.0):
     raise AssertionError("timed out")
 
 
-def test_a_failed_launch_is_reported_and_the_next_attempt_runs_in_the_same_pod(tmp_path):
-    server = ApiServer()
+def test_a_failed_launch_is_reported_and_the_next_attempt_runs_in_the_same_pod(tmp_path,
+                                                                              endpoint):
+    server = endpoint()
     (tmp_path / "attempt").write_text("4")
     checkpoints = tmp_path / "ckpt" / "checkpoints" / "checkpoint_20"
     checkpoints.mkdir(parents=True)
@@ -257,7 +264,7 @@ def test_a_failed_launch_is_reported_and_the_next_attempt_runs_in_the_same_pod(t
     assert ended["message"].endswith("RuntimeError: rank 3 failed")
     assert server.reports()[0]["progress"] is None  # a pod other than 0 reports no progress
     (tmp_path / "attempt").write_text("5")  # the operator's next attempt
-    wait_for(lambda: child.poll() is None and len(server.patches) >= 1)
+    wait_for(lambda: child.poll() is None and len(server.requests) >= 1)
     time.sleep(1.0)
     (tmp_path / "attempt").write_text("6")  # attempt 5 hangs: the operator moves on again
     (checkpoints / "COMPLETE").unlink()
@@ -268,15 +275,15 @@ def test_a_failed_launch_is_reported_and_the_next_attempt_runs_in_the_same_pod(t
         f"attempt 5 rdzv train-5 resume {checkpoints}",
         "attempt 6 rdzv train-6 resume None",
     ]
-    assert len(server.patches) == 1  # only the failure: no heartbeats from pod 1
+    assert len(server.requests) == 1  # only the failure: no heartbeats from pod 1
 
 
-def test_without_an_operator_answer_the_pod_ends_with_the_launchs_code(tmp_path, monkeypatch):
-    server = ApiServer()
+def test_without_an_operator_answer_the_pod_ends_with_the_launchs_code(tmp_path, endpoint):
+    server = endpoint()
     (tmp_path / "attempt").write_text("4")
     script = "import sys; sys.exit(7)"
     child = run_supervised(server, tmp_path, script, env={"NODE_RANK": "0"})
-    wait_for(lambda: server.patches)
+    wait_for(lambda: server.requests)
     child.send_signal(signal.SIGTERM)  # the operator deleting the pod
     child.communicate(timeout=30)
     assert child.returncode == 7
@@ -292,24 +299,24 @@ dist.barrier()
 """
 
 
-def test_a_failed_launch_reports_the_first_failing_ranks_own_error(tmp_path):
+def test_a_failed_launch_reports_the_first_failing_ranks_own_error(tmp_path, endpoint):
     """A real `accelerate launch` of 2 CPU ranks with the launch hook, as accelerate-trainer
     runs it: the exit report carries rank 1's exception, not torchrun's summary."""
     from accelerate_trainer.error_files import HOOK_DIR
 
-    server = ApiServer()
+    server = endpoint()
     (tmp_path / "attempt").write_text("0")
     (tmp_path / "config.yaml").write_text("distributed_type: MULTI_GPU\nuse_cpu: true\n")
     (tmp_path / "train.py").write_text(RANK_1_RAISES)
-    (tmp_path / "token").write_text("secret-token\n")
+    report_dir(tmp_path, server.ca)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'trainer'}:{HOOK_DIR}", "NODE_RANK": "0",
            "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     launch = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
               "--config_file", str(tmp_path / "config.yaml"), "--num_processes", "2",
               "--multi_gpu", "--main_process_port", "29613", "--monitor_interval", "0.1",
               str(tmp_path / "train.py")]
-    child = subprocess.Popen([sys.executable, "-c", DRIVER, str(server.server_address[1]),
-                              str(tmp_path), *launch], env=env, stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", DRIVER, server.url(), str(tmp_path),
+                              *launch], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         ended = wait_for(lambda: [r["exit"] for r in server.reports() if "exit" in r], 120)[0]

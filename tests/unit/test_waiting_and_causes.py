@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from accelerate_operator.api import parse_job
 from accelerate_operator.decision import plan_reconcile
-from accelerate_operator.observed import read_pod_state
+from accelerate_operator.observed import read_pod_state, read_process_exit
 
 from tests.helpers.jobs import JobBuilder
 
@@ -157,8 +157,7 @@ def test_a_container_killed_for_memory_names_its_pod_and_its_limit():
 def reported(exit_fields):
     report = json.dumps({"exit": {"attempt": 0, "exitCode": 1, "message": "torchrun's tail",
                                   **exit_fields}})
-    return read_pod_state(manifest(1, "Running", annotations={
-        "accelerate-operator.io/report": report})).exit
+    return read_process_exit(report, "train-1")
 
 
 def test_a_reported_launch_failure_puts_the_ranks_own_error_first():

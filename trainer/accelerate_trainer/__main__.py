@@ -44,7 +44,6 @@ from .deepspeed_checks import parse_deepspeed_json
 from .error_files import launch_env as hook_env
 from .fast_exit import ENV_FAST_EXIT
 from .ignored import check_in_pod, probe_hardware
-from .kubeflow_relay import start_relay
 from .rendezvous import MasterUnreachable, rendezvous_timeout, wait_for_master
 from .schema import load as load_schema
 from .topology import Topology, TopologyError, parse_topology
@@ -253,14 +252,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def launch(argv: list[str], env: dict[str, str], node_rank: int) -> int:
-    """Replace this process with the launcher; on pod 0, with the supervisor that runs it and
-    pushes its progress onto the pod (supervise.py). transformers.Trainer scripts report
-    progress with no code change through the relay (kubeflow_relay.py), which the supervisor
-    starts itself where there is one."""
+    """Replace this process with the launcher; where the pod reports (supervise.wanted), with
+    the supervisor that runs it and reports its progress to the operator (supervise.py).
+    transformers.Trainer scripts report with no code change: the operator points their
+    KubeflowCallback at the same endpoint."""
     if supervise.wanted(env, node_rank):
         argv = supervise.command(argv)
-    else:
-        env.update(start_relay(env, node_rank=node_rank))
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -110,9 +110,8 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # complete ..."), "rank" (that rank's global rank), "signal" ("SIGKILL"... when a signal ended
 # it), "reason" (EXIT_REASONS: OOMKilled, RendezvousTimeout, RendezvousFailed), "oomKills" (OOM
 # kills the container's cgroup counted during the launch) and "memoryLimitBytes" (its limit).
-# The pod may change nothing else (the chart's ValidatingAdmissionPolicy), and only its own pod
-# (a Role per job naming its pods, and the policy comparing the caller's pod-bound token with the
-# object).
+# The pod POSTs it to the operator's report endpoint (REPORT_BODY_KEY below); it no longer
+# writes onto its pod.
 REPORT_ANNOTATION = "accelerate-operator.io/report"
 EXIT_ROOT_CAUSE_FIELDS = ("rootCause", "rank", "signal", "reason", "oomKills", "memoryLimitBytes")
 EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed")
@@ -123,6 +122,31 @@ MAX_REPORT_BYTES = 4096
 # new value within about 0.2 s, stops whatever runs and launches that attempt in the same pod.
 RUN_ATTEMPT_ANNOTATION = "accelerate-operator.io/run-attempt"
 RUN_ATTEMPT_FILE = "attempt"
+# ---- the report endpoint the operator serves (HTTPS; the pods hold no API credential) ----
+# Every trainer container that reports gets ENV_REPORT_URL, the full URL of its job's endpoint
+# (https://<operator service>.<namespace>.svc:<port>/apis/accelerate-operator.io/v1alpha1/
+# namespaces/<ns>/acceleratejobs/<job>/status, KEP-2779's path shape), and a projected volume at
+# REPORT_DIR holding: REPORT_TOKEN_FILE, a service-account token bound to the pod whose audience
+# is REPORT_AUDIENCE (never the API server's, so the API server refuses it); REPORT_CA_FILE, the
+# CA that signed the endpoint's certificate (key REPORT_CA_KEY of the job's ConfigMap
+# `<job>-accelerate-config`); RUN_ATTEMPT_FILE (the downward API, RUN_ATTEMPT_ANNOTATION).
+# A POST carries `Authorization: Bearer <token>` and one JSON object of at most MAX_BODY_BYTES:
+# KEP-2779's {"trainerStatus": {...}} (what transformers' KubeflowCallback sends: pod 0 gets
+# ENV_KUBEFLOW_URL/TOKEN/CA pointing at the same endpoint), and/or our extension
+# {REPORT_BODY_KEY: <the report object above>}. Answers: 200 taken; 400 malformed; 401 no or
+# bad token; 403 a token of a pod that may not write this (not a live pod of the job, progress
+# not from pod 0, an exit not from the current attempt); 404 no such job; 413 too large; 429
+# too often (Retry-After); 503 not the active replica (Retry-After). The pod retries 429/503
+# and connection errors; an `exit` report is retried until answered 200.
+ENV_REPORT_URL = "ACCELERATE_REPORT_URL"
+REPORT_AUDIENCE = "accelerate-operator.io/report"
+REPORT_CA_KEY = "report-ca.crt"
+REPORT_BODY_KEY = "acceleratePodReport"
+MAX_BODY_BYTES = 64 * 1024
+REPORT_TOKEN_SECONDS = 3600  # the projected token's lifetime; the kubelet renews it at 80 %
+ENV_KUBEFLOW_URL = "KUBEFLOW_TRAINER_SERVER_URL"
+ENV_KUBEFLOW_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
+ENV_KUBEFLOW_CA = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 # Set by the operator on every pod with a report channel: where to write (the downward API)
 # and the service-account token and cluster CA it writes with (a projected volume at
 # REPORT_DIR).

@@ -1,14 +1,13 @@
 """`python -m accelerate_trainer.supervise -- ARGV...`: run ARGV (the launcher) as a child, pass
-its output through unchanged, push rank 0's progress and signs of life onto this pod, and
+its output through unchanged, report rank 0's progress and signs of life to the operator, and
 restart the launcher in place when the operator asks for a new attempt.
 
 Why push: reading rank 0's log through the API server and the kubelet every 5 s cost about 8 ms
 of control-plane CPU per second per running job, and more the more a job prints. Here the pod
-says what happened, at most once every PUSH_SECONDS, by patching one annotation
-(contract.REPORT_ANNOTATION) onto its own pod, which the operator's pod watch already brings.
-Who may write what is the API server's business: a Role per job lets the pod's service account
-patch only pod `<job>-0`, and the chart's ValidatingAdmissionPolicy lets that patch come only
-from the pod itself (its bound token) and change only that annotation, up to MAX_REPORT_BYTES.
+says what happened, at most once every PUSH_SECONDS, in one HTTPS POST to the report endpoint
+the operator serves (contract.py, "the report endpoint"; report_client.py). The pod holds no API
+credential: its token's audience is the operator's, and the operator decides who may report
+what (a live pod of the job; progress only from pod 0).
 
 Why the parent of the launcher, not a process beside it: a container ends when its first process
 does, and a process beside it would be killed with output not yet copied (the last lines of a
@@ -18,30 +17,32 @@ Kubernetes sends (SIGTERM: checkpoint and stop), and exits with the launcher's c
 push.
 
 What is pushed: the newest `ACCELERATE_PROGRESS {json}` line on either stream (the script's own,
-accelerate_trainer.progress's, or the Kubeflow relay's) and when it came, and when anything was
-last written. The first progress goes at once (unless a push was tried in the last
-QUIET_SECONDS): `kubectl get` shows a new group's first step soon. After it, a push happens when
-the progress changed and PUSH_SECONDS have passed since the last one; while output goes on with
-no new progress, every HEARTBEAT_SECONDS; once output has paused QUIET_SECONDS (stall detection
-then sees the true last sign of life); and at the end. A failed push is said once on stderr and
-tried again later; it never stops the training.
+or accelerate_trainer.progress's) and when it came, and when anything was last written.
+(transformers' KubeflowCallback posts its trainerStatus to the same endpoint itself: the
+operator gives pod 0 KUBEFLOW_TRAINER_SERVER_URL, _TOKEN and _CA_CERT.) The first progress goes
+at once (unless a push was tried in the last QUIET_SECONDS): `kubectl get` shows a new group's
+first step soon. After it, a push happens when the progress changed and PUSH_SECONDS have
+passed since the last one; while output goes on with no new progress, every HEARTBEAT_SECONDS;
+once output has paused QUIET_SECONDS (stall detection then sees the true last sign of life); and
+at the end. What the endpoint answers, and what is
+tried again when (Retry-After, backoff), is Pusher's; a failed push is said once on stderr and
+never stops the training.
 
 In-place restarts (spec.runPolicy.restartInPlace, `Supervisor`): every pod of such a job runs
 under this module. When its launcher ends with a non-zero code, the pod does not end: it reports
-the exit (attempt, code, last lines of stderr) onto itself at once and waits up to HOLD_SECONDS
-for the operator, which counts the restart against backoffLimit and writes the next attempt
-onto every pod of the group (contract.RUN_ATTEMPT_ANNOTATION, seen here through the downward
-API). Each pod then stops whatever of the last attempt still runs (its ranks may hang in a
-collective on the dead one: NCCL does), and launches the new attempt with
+the exit (attempt, code, last lines of stderr) at once, tried until the endpoint takes it, and
+waits up to HOLD_SECONDS for the operator, which counts the restart against backoffLimit and
+writes the next attempt onto every pod of the group (contract.RUN_ATTEMPT_ANNOTATION, seen here
+through the downward API). Each pod then stops whatever of the last attempt still runs (its
+ranks may hang in a collective on the dead one: NCCL does), and launches the new attempt with
 ACCELERATE_JOB_ATTEMPT set and ACCELERATE_RESUME_FROM at the newest complete checkpoint: no pod
 is deleted, scheduled or pulled again. Why the operator decides and not torchrun's
 `--max_restarts`: each restart is counted, with its cause, before it happens; a rank is the
 same pod's whatever the rendezvous; and a pod or node lost still takes the group restart.
 
-Why http.client and not the `kubernetes` package: this runs in the user's training image, which
-need not have `kubernetes` (nor its pydantic, which may clash with the user's pins); it makes one
-kind of request, a JSON merge patch of one pod, with the projected token (re-read for every push:
-the kubelet rotates it) over one kept-alive TLS connection checked against the cluster's CA.
+Why no `kubernetes` package: this runs in the user's training image, which need not have it (nor
+its pydantic, which may clash with the user's pins); it makes one kind of request, a POST to
+the operator, with the standard library (report_client.py).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ import json
 import logging
 import math
 import os
+import random
 import signal
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -72,30 +73,30 @@ from .contract import (
     ENV_JOB_ATTEMPT,
     ENV_JOB_NAME,
     ENV_NODE_RANK,
-    ENV_REPORT_NAMESPACE,
-    ENV_REPORT_POD,
+    ENV_REPORT_URL,
     MAX_REPORT_BYTES,
     PROGRESS_LINE,
     PROGRESS_PREFIX,
-    REPORT_ANNOTATION,
-    REPORT_CA_FILE,
     REPORT_DIR,
     REPORT_TOKEN_FILE,
     RUN_ATTEMPT_FILE,
 )
 from .error_files import ENV_LAUNCH_REPORT, read_json
-from .kubeflow_relay import start_relay
+from .report_client import REQUEST_TIMEOUT, Answer, BadReportURL, ReportClient
 
-# At most one push per this while the progress changes. Each push and the status write it
-# brings cost the control plane about 30 ms of CPU (docs/performance.md), so this is the
-# freshness a user sees (progress in `kubectl get` under 10 s old) at the lowest cost.
+# At most one push per this while the progress changes: the freshness a user sees (progress in
+# `kubectl get` under 10 s old), and slower than the 5 s that KEP-2779's clients keep to.
 PUSH_SECONDS = 8.0
 # While output goes on with the same progress: well under the smallest stallTimeoutSeconds (30),
 # so a job that prints is never taken for a stalled one.
 HEARTBEAT_SECONDS = 10.0
 QUIET_SECONDS = 3.0        # output paused this long: say when it last came
 TICK_SECONDS = 0.5
-REQUEST_TIMEOUT = 5.0
+# A push that got no answer (or a 5xx with no Retry-After) is tried again after this, doubling
+# up to the max, with jitter (backoff()): an operator failing over is back within seconds.
+BACKOFF_SECONDS, BACKOFF_MAX_SECONDS = 1.0, 10.0
+RETRIED = (429, 503)  # the endpoint is busy or not the active replica: Retry-After
+REFUSED = (400, 401, 403, 404, 413)  # this report or this pod is refused: not sent again
 DRAIN_QUIET_SECONDS = 0.25  # after the launcher ended: its last bytes are copied when quiet
 DRAIN_MAX_SECONDS = 2.0
 MAX_PARTIAL_LINE = 64 * 1024
@@ -164,7 +165,7 @@ def _stamp(moment: float | None) -> str | None:
 
 
 def encode(snapshot: Snapshot) -> str:
-    """The annotation's value (contract.py), cut to MAX_REPORT_BYTES: metrics go first."""
+    """The report (contract.py) as JSON, cut to MAX_REPORT_BYTES: metrics go first."""
     when, progress_time = _stamp(snapshot.last_output), _stamp(snapshot.progress_time)
     ended: dict[str, Any] = {"exit": dict(snapshot.exit)} if snapshot.exit is not None else {}
     if snapshot.attempt is not None:
@@ -272,87 +273,30 @@ class Reports:
                 self._pushed = snapshot
 
 
-class PushRefused(Exception):
-    """The API server answered a push with an error."""
-
-
-class PodPatcher:
-    """Merge-patches the report annotation onto one pod over a kept-alive TLS connection."""
-
-    def __init__(self, namespace: str, pod: str, host: str, port: int,
-                 directory: str = REPORT_DIR, context: ssl.SSLContext | None = None,
-                 connection: type[http.client.HTTPConnection] = http.client.HTTPSConnection):
-        self.path = f"/api/v1/namespaces/{namespace}/pods/{pod}"
-        self.host, self.port, self.directory = host, port, directory
-        self.context = context
-        self._connection_type = connection
-        self._connection: http.client.HTTPConnection | None = None
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> PodPatcher | None:
-        """The patcher the operator's env and volume describe, or None when they are not all
-        there (a pod made by something else, or an older operator): nothing is pushed."""
-        pod, namespace = environ.get(ENV_REPORT_POD), environ.get(ENV_REPORT_NAMESPACE)
-        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
-        token = os.path.join(REPORT_DIR, REPORT_TOKEN_FILE)
-        if not (pod and namespace and host and port and os.path.isfile(token)):
-            return None
-        context = ssl.create_default_context(cafile=os.path.join(REPORT_DIR, REPORT_CA_FILE))
-        return cls(namespace, pod, host, int(port), context=context)
-
-    def patch(self, annotation: str) -> None:
-        """One push; raises OSError, http.client.HTTPException or PushRefused. A connection the
-        server closed while idle is opened again once."""
-        with open(os.path.join(self.directory, REPORT_TOKEN_FILE), encoding="utf-8") as file:
-            token = file.read().strip()
-        body = json.dumps({"metadata": {"annotations": {REPORT_ANNOTATION: annotation}}})
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json",
-                   "Content-Type": "application/merge-patch+json"}
-        for attempt in (1, 2):
-            connection = self._connect()
-            try:
-                connection.request("PATCH", self.path, body, headers)
-                response = connection.getresponse()
-                answer = response.read(MAX_REPORT_BYTES * 4)
-            except (OSError, http.client.HTTPException):
-                self.close()
-                if attempt == 2:
-                    raise
-                continue
-            if response.status >= 300:
-                raise PushRefused(_refusal(response.status, answer))
-            return
-
-    def _connect(self) -> http.client.HTTPConnection:
-        if self._connection is None:
-            kwargs = {"context": self.context} if self.context is not None else {}
-            self._connection = self._connection_type(self.host, self.port,
-                                                     timeout=REQUEST_TIMEOUT, **kwargs)
-        return self._connection
-
-    def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-
-def _refusal(status: int, answer: bytes) -> str:
-    """The API server's own message (a Status object), else the HTTP status."""
-    try:
-        message = json.loads(answer).get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return f"HTTP {status}" + (f": {message}" if message else "")
+def backoff(failures: int) -> float:
+    """Seconds before the next try after `failures` unanswered ones in a row: doubling from
+    BACKOFF_SECONDS up to BACKOFF_MAX_SECONDS, with jitter, so the pods of many jobs that lost
+    the endpoint together (a failover) do not come back together."""
+    return min(BACKOFF_MAX_SECONDS, BACKOFF_SECONDS * 2 ** min(failures, 16)) \
+        * random.uniform(0.5, 1.0)
 
 
 class Pusher(threading.Thread):
-    """Pushes what Reports says is due, every TICK_SECONDS, until stopped; then once more."""
+    """Pushes what Reports says is due, every TICK_SECONDS, until stopped; then once more.
+    Reports.due gives the newest snapshot, so one that waits (Retry-After, backoff) is replaced
+    by a newer one, never queued behind it. Answers (contract.py): 200 taken; 429 and 503 tried
+    again after their Retry-After, no answer at all after a backoff; a refusal (400, 401, 403,
+    404, 413) is not sent again, what comes after it is. Each distinct failure is said once on
+    stderr, until a report is taken again; none stops the training."""
 
-    def __init__(self, reports: Reports, patcher: PodPatcher | None):
+    def __init__(self, reports: Reports, client: ReportClient | None):
         super().__init__(name="report-pusher", daemon=True)
-        self.reports, self.patcher = reports, patcher
+        self.reports, self.client = reports, client
         self._stop_event = threading.Event()
-        self._failing = False
+        self._lock = threading.Lock()  # finish() pushes from the main thread
+        self._retry_at = 0.0  # monotonic: no try before (Retry-After, backoff)
+        self._failures = 0  # tries in a row with no answer, or a 5xx: the backoff's exponent
+        self._said: set[str] = set()
 
     def run(self) -> None:
         while not self._stop_event.is_set():
@@ -369,23 +313,53 @@ class Pusher(threading.Thread):
         self.push(final=True)
 
     def push(self, final: bool) -> None:
-        now = time.monotonic()
-        snapshot = self.reports.due(now, time.time(), final=final)
-        if snapshot is None or self.patcher is None:
-            return
-        try:
-            self.patcher.patch(encode(snapshot))
-        except (OSError, http.client.HTTPException, PushRefused) as error:
+        """Push the due snapshot, if any; `final` (the launcher ended): now, whatever waits."""
+        with self._lock:
+            now = time.monotonic()
+            if self.client is None or (not final and now < self._retry_at):
+                return
+            snapshot = self.reports.due(now, time.time(), final=final)
+            if snapshot is None:
+                return
+            try:
+                answer = self.client.post_report(encode(snapshot))
+            except (OSError, http.client.HTTPException) as error:
+                self._unanswered(snapshot, now, type(error).__name__, f"got no answer ({error})")
+                return
+            self._answered(snapshot, now, answer)
+
+    def _answered(self, snapshot: Snapshot, now: float, answer: Answer) -> None:
+        status = answer.status
+        said = f"answered {status}" + (f" ({answer.message})" if answer.message else "")
+        if status == 200:
+            self.reports.tried(snapshot, now, ok=True)
+            self._retry_at, self._failures = 0.0, 0
+            if self._said:
+                say(f"the operator's report endpoint takes reports again ({self.client.url})")
+            self._said.clear()
+        elif status in REFUSED:
+            # Not the endpoint's state but this report's or this pod's: the same report would be
+            # refused again. It counts as sent; newer ones still go.
+            self.reports.tried(snapshot, now, ok=True)
+            self._say_once(str(status), f"{said}; that report is not sent again")
+        elif status in RETRIED and answer.retry_after is not None:
             self.reports.tried(snapshot, now, ok=False)
-            if not self._failing:
-                say(f"could not report progress to pod {self.patcher.path.rpartition('/')[2]} "
-                    f"({error}); training goes on, the next report tries again")
-            self._failing = True
-            return
-        self.reports.tried(snapshot, now, ok=True)
-        if self._failing:
-            say("reporting progress again")
-        self._failing = False
+            self._retry_at = now + answer.retry_after
+            self._say_once(str(status), f"{said}; trying again in {answer.retry_after:.0f}s")
+        else:
+            self._unanswered(snapshot, now, str(status), said)
+
+    def _unanswered(self, snapshot: Snapshot, now: float, key: str, said: str) -> None:
+        self.reports.tried(snapshot, now, ok=False)
+        delay = backoff(self._failures)
+        self._failures += 1
+        self._retry_at = now + delay
+        self._say_once(key, f"{said}; trying again in {delay:.0f}s and backing off")
+
+    def _say_once(self, key: str, said: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            say(f"report to {self.client.url} {said}; training goes on")
 
 
 class Pump(threading.Thread):
@@ -425,8 +399,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def drain(pumps: Sequence[Pump]) -> None:
     """After the launcher ended: wait until its last bytes are copied. A pipe may stay open in a
-    process the launcher left behind (the relay ends only after this one), so wait for quiet,
-    not for the end of the pipes."""
+    process the launcher left behind, so wait for quiet, not for the end of the pipes."""
     deadline = time.monotonic() + DRAIN_MAX_SECONDS
     while time.monotonic() < deadline and any(p.is_alive() for p in pumps):
         newest = max(p.last_read for p in pumps)
@@ -488,9 +461,8 @@ class Launch:
 class Supervisor:
     """Runs the launches of one pod (the module's docstring) and says how they ended."""
 
-    def __init__(self, launch: Launch, patcher: PodPatcher | None, node_rank: int,
-                 attempts: Attempts | None):
-        self.launch, self.patcher, self.attempts = launch, patcher, attempts
+    def __init__(self, launch: Launch, node_rank: int, attempts: Attempts | None):
+        self.launch, self.attempts = launch, attempts
         self.reports = Reports(progress=node_rank == 0)
         self.node_rank = node_rank
         self.child: subprocess.Popen | None = None
@@ -620,8 +592,7 @@ def stop_orphans() -> None:
         return
     children = _children()
     for orphan in children.get(1, ()):
-        if not _is_relay(orphan):
-            stop_tree(orphan, children)
+        stop_tree(orphan, children)
     while True:
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:
@@ -638,27 +609,17 @@ def _parent_pid(pid: int) -> int | None:
         return None
 
 
-def _is_relay(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return b"accelerate_trainer.kubeflow_relay" in file.read()
-    except OSError:
-        return False
-
-
-def supervise(launch: Launch, patcher: PodPatcher | None, node_rank: int = 0,
+def supervise(launch: Launch, client: ReportClient | None, node_rank: int = 0,
               attempts: Attempts | None = None) -> int:
     """Run the launch under this supervisor (the module's docstring); returns its exit code."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    # transformers' KubeflowCallback posts to the relay, whose lines come through the pipe.
-    launch.env.update(start_relay(launch.env, node_rank=node_rank, stdout=out_write))
-    supervisor = Supervisor(launch, patcher, node_rank, attempts)
+    supervisor = Supervisor(launch, node_rank, attempts)
     for number in FORWARDED_SIGNALS:
         signal.signal(number, lambda received, _frame: supervisor.signal(received))
     pumps = [Pump(out_read, sys.stdout.fileno(), supervisor.reports),
              Pump(err_read, sys.stderr.fileno(), supervisor.reports)]
-    pusher = Pusher(supervisor.reports, patcher)
+    pusher = Pusher(supervisor.reports, client)
     for thread in (*pumps, pusher):
         thread.start()
     told = attempts.read() if attempts is not None else None
@@ -694,7 +655,7 @@ def command(argv: Sequence[str], python: str = sys.executable) -> list[str]:
 def wanted(environ: Mapping[str, str], node_rank: int) -> bool:
     """A pod made by an operator that gave it somewhere to report: pod 0 reports progress, and
     every pod restarted in place (an attempt file) reports a failed launch."""
-    if not (environ.get(ENV_REPORT_POD)
+    if not (environ.get(ENV_REPORT_URL)
             and os.path.isfile(os.path.join(REPORT_DIR, REPORT_TOKEN_FILE))):
         return False
     return node_rank == 0 or os.path.isfile(os.path.join(REPORT_DIR, RUN_ATTEMPT_FILE))
@@ -708,13 +669,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args:
         say("usage: python -m accelerate_trainer.supervise -- PROGRAM [ARGS...]")
         return 2
-    patcher = PodPatcher.from_env(os.environ)
-    if patcher is None:
-        say("no report channel in this pod's env: progress is not reported to the operator")
+    try:
+        client = ReportClient.from_env(os.environ)
+    except BadReportURL as error:
+        say(f"{error}; progress is not reported to the operator")
+        client = None
+    else:
+        if client is None:
+            say("no report endpoint in this pod's env: progress is not reported to the operator")
     attempt_file = os.path.join(REPORT_DIR, RUN_ATTEMPT_FILE)
     attempts = Attempts(attempt_file) if os.path.isfile(attempt_file) else None
     launch = Launch(args, dict(os.environ), os.environ.get(ENV_CHECKPOINT_DIR))
-    return supervise(launch, patcher, int(os.environ.get(ENV_NODE_RANK) or 0), attempts)
+    return supervise(launch, client, int(os.environ.get(ENV_NODE_RANK) or 0), attempts)
 
 
 if __name__ == "__main__":

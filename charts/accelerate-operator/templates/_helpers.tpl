@@ -49,14 +49,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The report endpoint's Service port, the Secret of its TLS, and the URL the pods reach it at. */}}
+{{- define "accelerate-operator.reportSecret" -}}
+{{- printf "%s-report-tls" (include "accelerate-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "accelerate-operator.reportURL" -}}
+{{- printf "https://%s.%s.svc:%d" (include "accelerate-operator.fullname" .) .Release.Namespace (int .Values.reports.port) }}
+{{- end }}
+
 {{/* The operator image, tagged with the chart's appVersion unless image.tag is set. */}}
 {{- define "accelerate-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
 {{/*
-RBAC rules the operator needs in every namespace it watches (least privilege). No Secret access:
-the operator never reads one.
+RBAC rules the operator needs in every namespace it watches (least privilege). No Secret access
+there: the one Secret the operator reads, its report endpoint's TLS, is in its own namespace
+(templates/report-endpoint.yaml).
 */}}
 {{- define "accelerate-operator.namespacedRules" -}}
 - apiGroups: ["accelerate-operator.io"]
@@ -71,23 +80,22 @@ the operator never reads one.
 - apiGroups: ["accelerate-operator.io"]
   resources: ["acceleratejobs/finalizers"]
   verbs: ["update"]
-# patch: never used by the operator itself, but RBAC lets it grant only what it holds, and each
-# job's Role `<job>-report` grants pod `<job>-0` a patch of itself (its progress report).
+# patch: the annotation accelerate-operator.io/run-attempt, which asks a job's pods to launch
+# again in place (spec.runPolicy.restartInPlace).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
-  verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create"]
+# patch: the report endpoint's CA bundle (key report-ca.crt) in each job's ConfigMap, when the
+# operator renews its CA.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
@@ -123,6 +131,11 @@ ResourceFlavors and WorkloadPriorityClasses; nothing otherwise (the operator wat
 collections by path: it needs neither CRDs nor namespaces listed).
 */}}
 {{- define "accelerate-operator.clusterRules" -}}
+# The report endpoint checks each pod's token (audience accelerate-operator.io/report) with a
+# TokenReview, which is cluster-scoped.
+- apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
 # The node of a pod that runs but is not Ready, or outlived its deletion's grace period: whether
 # the node is lost (spec.runPolicy.nodeLostTimeoutSeconds). Read by name, never listed.
 - apiGroups: [""]

@@ -34,7 +34,7 @@ from accelerate_trainer.config import (
     parse_accelerate_yaml,
     resolve_config_path,
 )
-from accelerate_trainer.contract import CONFIG_KEY, CONFIG_MOUNT_PATH
+from accelerate_trainer.contract import CONFIG_KEY, CONFIG_MOUNT_PATH, REPORT_CA_KEY
 from accelerate_trainer.deepspeed_checks import parse_deepspeed_json
 from accelerate_trainer.ignored import check_ignored_values, gpu_ids_of
 
@@ -256,3 +256,11 @@ def prepare_config(job: JobSpec, source: ConfigSource | None) -> tuple[JobSpec, 
         warnings = tuple(f"{source.label}: {warning}" for warning in warnings)
     job = dataclasses.replace(job, config_warnings=warnings)
     return job, build_configmap(job, rendered, files, binary)
+
+
+def with_report_ca(configmap: dict[str, Any], bundle: str | None) -> dict[str, Any]:
+    """The ConfigMap with the CA bundle of the operator's report endpoint
+    (contract.REPORT_CA_KEY, mounted into the pods' report volume); as it is without one."""
+    if not bundle:
+        return configmap
+    return {**configmap, "data": {**configmap.get("data", {}), REPORT_CA_KEY: bundle}}

@@ -5,6 +5,7 @@ the template does not override, and a termination grace period long enough for a
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 from accelerate_trainer.contract import (
@@ -20,17 +21,22 @@ from accelerate_trainer.contract import (
     ENV_CONFIG_FILE,
     ENV_JOB_ATTEMPT,
     ENV_JOB_NAME,
+    ENV_KUBEFLOW_CA,
+    ENV_KUBEFLOW_TOKEN,
+    ENV_KUBEFLOW_URL,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_NODE_RANK,
     ENV_NPROC_PER_NODE,
     ENV_NUM_NODES,
-    ENV_REPORT_NAMESPACE,
-    ENV_REPORT_POD,
+    ENV_REPORT_URL,
     ENV_WORLD_SIZE,
+    REPORT_AUDIENCE,
     REPORT_CA_FILE,
+    REPORT_CA_KEY,
     REPORT_DIR,
     REPORT_TOKEN_FILE,
+    REPORT_TOKEN_SECONDS,
     RUN_ATTEMPT_ANNOTATION,
     RUN_ATTEMPT_FILE,
     WORKSPACE_DIR,
@@ -39,7 +45,22 @@ from accelerate_trainer.contract import (
 from ..api import JobSpec
 from ..constants import CODE_VOLUME, CONFIG_VOLUME, REPORT_VOLUME, SHM_VOLUME, WORKSPACE_VOLUME
 from ..labels import pod_labels
-from ..naming import configmap_name, master_address, pod_name, service_name
+from ..naming import configmap_name, master_address, pod_name, report_path, service_name
+
+
+@dataclass(frozen=True)
+class ReportEndpoint:
+    """Where the pods reach the operator's report endpoint: `https://<service DNS name>:<port>`
+    (report_settings.py reads it from the operator's environment)."""
+
+    base_url: str
+
+    def job_url(self, job: JobSpec) -> str:
+        return self.base_url.rstrip("/") + report_path(job.namespace, job.name)
+
+
+# What the chart's defaults make it: release `accelerate-operator` in `accelerate-system`.
+DEFAULT_REPORT_ENDPOINT = ReportEndpoint("https://accelerate-operator.accelerate-system.svc:8443")
 
 # Long enough for every rank to finish its step and save one checkpoint together after SIGTERM
 # (accelerate_trainer.checkpoints.checkpoint_on_stop); Kubernetes' own 30 s rarely is. The
@@ -49,9 +70,8 @@ DEFAULT_TERMINATION_GRACE_SECONDS = 120
 # on: 30 s unless told. Set to the pod's grace period, so the kubelet's deadline is the one.
 ENV_LAUNCHER_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
-# The report token's lifetime; the kubelet renews it at 80%. The API server's minimum is 600 s.
-REPORT_TOKEN_SECONDS = 3600
-
+# transformers' own switch for its KubeflowCallback (read as transformers reads it).
+ENV_KUBEFLOW_DISABLE = "DISABLE_KUBEFLOW_INTEGRATION"
 RESTRICTED_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 RESTRICTED_CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
@@ -101,10 +121,11 @@ def _with_defaults(current: dict[str, Any] | None, defaults: dict[str, Any]) -> 
     return {**copy.deepcopy(defaults), **(current or {})}
 
 
-def build_pod(job: JobSpec, index: int, attempt: int,
-              run_attempt: int | None = None) -> dict[str, Any]:
+def build_pod(job: JobSpec, index: int, attempt: int, run_attempt: int | None = None,
+              endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT) -> dict[str, Any]:
     """Pod `index` of the group created for `attempt` (its label), whose processes run
-    `run_attempt` (the same unless the group was restarted in place since)."""
+    `run_attempt` (the same unless the group was restarted in place since); it reports to
+    `endpoint`."""
     run_attempt = attempt if run_attempt is None else run_attempt
     template = copy.deepcopy(dict(job.template))
     spec = template.get("spec", {})
@@ -124,7 +145,7 @@ def build_pod(job: JobSpec, index: int, attempt: int,
     _add_volumes(job, spec, trainer)
     annotations = dict(metadata.get("annotations") or {})
     if index == 0 or job.run_policy.restart_in_place:
-        _add_report_channel(job, index, spec, trainer)
+        _add_report_channel(job, index, spec, trainer, endpoint)
         annotations.update(_run_attempt(job, run_attempt))
 
     return {
@@ -190,21 +211,28 @@ def _run_attempt(job: JobSpec, run_attempt: int) -> dict[str, str]:
 
 
 def _add_report_channel(job: JobSpec, index: int, spec: dict[str, Any],
-                        trainer: dict[str, Any]) -> None:
-    """The pod pushes its report onto itself (accelerate_trainer.supervise): where (its own name
-    and namespace) and with what (a token of the pod's service account bound to this pod, and
-    the cluster's CA), mounted on the trainer container only. Projected explicitly, so a
-    template with automountServiceAccountToken false still reports; the token can do nothing
-    but what the job's Role and the chart's admission policy allow. With in-place restarts, the
-    same volume carries the attempt the operator wants run (the downward API, refreshed by the
-    kubelet within about 0.2 s of the operator's write)."""
-    trainer["env"][:0] = [{"name": ENV_REPORT_POD, "value": pod_name(job.name, index)},
-                          {"name": ENV_REPORT_NAMESPACE, "value": job.namespace}]
+                        trainer: dict[str, Any], endpoint: ReportEndpoint) -> None:
+    """The pod reports to the operator's endpoint (accelerate_trainer.supervise): its URL, and a
+    volume on the trainer container only with a token bound to this pod whose audience is the
+    endpoint's (REPORT_AUDIENCE: the API server refuses it, so the container gets no API
+    credential from us; automountServiceAccountToken stays as the template sets it), the CA that
+    signed the endpoint's certificate (from the job's ConfigMap) and, with in-place restarts,
+    the attempt the operator wants run (the downward API, refreshed by the kubelet within about
+    0.2 s of the operator's write). Pod 0 also points transformers' KubeflowCallback there."""
+    url = endpoint.job_url(job)
+    env = [{"name": ENV_REPORT_URL, "value": url}]
+    if index == 0 and _kubeflow_wanted(trainer["env"]):
+        env += [{"name": ENV_KUBEFLOW_URL, "value": url},
+                {"name": ENV_KUBEFLOW_TOKEN, "value": f"{REPORT_DIR}/{REPORT_TOKEN_FILE}"},
+                {"name": ENV_KUBEFLOW_CA, "value": f"{REPORT_DIR}/{REPORT_CA_FILE}"}]
+    trainer["env"][:0] = env
     sources: list[dict[str, Any]] = [
-        {"serviceAccountToken": {"path": REPORT_TOKEN_FILE,
+        {"serviceAccountToken": {"audience": REPORT_AUDIENCE, "path": REPORT_TOKEN_FILE,
                                  "expirationSeconds": REPORT_TOKEN_SECONDS}},
-        {"configMap": {"name": "kube-root-ca.crt",
-                       "items": [{"key": "ca.crt", "path": REPORT_CA_FILE}]}},
+        # optional: a ConfigMap written before the operator had a CA still starts the pod; the
+        # operator adds the key, and the kubelet the file, soon after.
+        {"configMap": {"name": configmap_name(job.name), "optional": True,
+                       "items": [{"key": REPORT_CA_KEY, "path": REPORT_CA_FILE}]}},
     ]
     if job.run_policy.restart_in_place:
         field = f"metadata.annotations['{RUN_ATTEMPT_ANNOTATION}']"
@@ -213,3 +241,11 @@ def _add_report_channel(job: JobSpec, index: int, spec: dict[str, Any],
     spec["volumes"].append({"name": REPORT_VOLUME, "projected": {"sources": sources}})
     trainer["volumeMounts"].append({"name": REPORT_VOLUME, "mountPath": REPORT_DIR,
                                     "readOnly": True})
+
+
+def _kubeflow_wanted(env: list[dict[str, Any]]) -> bool:
+    """Unless the template points transformers' KubeflowCallback elsewhere or turns it off."""
+    names = {e.get("name"): e for e in env}
+    disable = names.get(ENV_KUBEFLOW_DISABLE)
+    disabled = disable is not None and str(disable.get("value", "TRUE")).upper() == "TRUE"
+    return ENV_KUBEFLOW_URL not in names and not disabled

@@ -1,0 +1,121 @@
+"""Keeps the report endpoint's TLS: the Secret in the operator's namespace (created if absent,
+so every replica shares one; a replica that loses the race reads the winner's), renewed before
+anything in it expires (report_tls.renew), the server's SSL context loaded from it, and its CA
+bundle written into every job's ConfigMap (contract.REPORT_CA_KEY), whence the kubelet copies
+it into the pods' report volume."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import Callable
+
+from accelerate_trainer.contract import REPORT_CA_KEY
+
+from .kube_reports import ReportKube
+from .report_tls import Material, next_check, renew
+
+log = logging.getLogger("accelerate_operator")
+
+# The Secret is read again at least this often: another replica may have renewed it.
+RELOAD_SECONDS = 3600.0
+SECRET_LABELS = {"app.kubernetes.io/part-of": "accelerate-operator",
+                 "app.kubernetes.io/component": "report-tls"}
+
+
+def server_context(material: Material) -> ssl.SSLContext:
+    """A server context holding the serving certificate and key (ssl loads them from files
+    only: written to a private directory and removed at once)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    load_chain(context, material)
+    return context
+
+
+def load_chain(context: ssl.SSLContext, material: Material) -> None:
+    """Into an existing context: connections made from now on use the new certificate."""
+    with tempfile.TemporaryDirectory(prefix="report-tls-") as directory:
+        cert, key = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
+        for path, text in ((cert, material.tls_cert), (key, material.tls_key)):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as file:
+                file.write(text)
+        context.load_cert_chain(cert, key)
+
+
+class CertKeeper:
+    def __init__(self, kube: ReportKube, namespace: str, secret: str, names: list[str],
+                 namespaces: list[str], configmap_selector: str,
+                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
+        self.kube, self.namespace, self.secret, self.names = kube, namespace, secret, names
+        self.namespaces, self.selector, self.now = namespaces, configmap_selector, now
+        self.material: Material | None = None
+        self.context: ssl.SSLContext | None = None
+
+    @property
+    def bundle(self) -> str | None:
+        """The CA certificates the pods trust, for each job's ConfigMap."""
+        return self.material.ca_certs if self.material else None
+
+    async def ensure(self) -> Material:
+        """The Secret's material, renewed and written back when due. A write another replica
+        made first (409) is read again."""
+        for _ in range(5):
+            secret = await self.kube.read_secret(self.namespace, self.secret)
+            current = Material.from_data(secret["data"]) if secret else None
+            renewed = renew(current, self.names, self.now())
+            if renewed is None:
+                return current  # type: ignore[return-value]
+            version = secret["metadata"]["resourceVersion"] if secret else None
+            if await self.kube.write_secret(self.namespace, self.secret, renewed.to_data(),
+                                            SECRET_LABELS, version):
+                log.info("report endpoint TLS %s in Secret %s/%s", "renewed" if secret
+                         else "created", self.namespace, self.secret)
+                return renewed
+        raise RuntimeError(f"Secret {self.namespace}/{self.secret} kept changing under us")
+
+    async def start(self) -> ssl.SSLContext:
+        """The first load: the server's context."""
+        self.material = await self.ensure()
+        self.context = server_context(self.material)
+        return self.context
+
+    async def sync_configmaps(self) -> int:
+        """Write the CA bundle into every job ConfigMap that holds another; returns how many."""
+        bundle, changed = self.bundle, 0
+        async for item in self.kube.configmaps(self.namespaces, self.selector):
+            if bundle and (item.get("data") or {}).get(REPORT_CA_KEY) != bundle:
+                metadata = item["metadata"]
+                await self.kube.patch_configmap(metadata["namespace"], metadata["name"],
+                                                {REPORT_CA_KEY: bundle})
+                changed += 1
+        return changed
+
+    async def _once(self) -> None:
+        material = await self.ensure()
+        if material != self.material:
+            self.material = material
+            if self.context is not None:
+                load_chain(self.context, material)
+            log.info("report endpoint TLS reloaded; %d job ConfigMaps given the new CA bundle",
+                     await self.sync_configmaps())
+
+    async def run(self) -> None:
+        """Bring the jobs' ConfigMaps up to the bundle once, then renew when due, and read the
+        Secret again every RELOAD_SECONDS."""
+        try:
+            await self.sync_configmaps()
+        except Exception as error:  # noqa: BLE001 - the next change syncs again
+            log.warning("writing the CA bundle into the jobs' ConfigMaps failed: %r", error)
+        while True:
+            wait = RELOAD_SECONDS
+            if self.material is not None:
+                wait = min(wait, max(1.0, next_check(self.material, self.now()).total_seconds()))
+            await asyncio.sleep(wait)
+            try:
+                await self._once()
+            except Exception as error:  # noqa: BLE001 - tried again at the next round
+                log.warning("renewing the report endpoint's TLS failed: %r", error)
