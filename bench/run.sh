@@ -11,10 +11,11 @@
 #   bench/run.sh throughput kubeflow our operator, then Kubeflow's Go training-operator (built
 #                                    once by hack/build-training-operator.sh, run as a host
 #                                    process) on the same burst; not in the default set
-#   bench/run.sh running             the control plane's CPU per second per running job (100
-#                                    single-node jobs printing like a trainer, against the idle
-#                                    cluster; about 4 minutes); not in the default set: its 100
-#                                    pods fill most of the nodes' pod capacity
+#   bench/run.sh running             what reporting progress adds to the control plane's CPU
+#                                    per second per running job (100 single-node jobs printing
+#                                    like a trainer, bare and then under the supervisor; about 9
+#                                    minutes); not in the default set: its 100 pods fill most of
+#                                    the nodes' pod capacity
 #   bench/run.sh recovery            what a crash, a pod deletion and a lost node cost a training
 #                                    job, ours and Kubeflow's PyTorchJob (the Go training-operator
 #                                    as for `kubeflow`) side by side; about 20 minutes; not in the
@@ -22,7 +23,7 @@
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
 # BENCH_KUBEFLOW_ARGS, BENCH_RUNNING_ARGS, BENCH_RECOVERY_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode
-# both", BENCH_RUNNING_ARGS="--no-supervise"). Raw results, one JSON line per benchmark, go to
+# both", BENCH_RUNNING_ARGS="--mode bare"). Raw results, one JSON line per benchmark, go to
 # $BENCH_JSON (default: a file under /tmp, named at the end).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

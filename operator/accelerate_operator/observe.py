@@ -36,9 +36,12 @@ from .timefmt import parse_time
 
 log = logging.getLogger("accelerate_operator")
 
-# At most one status.progress write per job this often (pod 0 pushes about as often: a pod that
-# pushes faster costs the API server its own writes, never more of ours).
-PROGRESS_WRITE_SECONDS = 5.0
+# At most one status.progress write per job this often, however often its pods report. Chosen
+# from bench/running.py (docs/performance.md, "Running jobs"): a progress write is the largest
+# cost of a running job to the control plane (the API server's status PATCH, its watchers), so
+# the interval is as long as it can be while the PROGRESS column stays within 15 s of pod 0's
+# last report, with 5 s left for a pass delayed on a loaded operator.
+PROGRESS_WRITE_SECONDS = 10.0
 # The trainer prints its versions first thing; pip's output may come before a second line.
 TRAINER_INFO_BYTES = 64 * 1024
 # Until pod 0 has printed them, its log's head is read again this often.

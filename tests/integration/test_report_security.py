@@ -10,18 +10,29 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
+from accelerate_operator.observe import PROGRESS_WRITE_SECONDS
+from accelerate_operator.report_server import CALLER_BURST, CALLER_RATE
 from accelerate_operator.report_tls import renew
 from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_BODY_KEY
 
-from devtools.cluster import create_namespace, delete_namespace, kubectl, kubectl_json, wait_for
+from devtools.cluster import (
+    create_namespace,
+    delete_namespace,
+    kubectl,
+    kubectl_binary,
+    kubectl_json,
+    wait_for,
+)
 from tests.helpers.jobs import JobBuilder, apply_job, wait_for_job
 from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator
 from tests.helpers.report_post import forwarded, job_ca, pod_token, post
@@ -121,7 +132,7 @@ def test_forged_and_unauthenticated_reports_are_refused_and_change_nothing(kubec
         == 413
     assert send(site, token_of(kubeconfig, site, "alpha-0"), progress(999), job="nope")[0] \
         == 404
-    time.sleep(7)  # past the operator's progress write interval
+    time.sleep(PROGRESS_WRITE_SECONDS + 2)  # past the operator's progress write interval
     assert status_of(kubeconfig, ns, "alpha")["progress"] == before["progress"]
 
 
@@ -142,6 +153,46 @@ def test_a_flood_from_one_pod_is_throttled_with_retry_after(kubeconfig, site):
     throttled = [a for a in answers if a[0] == 429]
     assert throttled and all(a[2] and int(a[2]) >= 1 for a in throttled), answers
     assert {a[0] for a in answers} <= {200, 429}
+
+
+@contextmanager
+def progress_writes(kubeconfig: str, namespace: str, job: str) -> Iterator[list[str]]:
+    """The job's status.progress.step at every event of a watch that runs inside the block
+    (filled in when the block ends): each change is one status write the operator made."""
+    watch = subprocess.Popen(
+        [kubectl_binary(), f"--kubeconfig={kubeconfig}", "-n", namespace, "get",
+         "acceleratejob", job, "--watch", "--output-watch-events",
+         "-o", "jsonpath={.type} {.object.status.progress.step}{\"\\n\"}"],
+        stdout=subprocess.PIPE, text=True)
+    steps: list[str] = []
+    try:
+        time.sleep(1.0)  # the watch's first event: the job as it is
+        yield steps
+    finally:
+        watch.terminate()
+        out, _ = watch.communicate(timeout=15)
+        values = [line.split(" ", 1)[1] for line in out.splitlines() if " " in line]
+        steps.extend(v for i, v in enumerate(values) if i == 0 or v != values[i - 1])
+
+
+def test_a_sustained_flood_writes_progress_at_most_once_per_interval(kubeconfig, site):
+    """Pod 0 reporting a new step every 0.3 s for 2 intervals: the operator takes what its rate
+    limit lets through (a new step each time) and still writes status.progress at most once per
+    PROGRESS_WRITE_SECONDS, the newest step last."""
+    token, seconds = token_of(kubeconfig, site, "alpha-0"), 2 * PROGRESS_WRITE_SECONDS
+    time.sleep(CALLER_BURST / CALLER_RATE)  # the bucket the previous test emptied, full again
+    with progress_writes(kubeconfig, site["ns"], "alpha") as steps:
+        started, step, taken = time.monotonic(), 100, []
+        while time.monotonic() - started < seconds:
+            step += 1
+            if send(site, token, progress(step))[0] == 200:
+                taken.append(str(step))
+            time.sleep(0.3)
+        time.sleep(PROGRESS_WRITE_SECONDS + 3)  # the last one held back is written
+    assert len(taken) > 2 * seconds / PROGRESS_WRITE_SECONDS, taken  # far more than allowed
+    writes = steps[1:]  # the first is the job as the watch found it
+    assert writes and writes[-1] == taken[-1], (writes, taken)
+    assert len(writes) <= seconds / PROGRESS_WRITE_SECONDS + 2, (writes, taken)
 
 
 def test_the_endpoints_token_is_refused_by_the_api_server_and_pods_may_not_patch_pods(

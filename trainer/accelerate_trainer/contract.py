@@ -147,11 +147,6 @@ REPORT_TOKEN_SECONDS = 3600  # the projected token's lifetime; the kubelet renew
 ENV_KUBEFLOW_URL = "KUBEFLOW_TRAINER_SERVER_URL"
 ENV_KUBEFLOW_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 ENV_KUBEFLOW_CA = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
-# Set by the operator on every pod with a report channel: where to write (the downward API)
-# and the service-account token and cluster CA it writes with (a projected volume at
-# REPORT_DIR).
-ENV_REPORT_POD = "ACCELERATE_REPORT_POD"
-ENV_REPORT_NAMESPACE = "ACCELERATE_REPORT_NAMESPACE"
 REPORT_DIR = "/var/run/secrets/accelerate-operator.io/report"
 REPORT_TOKEN_FILE = "token"
 REPORT_CA_FILE = "ca.crt"
