@@ -293,6 +293,13 @@ start_nodes() {
   done
   # The sandbox and DNS images must be in every node before its kubelet starts pods.
   "$ROOT/hack/load-images.sh" "$PAUSE_IMAGE" "$COREDNS_IMAGE" >&2
+  # Pinned, as containerd pins the sandbox image it pulls itself: the kubelet's image garbage
+  # collection (a disk past 85 %) never removes it, which would leave every new pod of the
+  # node in FailedCreatePodSandBox (the image comes from no registry).
+  for ((i = 0; i < NODES; i++)); do
+    ctr -a "$(node_socket "$i")" -n k8s.io images label "$PAUSE_IMAGE" \
+      io.cri-containerd.pinned=pinned >/dev/null
+  done
   for ((i = 0; i < NODES; i++)); do node_start_agents "$i"; done
 }
 
