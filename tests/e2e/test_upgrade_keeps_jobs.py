@@ -37,9 +37,9 @@ BASE_TAG = "upgrade-base"
 BASE_OPERATOR = f"{REGISTRY}/operator:{BASE_TAG}"
 BASE_TRAINER = f"{REGISTRY}/trainer:{BASE_TAG}-cpu"
 NAME = "upgraded"
-# About 100 s of training, mostly sleep: it spans the upgrade on a two-core machine, and goes on
+# About 130 s of training, mostly sleep: it spans the upgrade on a two-core machine, and goes on
 # for longer than STALL_TIMEOUT once the new operator is active.
-MAX_STEPS, SLEEP_PER_STEP, STALL_TIMEOUT = 60, 1.5, 20
+MAX_STEPS, SLEEP_PER_STEP, STALL_TIMEOUT = 80, 1.5, 30
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
