@@ -263,8 +263,8 @@ class Observed:
     trainer_versions: Mapping[str, str] | None = None
     # For spec.runPolicy.stallTimeoutSeconds, what pod 0 of the current attempt last pushed:
     # `last_activity` when rank 0's container last wrote anything, `last_step` the newest step
-    # reported. None before its first report; stall detection of a Running group then times
-    # from the start of running.
+    # reported. None before its first report: a Running group is then not timed for a stall
+    # (nothing is known of rank 0: pods that do not report, such as an older operator's).
     last_activity: datetime | None = None
     last_step: int | None = None
     # When observing wants another pass (seconds): a progress write held back, versions unread.
