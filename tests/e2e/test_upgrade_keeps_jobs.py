@@ -120,7 +120,24 @@ def base_operator(kubeconfig: str) -> Iterator[Path]:
             deploy(tree, kubeconfig, BASE_OPERATOR)
             yield tree
         finally:
+            drop_legacy_report_access(kubeconfig)
             deploy(ROOT, kubeconfig, OPERATOR_IMAGE)
+
+
+def drop_legacy_report_access(kubeconfig: str) -> None:
+    """What the upgrade notes tell users to run once the base's jobs are done: their Roles and
+    RoleBindings `<job>-report` go, and with them the chart's transitional `create` on both."""
+    subprocess.run([kubectl_binary(), f"--kubeconfig={kubeconfig}", "delete",
+                    "role,rolebinding", "-A", "-l", "accelerate-operator.io/job-name"],
+                   capture_output=True, check=True, timeout=120)
+
+
+def operator_may(kubeconfig: str, verb: str, resource: str) -> bool:
+    account = f"system:serviceaccount:{OPERATOR_NAMESPACE}:accelerate-operator"
+    answer = subprocess.run([kubectl_binary(), f"--kubeconfig={kubeconfig}", "auth", "can-i",
+                             verb, resource, "-A", f"--as={account}"],
+                            capture_output=True, text=True, timeout=60)
+    return answer.stdout.strip() == "yes"
 
 
 def upgrade_job() -> dict:
@@ -148,6 +165,10 @@ def test_a_job_of_the_previous_operator_trains_through_the_upgrade_with_no_resta
     upgraded_at = time.monotonic()
     deploy(ROOT, kubeconfig, OPERATOR_IMAGE)
     took = time.monotonic() - upgraded_at
+    # The base operator, still running during the rollout, creates each job's Role again on
+    # every pass: the chart keeps `create` on roles while such Roles exist (else: 403, and the
+    # base operator fails the job).
+    assert operator_may(kubeconfig, "create", "roles.rbac.authorization.k8s.io")
     print(f"upgraded in {took:.0f}s, "
           f"step {trained['status']['progress']['step']} before")
     kept = get_job(kubeconfig, namespace, NAME)["status"]
@@ -175,3 +196,8 @@ def test_a_job_of_the_previous_operator_trains_through_the_upgrade_with_no_resta
     assert not restarted, restarted
     images = {c["image"] for p in after for c in p["spec"]["containers"]}
     assert images == {BASE_TRAINER}, images
+
+    drop_legacy_report_access(kubeconfig)
+    deploy(ROOT, kubeconfig, OPERATOR_IMAGE)
+    assert not operator_may(kubeconfig, "create", "roles.rbac.authorization.k8s.io")
+    assert not operator_may(kubeconfig, "create", "rolebindings.rbac.authorization.k8s.io")

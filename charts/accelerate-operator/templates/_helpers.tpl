@@ -106,6 +106,16 @@ there: the one Secret the operator reads, its report endpoint's TLS, is in its o
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if include "accelerate-operator.legacyReportRoles" . }}
+# Only while a job's Role `<job>-report` of an operator before the report endpoint exists (an
+# upgrade from it): that operator, still running during the upgrade's rollout, creates each
+# job's Role and RoleBinding again on every pass and takes the 409 for "already there". Without
+# `create` the answer is 403, and it fails the job. This operator never uses it; the next helm
+# upgrade after those jobs are deleted drops it.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create"]
+{{- end }}
 # kopf's peering between the replicas: the KopfPeering of each watched namespace (created at
 # start-up if missing), its keep-alive records patched, watched to pause or resume.
 - apiGroups: ["kopf.dev"]
@@ -154,4 +164,16 @@ collections by path: it needs neither CRDs nor namespaces listed).
   resources: ["resourceflavors", "workloadpriorityclasses"]
   verbs: ["get"]
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when the cluster holds a Role of a job made by an operator before the report endpoint
+(label accelerate-operator.io/job-name, name `<job>-report`), else empty. `lookup` reads the
+cluster at install or upgrade time; helm template and --dry-run see none.
+*/}}
+{{- define "accelerate-operator.legacyReportRoles" -}}
+{{- $roles := lookup "rbac.authorization.k8s.io/v1" "Role" "" "" -}}
+{{- range ($roles.items | default list) -}}
+{{- if and (hasKey (.metadata.labels | default dict) "accelerate-operator.io/job-name") (hasSuffix "-report" .metadata.name) -}}true{{- break -}}{{- end -}}
+{{- end -}}
 {{- end }}
