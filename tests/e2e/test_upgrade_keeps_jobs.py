@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.cluster import ROOT, kubectl_binary, kubectl_json, wait_for
+from devtools.cluster import ROOT, kubectl, kubectl_binary, kubectl_json, wait_for
 from devtools.images import OPERATOR_IMAGE, REGISTRY
 from tests.helpers.jobs import JobBuilder, apply_job, get_job, phase_is, wait_for_job
 from tests.helpers.operator import OPERATOR_NAMESPACE, OPERATOR_SELECTOR, active_operator
@@ -127,16 +127,14 @@ def base_operator(kubeconfig: str) -> Iterator[Path]:
 def drop_legacy_report_access(kubeconfig: str) -> None:
     """What the upgrade notes tell users to run once the base's jobs are done: their Roles and
     RoleBindings `<job>-report` go, and with them the chart's transitional `create` on both."""
-    subprocess.run([kubectl_binary(), f"--kubeconfig={kubeconfig}", "delete",
-                    "role,rolebinding", "-A", "-l", "accelerate-operator.io/job-name"],
-                   capture_output=True, check=True, timeout=120)
+    kubectl("delete", "role,rolebinding", "-A", "-l", "accelerate-operator.io/job-name",
+            kubeconfig=kubeconfig)
 
 
 def operator_may(kubeconfig: str, verb: str, resource: str) -> bool:
     account = f"system:serviceaccount:{OPERATOR_NAMESPACE}:accelerate-operator"
-    answer = subprocess.run([kubectl_binary(), f"--kubeconfig={kubeconfig}", "auth", "can-i",
-                             verb, resource, "-A", f"--as={account}"],
-                            capture_output=True, text=True, timeout=60)
+    answer = kubectl("auth", "can-i", verb, resource, "-A", f"--as={account}",
+                     kubeconfig=kubeconfig, check=False)
     return answer.stdout.strip() == "yes"
 
 
