@@ -165,6 +165,8 @@ class Reconciler:
         indexed); the pods report to `endpoint`, whose certificate `report_ca` signs. Returns
         when time alone will next change the job (seconds), or None."""
         pods, children = list(pods), frozenset(children)
+        if kueue is not None and kueue.workload is not None:
+            children |= {("Workload", kueue.workload["metadata"]["name"])}
         status = state.latest_status(body.get("status") or {})
         job = parse_spec(body, status)
         if job is None:
@@ -172,7 +174,8 @@ class Reconciler:
         seen = self.snapshot(state, body, job, status, pods, children, kueue,
                              configmap_ca=configmap_ca, report_endpoint=endpoint,
                              report_ca=report_ca)
-        decision = decide(await read(self.kube, seen))
+        seen = await read(self.kube, seen)
+        decision = decide(seen)
         done = await self.applier.apply(state, seen, decision)
         state.prune_in_flight(decision.outcome.group, pods, children, self.clock())
         return decision.requeue_after if done else 0.0
@@ -187,8 +190,6 @@ class Reconciler:
         if kueue is not None:
             kueue = KueueView(kueue.workload, kueue.version, queue_name(body),
                               priority_class(body))
-            if kueue.workload is not None:
-                children |= {("Workload", kueue.workload["metadata"]["name"])}
         all_pods, all_children = state.with_in_flight(group_attempt(status), pods, children,
                                                       clock)
         return Snapshot(body=body, job=job, status=status, pods=tuple(all_pods),
