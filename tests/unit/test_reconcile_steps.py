@@ -32,7 +32,7 @@ class Cluster:
     def reconcile(self, *, indexed: bool = True) -> float | None:
         """One pass, and another at once when it asks for one (a child the API server refused
         ends a pass: the next fails the job), as the work queue runs them."""
-        while True:
+        for _ in range(5):
             pods = self.kube.pods() if indexed else []
             children = self.kube.children() if indexed else set()
             rendered = self.kube.objects.get(("ConfigMap", configmap_name(self.name)))
@@ -43,6 +43,7 @@ class Cluster:
                 self.body.setdefault("status", {}).update(status)
             if requeue != 0:
                 return requeue
+        raise AssertionError("the pass asked to run again at once, five times in a row")
 
     @property
     def name(self) -> str:
