@@ -86,7 +86,7 @@ def job_key(kind: str, metadata: Mapping[str, Any]) -> JobKey | None:
 
 def event_matters(kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
     """Whether an event (not a deletion) must run its job's pass, from the event alone.
-    - A job: created, listed, or its spec changed since a pass last planned from it (its
+    - A job: created, listed, or its spec changed since a pass last decided from it (its
       generation is not the status's observedGeneration), as controller-runtime's
       GenerationChangedPredicate: the echo of our own status write runs none.
     - A pod: unless it is ADDED just as it was created (unscheduled, no condition): its creator,

@@ -1,5 +1,5 @@
 """Decide: the one function that decides a pass, `decide(Snapshot) -> Decision`. Pure: no clock
-(the snapshot holds it), no API calls; apply.py carries the Decision out.
+(the snapshot holds it), no API calls; the reconciler's Applier carries the Decision out.
 
 It renders the accelerate config (resolving the topology the spec leaves to the YAML), names why
 the job cannot run if it cannot (`job_error`: a read, the render, a child the API server refused,
@@ -56,7 +56,7 @@ RESYNC_SECONDS = 30.0
 
 
 # Status keys from what pod 0 reported, and the goodput they move: written only when
-# this pass writes, never put back from an older copy, and not compared with the planned status.
+# this pass writes, never put back from an older copy, and not compared with the lifecycle's status.
 READER_KEYS = ("progress", "trainer", "goodput")
 
 
@@ -86,7 +86,7 @@ class Archive:
 
 @dataclass(frozen=True)
 class Decision:
-    """Everything one pass does, in the order apply.py does it: the lifecycle's `outcome` (the
+    """Everything one pass does, in the order the Applier does it: the lifecycle's `outcome` (the
     pods to delete, force-delete and tell the attempt, the events, the job's own deletion) and
     what it takes built: the logs to archive, the Workload writes, the children and pods to
     create, the CA bundle for the job's ConfigMap, the one status write (None: unchanged), and

@@ -1,4 +1,4 @@
-"""The reads from the API server a pass needs beyond kopf's indexes, through kube.py, each only
+"""The reads from the API server a pass needs beyond kopf's indexes, through kube/, each only
 while the pass needs it, completing the Snapshot. They decide nothing and record nothing:
 decide.py decides, from the completed Snapshot.
 

@@ -1,6 +1,6 @@
 """One reconcile pass, in four steps: parse (api.py) and snapshot (what the indexes and the
 job's JobState show, snapshot.py), read (the few reads from the API server, reads.py), decide
-(decide.py, pure: the one function that decides), apply (Applier, through kube.py). The work
+(decide.py, pure: the one function that decides), apply (Applier, through kube/). The work
 queue (workqueue.py) runs at most one pass per job at a time, so a pass owns its job's JobState
 while it runs.
 

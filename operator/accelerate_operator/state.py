@@ -45,22 +45,22 @@ class JobState:
     """One job's caches.
 
     - `written`: the last status this operator wrote. kopf's view of the job may lag behind our
-      own writes, and planning from a stale attempt number would recreate a group just deleted.
+      own writes, and deciding from a stale attempt number would recreate a group just deleted.
     - `in_flight`: children and pods created that the indexes do not show yet (controller-
       runtime's "expectations"). Without them a pass run before the indexes catch up would
-      plan those pods again (a 409 each) and write the status twice. An entry goes when a
+      create those pods again (a 409 each) and write the status twice. An entry goes when a
       pass finds the object in an index, when the object's DELETED event comes, when the job
       moves to another attempt, or after IN_FLIGHT_SECONDS.
     - `next_progress_write`: the earliest time (the operator's clock) status.progress may be
       written again, however often pod 0 reports (decide.PROGRESS_WRITE_SECONDS).
     - `refused`: the API server refused one of the job's children for good: the next pass
-      fails the job with its reason (apply.py).
+      fails the job with its reason (reconciler.Applier).
     - `check_exists`: a deletion asked for the next pass (controller.py, the grace check).
     - `terminating_until`: no pass before this (the operator's clock): the namespace refused a
       create for being deleted.
 
-    Written only after what they record has happened (apply.py, controller.py); a pass reads
-    them into its Snapshot.
+    Written only after what they record has happened (reconciler.Applier, controller.py); a
+    pass reads them into its Snapshot.
     """
 
     uid: str

@@ -12,7 +12,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.util.retry import Retry
 
-# Threads (and so connections) for API calls: as many as apply.py has creates in flight.
+# Threads (and so connections) for API calls: as many as a pass has creates in flight.
 CONNECTIONS = 16
 # A 429 or 503 is retried this many times, after the server's Retry-After.
 RETRIES = 3

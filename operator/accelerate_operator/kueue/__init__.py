@@ -11,7 +11,7 @@ admits it. The pass goes through Kueue in four places:
 - the lifecycle's Kueue policy (`gate`) keeps the group stopped while Kueue does not admit it;
 - decide.py builds the Workload (`build_workload`), places the pods as admitted
   (`admitted_placement`, `with_placement`) and the writes the Workload is owed
-  (`workload_writes`), which apply.py carries out through kube.py.
+  (`workload_writes`), which the reconciler carries out through kube/.
 
 workload.py reads a Workload (both API versions, v1beta1 and v1beta2); writes.py builds what the
 operator writes; placement.py where the pods go; gate.py the policy; reads.py the reads. Pure,

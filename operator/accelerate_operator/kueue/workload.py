@@ -126,7 +126,7 @@ class PodSetUpdate:
 
 @dataclass(frozen=True)
 class WorkloadStatus:
-    """A Workload's status as the planner needs it."""
+    """A Workload's status as the Kueue policy needs it."""
 
     name: str
     active: bool = True

@@ -13,7 +13,7 @@ its status owes Kueue, as Kueue's own job integrations make them
 
 The Workload has one pod set, `main`, of numNodes pods: Kueue reserves quota for all of them at
 once, or none. Its template is the pods' own (containers, init containers, overhead), so every
-resource the pods request, GPUs included, is counted. Pure: apply.py carries the writes out."""
+resource the pods request, GPUs included, is counted. Pure: the reconciler carries them out."""
 
 from __future__ import annotations
 
