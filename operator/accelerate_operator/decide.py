@@ -112,7 +112,7 @@ def decide(seen: Snapshot) -> Decision:
     outcome = run_lifecycle(job, seen.status, seen.pods, seen.now,
                             error=job_error(seen, render_error, placement), kueue=kueue,
                             activity=activity(seen), lost_nodes=seen.lost_nodes)
-    pods = build_pods(seen, job, outcome, placement if kueue is not None else None)
+    pods = build_pods(seen, job, outcome, placement)
     readings, progress_due = read_progress(seen)
     status = build_status_write(seen.status, outcome.status, readings, seen.created, seen.now)
     finishing = not seen.finished and outcome.status.get("phase") in FINISHED_PHASES
@@ -121,10 +121,8 @@ def decide(seen: Snapshot) -> Decision:
              FLAVOR_WAIT_SECONDS if outcome.create and pods is None else None]
     return Decision(
         outcome=outcome, archive=archive(seen, outcome),
-        workload_writes=(workload_writes(kueue.workload, job, outcome.status, outcome.release,
-                                         seen.now)
-                         if kueue is not None and kueue.workload is not None else ()),
-        children=new, pods=pods or (), ca_patch=ca_patch(seen), status=status,
+        workload_writes=_workload_writes(kueue, job, outcome, seen), children=new,
+        pods=pods or (), ca_patch=ca_patch(seen), status=status,
         progress_written=readings.progress is not None,
         requeue_after=requeue_after(seen, status, waits))
 
@@ -201,6 +199,14 @@ def _workload(seen: Snapshot, kueue: KueueView | None, job: JobSpec,
         return ()
     return (build_workload(job, kueue.queue or "", kueue.priority_class, kueue.priority,
                            kueue.version),)
+
+
+def _workload_writes(kueue: KueueView | None, job: JobSpec, outcome: Outcome,
+                     seen: Snapshot) -> tuple[WorkloadWrite, ...]:
+    """What the Workload of a queued job is owed after this pass's outcome."""
+    if kueue is None or kueue.workload is None:
+        return ()
+    return workload_writes(kueue.workload, job, outcome.status, outcome.release, seen.now)
 
 
 def activity(seen: Snapshot) -> Activity:
