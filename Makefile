@@ -9,6 +9,7 @@ SHELL := /bin/bash
 CACHE ?= $(or $(ACCELERATE_OPERATOR_CACHE),$(HOME)/.cache/accelerate-operator)
 export ACCELERATE_OPERATOR_CACHE := $(CACHE)
 PYTEST_ARGS ?=
+export PYTEST_ARGS
 
 VENV = $(shell hack/python-env.sh | tail -n1)
 PY = $(VENV)/bin/python
@@ -22,9 +23,8 @@ demo: ## The main job: local cluster + operator, then the CPU example trained to
 	hack/demo.sh
 
 .PHONY: test
-test: ## Everything CI runs: lint, unit, integration and end-to-end tests on the local cluster
-	$(MAKE) lint
-	$(PY) -m pytest tests -p no:cacheprovider --durations=40 $(PYTEST_ARGS)
+test: ## Everything CI runs, fastest failure first: lint, unit, the cluster built, integration, end-to-end
+	hack/test.sh
 
 .PHONY: test-unit
 test-unit: ## Unit tests only (seconds, no cluster)

@@ -9,13 +9,21 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CLUSTER_IMAGES="${CLUSTER_IMAGES:-operator trainer-cpu}"
 
+step=""
+run_step() { step=$1; echo ">> cluster-up: $1" >&2; }
+trap 'echo "cluster-up: FAILED at step: $step (its output is above)" >&2' ERR
+
+run_step "control plane binaries (hack/build-control-plane.sh)"
 BIN=$("$ROOT/hack/build-control-plane.sh" | tail -n1)
 export PATH="$BIN:$PATH"
+run_step "images: $CLUSTER_IMAGES (hack/build-images.sh)"
 # shellcheck disable=SC2086  # IMAGES is a list of words
 images=$(IMAGES="$CLUSTER_IMAGES" "$ROOT/hack/build-images.sh")
+run_step "cluster (hack/local-cluster.sh up)"
 kubeconfig=$("$ROOT/hack/local-cluster.sh" up | tail -n1)
+run_step "load images into the nodes (hack/load-images.sh)"
 # shellcheck disable=SC2086
 "$ROOT/hack/load-images.sh" $images
-
+run_step "operator (hack/deploy-operator.sh)"
 KUBECONFIG="$kubeconfig" "$ROOT/hack/deploy-operator.sh" >&2
 echo "$kubeconfig"

@@ -37,8 +37,10 @@ for image in "$@"; do
   done
   [[ ${#need[@]} -gt 0 ]] || continue
   echo ">> load-images: $image into ${need[*]}" >&2
-  layout="$CACHE_DIR/oci/$stamp_name"
-  rm -rf "$layout/index.json"  # one image per layout: the index names only this push
+  # One layout per repository, not per tag: another tag of the same image (the upgrade e2e's
+  # previous trainer, say) shares its gigabytes of base layers, and the push writes only the rest.
+  layout="$CACHE_DIR/oci/$(tr '/:' '__' <<<"${image%:*}")"
+  rm -rf "$layout/index.json"  # one image per push: the index names only this one
   mkdir -p "$layout"
   bah push --quiet --disable-compression "$image" "oci:$layout:$image" >&2
   # Blobs the layout holds from older pushes that this image no longer uses are dropped.

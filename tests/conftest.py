@@ -31,17 +31,34 @@ from devtools.cluster import (  # noqa: E402
 EXTERNAL = os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1"
 
 
+def build_cluster() -> str:
+    """hack/cluster-up.sh's kubeconfig; a build that fails ends the session once, naming the
+    step, instead of erroring every cluster test the same way."""
+    proc = subprocess.run([str(ROOT / "hack" / "cluster-up.sh")], stdout=subprocess.PIPE,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.exit(f"hack/cluster-up.sh failed (exit {proc.returncode}); its output is above",
+                    returncode=3)
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the cluster before the first test when a collected test needs it and `make test`
+    has not built it already (hack/test.sh names it in ACCELERATE_OPERATOR_CLUSTER_READY): here,
+    outside every test's time limit, which a cold build (15-20 minutes) would exceed."""
+    needed = any(item.get_closest_marker("cluster") for item in session.items)
+    if (not needed or EXTERNAL or session.config.option.collectonly
+            or os.environ.get("ACCELERATE_OPERATOR_CLUSTER_READY")):
+        return
+    os.environ["ACCELERATE_OPERATOR_CLUSTER_READY"] = build_cluster()
+
+
 @pytest.fixture(scope="session")
 def kubeconfig() -> str:
     """A running cluster with the operator installed through the Helm chart."""
-    if EXTERNAL:
-        path = ensure_cluster()
-    else:
-        proc = subprocess.run([str(ROOT / "hack" / "cluster-up.sh")], capture_output=True,
-                              text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"hack/cluster-up.sh failed:\n{proc.stderr[-4000:]}")
-        path = proc.stdout.strip().splitlines()[-1]
+    path = ensure_cluster() if EXTERNAL else os.environ.get("ACCELERATE_OPERATOR_CLUSTER_READY")
+    if not path:  # a cluster test collected in a way the hook above did not see
+        path = os.environ["ACCELERATE_OPERATOR_CLUSTER_READY"] = build_cluster()
     os.environ["KUBECONFIG"] = path
     return path
 
@@ -54,8 +71,21 @@ def namespace(kubeconfig: str, request: pytest.FixtureRequest) -> Iterator[str]:
     delete_namespace(kubeconfig, name)
 
 
+@pytest.fixture(scope="session")
+def deployed_operator_stopped(kubeconfig: str) -> Iterator[None]:
+    """The chart's operator scaled to zero, for tests that run an operator of their own: once
+    per session (the tests that ask for it run last, see below), then restored as it was."""
+    from tests.helpers.operator import deployed_operator_scaled_down
+
+    with deployed_operator_scaled_down(kubeconfig):
+        yield
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Anything that uses the cluster carries the `cluster` marker, so `-m "not cluster"` works."""
+    """Anything that uses the cluster carries the `cluster` marker, so `-m "not cluster"` works.
+    The tests that stop the deployed operator run after every other, in their order, so it is
+    stopped and started once per session, not once per module."""
     for item in items:
         if "kubeconfig" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+    items.sort(key=lambda item: "deployed_operator_stopped" in getattr(item, "fixturenames", ()))

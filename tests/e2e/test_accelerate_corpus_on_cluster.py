@@ -19,14 +19,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools.cluster import kubectl, wait_for
+from devtools.cluster import kubectl
+from devtools.images import TRAINER_CPU_IMAGE
 from tests.helpers.corpus import CORPUS, CORPUS_TABLE, DEEPSPEED_JSONS, TEMPLATES
-from tests.helpers.jobs import JobBuilder
+from tests.helpers.jobs import JobBuilder, wait_until_finished
 from tests.helpers.training import IMAGE_TRAIN_SCRIPT
 
 pytestmark = pytest.mark.timeout(900)
 
-IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
+IMAGE = TRAINER_CPU_IMAGE
 CONFIGMAP = "accelerate-corpus"
 MULTI_NODE_CPU = "multi_node_cpu.yaml"
 
@@ -57,12 +58,6 @@ def multi_node_on_cpu() -> str:
     return yaml.safe_dump(config)
 
 
-def status_of(kubeconfig: str, namespace: str, name: str) -> dict:
-    out = kubectl("-n", namespace, "get", "acceleratejob", name, "-o", "json",
-                  kubeconfig=kubeconfig, check=False)
-    return json.loads(out.stdout).get("status") or {} if out.returncode == 0 else {}
-
-
 def logged_world_sizes(kubeconfig: str, namespace: str, name: str, nodes: int) -> set[int]:
     sizes = set()
     for index in range(nodes):
@@ -87,13 +82,7 @@ def test_every_accelerate_config_trains_on_cpu_or_fails_naming_why(kubeconfig: s
             input=json.dumps({"apiVersion": "v1", "kind": "List",
                               "items": [configmap, *jobs.values()]}))
 
-    def all_finished():
-        statuses = {name: status_of(kubeconfig, namespace, name) for name in jobs}
-        done = all(s.get("phase") in ("Succeeded", "Failed") for s in statuses.values())
-        return statuses if done else None
-
-    statuses = wait_for(all_finished, timeout=840, interval=3,
-                        description="every corpus job to finish")
+    statuses = wait_until_finished(kubeconfig, namespace, list(jobs), timeout=840)
     record = {}
     problems = []
     for relative, expect in CORPUS_TABLE.items():

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 
@@ -31,6 +29,7 @@ from tests.helpers.deepspeed import (
     zero_config,
 )
 from tests.helpers.jobs import apply_job, phase_is, wait_for_job
+from tests.helpers.shared_volume import SharedDir, shared_dir
 from tests.helpers.training import parse_training_log
 
 pytestmark = pytest.mark.timeout(900)
@@ -82,7 +81,7 @@ def test_zero_shards_across_two_nodes_and_trains_as_ddp(case, kubeconfig, namesp
     body = deepspeed_job(case, ds_config, [*ARGS, "--report-shards"])
     resumed = stage == 3
     if resumed:
-        body = resumable(body)
+        body = resumable(body, shared_dir(kubeconfig, namespace))
     started = time.monotonic()
     apply_job(kubeconfig, namespace, body)
     job = wait_for_job(kubeconfig, namespace, case, phase_is("Succeeded", "Failed"),
@@ -108,13 +107,10 @@ def test_zero_shards_across_two_nodes_and_trains_as_ddp(case, kubeconfig, namesp
           f"{steps[MAX_STEPS]:.6f} (DDP {reference[MAX_STEPS]:.6f})")
 
 
-def resumable(body: dict) -> dict:
-    """Checkpoints every CHECKPOINT_EVERY steps on a host folder both nodes mount; rank 3 dies
-    once at step FAIL_AT."""
-    host_dir = Path("/tmp") / f"accelerate-operator-ds-ckpt-{uuid.uuid4().hex[:8]}"
-    host_dir.mkdir()
-    host_dir.chmod(0o777)
-    body = add_checkpoints(body, str(host_dir))
+def resumable(body: dict, shared: SharedDir) -> dict:
+    """Checkpoints every CHECKPOINT_EVERY steps on a folder both nodes mount; rank 3 dies once at
+    step FAIL_AT."""
+    body = add_checkpoints(body, shared.path)
     body["spec"]["runPolicy"]["backoffLimit"] = 1
     container = body["spec"]["template"]["spec"]["containers"][0]
     container["args"] += [f"--checkpoint-every={CHECKPOINT_EVERY}", f"--fail-at-step={FAIL_AT}",

@@ -20,9 +20,9 @@ from tests.helpers.jobs import (
     checkpointed_job,
     condition,
     phase_is,
-    shared_dir,
     wait_for_job,
 )
+from tests.helpers.shared_volume import shared_dir
 
 JOB_NAME_LABEL = "accelerate-operator.io/job-name"
 
@@ -40,7 +40,7 @@ def steps_of(log: str) -> list[int]:
 
 def test_a_drained_node_costs_the_step_in_flight_not_the_restart_budget(kubeconfig, namespace):
     max_steps = 40
-    host_dir = shared_dir()
+    host_dir = shared_dir(kubeconfig, namespace)
     # No periodic checkpoint: a resume can only come from the one saved at the drain.
     body = checkpointed_job("drain", host_dir, f"--max-steps={max_steps}", "--log-every=1",
                             "--sleep-per-step=1")
@@ -81,7 +81,7 @@ def test_a_drained_node_costs_the_step_in_flight_not_the_restart_budget(kubeconf
     assert 0 <= trained_before - resumed_step <= 1, (trained_before, resumed_step)
     assert steps_of(second) == list(range(resumed_step + 1, max_steps + 1))
     assert re.search(rf"TRAINING_DONE steps={max_steps} ", second)
-    assert (host_dir / "checkpoints" / "checkpoint_0" / "COMPLETE").is_file()
+    assert "checkpoints/checkpoint_0/COMPLETE" in host_dir.files(kubeconfig, namespace)
     table = kubectl("-n", namespace, "get", "ajob", "drain", kubeconfig=kubeconfig).stdout
     assert re.search(r"RESTARTS\s+COUNTED", table) and re.search(r"\s1\s+0\s", table), table
     goodput = status["goodput"]
@@ -92,7 +92,7 @@ def test_a_drained_node_costs_the_step_in_flight_not_the_restart_budget(kubeconf
 
 def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubeconfig, namespace):
     max_steps, hang_at = 20, 12
-    host_dir = shared_dir()
+    host_dir = shared_dir(kubeconfig, namespace)
     body = checkpointed_job("stall", host_dir, f"--max-steps={max_steps}", "--log-every=1",
                             "--checkpoint-every=5", f"--hang-at-step={hang_at}", "--fail-rank=3",
                             "--fail-attempt=0", "--sleep-per-step=1")

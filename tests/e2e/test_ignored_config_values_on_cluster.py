@@ -16,13 +16,14 @@ from typing import NamedTuple
 
 import pytest
 
-from devtools.cluster import kubectl, wait_for
-from tests.helpers.jobs import JobBuilder
+from devtools.cluster import kubectl
+from devtools.images import TRAINER_CPU_IMAGE
+from tests.helpers.jobs import JobBuilder, wait_until_finished
 from tests.helpers.training import IMAGE_TRAIN_SCRIPT
 
 pytestmark = pytest.mark.timeout(900)
 
-IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
+IMAGE = TRAINER_CPU_IMAGE
 CPU = {"distributed_type": "MULTI_CPU", "use_cpu": True}
 
 
@@ -110,12 +111,6 @@ def job(name: str, case: Case) -> dict:
             .build())
 
 
-def status_of(kubeconfig: str, namespace: str, name: str) -> dict:
-    out = kubectl("-n", namespace, "get", "acceleratejob", name, "-o", "json",
-                  kubeconfig=kubeconfig, check=False)
-    return json.loads(out.stdout).get("status") or {} if out.returncode == 0 else {}
-
-
 def condition(status: dict, type_: str) -> dict:
     return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
 
@@ -126,13 +121,7 @@ def test_every_dropped_value_a_cpu_pod_can_show_is_refused_or_warned(kubeconfig:
             input=json.dumps({"apiVersion": "v1", "kind": "List",
                               "items": [job(name, case) for name, case in CASES.items()]}))
 
-    def all_finished():
-        statuses = {name: status_of(kubeconfig, namespace, name) for name in CASES}
-        done = all(s.get("phase") in ("Succeeded", "Failed") for s in statuses.values())
-        return statuses if done else None
-
-    statuses = wait_for(all_finished, timeout=840, interval=3,
-                        description="every job to finish")
+    statuses = wait_until_finished(kubeconfig, namespace, list(CASES), timeout=840)
     events = json.loads(kubectl("-n", namespace, "get", "events", "-o", "json",
                                 kubeconfig=kubeconfig).stdout)["items"]
     problems = []

@@ -22,7 +22,6 @@ from tests.helpers.jobs import (
     checkpointed_job,
     condition,
     phase_is,
-    shared_dir,
     wait_for_job,
 )
 from tests.helpers.operator import (
@@ -31,6 +30,7 @@ from tests.helpers.operator import (
     active_operator,
     running_operator_pods,
 )
+from tests.helpers.shared_volume import shared_dir
 
 NAME = "lost"
 MAX_STEPS, CHECKPOINT_EVERY, KILL_AFTER_STEP = 120, 10, 15
@@ -102,7 +102,7 @@ def restore(node: str, kubeconfig: str) -> None:
 def test_a_lost_node_restarts_the_group_on_the_node_left_within_about_a_minute(
         kubeconfig, namespace):
     victim = pick_victim(kubeconfig)
-    host_dir = shared_dir()
+    host_dir = shared_dir(kubeconfig, namespace)
     apply_job(kubeconfig, namespace, spread_job(host_dir))
     wait_for_job(kubeconfig, namespace, NAME,
                  lambda job: (job["status"].get("progress") or {}).get("step", 0)

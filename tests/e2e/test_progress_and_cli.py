@@ -18,12 +18,13 @@ import pytest
 from accelerate_job import AccelerateJobClient
 
 from devtools.cluster import kubectl, wait_for
+from devtools.images import TRAINER_CPU_IMAGE
 from tests.helpers.cli import cli
 
 pytestmark = [pytest.mark.timeout(600)]
 
 SCRIPT = Path("/opt/accelerate/examples/train.py")
-IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
+IMAGE = TRAINER_CPU_IMAGE
 NAME = "progress"
 MAX_STEPS = 30
 FAIL_AT_STEP = 20

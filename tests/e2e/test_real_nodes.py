@@ -1,7 +1,9 @@
 """What only a real node can show: the trainer image under a kubelet, containerd and runc, with
 CoreDNS and kube-proxy. A master that comes up late, the restricted security context on a
-read-only root, /dev/shm, `kubectl logs/exec/port-forward` into a trainer, and the kernel's OOM
-killer turning into a whole-group restart."""
+read-only root, /dev/shm, `kubectl logs/exec/port-forward` into a trainer. (The kernel's OOM
+killer turning into a whole-group restart: test_failures_say_why.py.)
+
+Both jobs start when the module starts and train side by side."""
 
 from __future__ import annotations
 
@@ -10,13 +12,22 @@ import os
 import re
 import socket
 import subprocess
+from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
 
-from devtools.cluster import ROOT, kubectl, kubectl_binary, kubectl_json, wait_for
+from devtools.cluster import (
+    ROOT,
+    create_namespace,
+    delete_namespace,
+    kubectl,
+    kubectl_binary,
+    kubectl_json,
+    wait_for,
+)
 from devtools.images import TRAINER_CPU_IMAGE
-from tests.helpers.jobs import JobBuilder, apply_job, condition, phase_is, wait_for_job
+from tests.helpers.jobs import JobBuilder, apply_jobs, phase_is, wait_for_job
 
 HOLD_MASTER_SECONDS = 15
 
@@ -36,28 +47,14 @@ def started_at(pod: dict, container: str) -> datetime:
     return datetime.strptime(state["startedAt"], "%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_workers_wait_for_a_master_held_back_by_an_init_container_then_rendezvous(
-        kubeconfig: str, namespace: str):
+def late_master_job() -> dict:
     body = example_job("late", "--max-steps=4", "--log-every=1")
     body["spec"]["template"]["spec"]["initContainers"] = [{
         "name": "hold-master", "image": TRAINER_CPU_IMAGE, "imagePullPolicy": "IfNotPresent",
         "command": ["sh", "-c",
                     f'[ "$(hostname)" != late-0 ] || sleep {HOLD_MASTER_SECONDS}'],
     }]
-    apply_job(kubeconfig, namespace, body)
-
-    done = wait_for_job(kubeconfig, namespace, "late", phase_is("Succeeded", "Failed"),
-                        timeout=420, description="the job with a late master to finish")
-    assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)
-    assert done["status"]["restarts"] == 0
-    pods = {i: kubectl_json("-n", namespace, "get", "pod", f"late-{i}", kubeconfig=kubeconfig)
-            for i in range(2)}
-    held = (started_at(pods[0], "trainer") - started_at(pods[1], "trainer")).total_seconds()
-    assert held >= HOLD_MASTER_SECONDS - 5, f"the worker started only {held}s before the master"
-    # The worker started `held` seconds before the master: its store client (the trainer waits
-    # only for the name) retried the master's port until it listened, with no restart.
-    assert "TRAINING_DONE steps=4" in kubectl("-n", namespace, "logs", "late-0",
-                                              kubeconfig=kubeconfig).stdout
+    return body
 
 
 SERVE = """
@@ -79,9 +76,33 @@ print('shm_bytes', shutil.disk_usage('/dev/shm').total)
 """
 
 
+@pytest.fixture(scope="module")
+def namespace(kubeconfig: str) -> Iterator[str]:
+    """One namespace for the module, both jobs applied at once."""
+    name = create_namespace(kubeconfig, prefix="real-nodes")
+    apply_jobs(kubeconfig, name, [late_master_job(), command_job("probe", SERVE)])
+    yield name
+    delete_namespace(kubeconfig, name)
+
+
+def test_workers_wait_for_a_master_held_back_by_an_init_container_then_rendezvous(
+        kubeconfig: str, namespace: str):
+    done = wait_for_job(kubeconfig, namespace, "late", phase_is("Succeeded", "Failed"),
+                        timeout=420, description="the job with a late master to finish")
+    assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)
+    assert done["status"]["restarts"] == 0
+    pods = {i: kubectl_json("-n", namespace, "get", "pod", f"late-{i}", kubeconfig=kubeconfig)
+            for i in range(2)}
+    held = (started_at(pods[0], "trainer") - started_at(pods[1], "trainer")).total_seconds()
+    assert held >= HOLD_MASTER_SECONDS - 5, f"the worker started only {held}s before the master"
+    # The worker started `held` seconds before the master: its store client (the trainer waits
+    # only for the name) retried the master's port until it listened, with no restart.
+    assert "TRAINING_DONE steps=4" in kubectl("-n", namespace, "logs", "late-0",
+                                              kubeconfig=kubeconfig).stdout
+
+
 def test_running_trainer_is_non_root_on_a_read_only_root_and_reachable_by_logs_exec_port_forward(
         kubeconfig: str, namespace: str):
-    apply_job(kubeconfig, namespace, command_job("probe", SERVE))
     wait_for(lambda: "serving" in kubectl("-n", namespace, "logs", "probe-1",
                                           kubeconfig=kubeconfig, check=False).stdout,
              timeout=180, description="the trainer container of probe-1 to serve")
@@ -109,37 +130,6 @@ def test_running_trainer_is_non_root_on_a_read_only_root_and_reachable_by_logs_e
     finally:
         forward.terminate()
         forward.wait(timeout=10)
-
-
-GREEDY = """
-import time
-print('allocating', flush=True)
-blocks = []
-while True:
-    blocks.append(bytearray(64 * 2**20))
-    time.sleep(0.01)
-"""
-
-
-def test_oom_killed_pod_restarts_the_whole_group_with_the_reason_in_the_condition(
-        kubeconfig: str, namespace: str):
-    body = command_job("greedy", GREEDY, resources={
-        "requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}})
-    body["spec"]["runPolicy"]["backoffLimit"] = 1
-    apply_job(kubeconfig, namespace, body)
-
-    restarting = wait_for_job(
-        kubeconfig, namespace, "greedy",
-        lambda job: "OOMKilled" in (condition(job, "Restarting").get("message") or ""),
-        timeout=180, description="a Restarting condition that names OOMKilled")
-    assert restarting["status"]["restarts"] >= 1
-    failed = wait_for_job(kubeconfig, namespace, "greedy", phase_is("Failed"), timeout=180,
-                          description="the job to fail after its one restart")
-    assert "OOMKilled" in condition(failed, "Failed")["message"]
-    events = kubectl("-n", namespace, "get", "events", "-o", "json",
-                     kubeconfig=kubeconfig).stdout
-    assert any(e["reason"] == "OOMKilling" or "OOMKilled" in e.get("message", "")
-               for e in json.loads(events)["items"]), "no event names the OOM kill"
 
 
 @pytest.mark.skipif(os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1",

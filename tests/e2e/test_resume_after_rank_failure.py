@@ -9,16 +9,15 @@ import re
 from datetime import datetime
 
 from devtools.cluster import kubectl
-from tests.helpers.jobs import JobBuilder, apply_job, phase_is, shared_dir, wait_for_job
+from tests.helpers.jobs import JobBuilder, apply_job, phase_is, wait_for_job
+from tests.helpers.shared_volume import SharedDir, shared_dir
 
 MAX_STEPS, CHECKPOINT_EVERY, FAIL_AT = 30, 10, 25
 
 
-def resumable_job(checkpoint_host_dir: str) -> dict:
+def resumable_job(shared: SharedDir) -> dict:
     return (JobBuilder.from_example("resume").run_policy(backoffLimit=2, cleanPodPolicy="None")
-            .checkpoint("checkpoints", "/checkpoints")
-            .volume(name="checkpoints",
-                    hostPath={"path": checkpoint_host_dir, "type": "DirectoryOrCreate"})
+            .checkpoint("checkpoints", "/checkpoints").volume(**shared.volume())
             .args("/opt/accelerate/examples/train.py", f"--max-steps={MAX_STEPS}",
                   "--log-every=1", f"--checkpoint-every={CHECKPOINT_EVERY}",
                   f"--fail-at-step={FAIL_AT}", "--fail-rank=3")
@@ -39,10 +38,9 @@ def seconds_without_a_step(log: str) -> float:
 
 def test_a_killed_rank_restarts_the_processes_in_place_resuming_from_the_last_checkpoint(
         kubeconfig, namespace):
-    # A host folder both nodes mount (the local nodes share the host's disk, as pods share an
-    # NFS volume), writable by the image's non-root trainer user.
-    host_dir = shared_dir()
-    apply_job(kubeconfig, namespace, resumable_job(str(host_dir)))
+    # A folder both nodes mount, as pods share an NFS volume.
+    host_dir = shared_dir(kubeconfig, namespace)
+    apply_job(kubeconfig, namespace, resumable_job(host_dir))
     done = wait_for_job(kubeconfig, namespace, "resume", phase_is("Succeeded", "Failed"),
                         timeout=900, description="the resumed job to finish")
     status = done["status"]
@@ -79,8 +77,9 @@ def test_a_killed_rank_restarts_the_processes_in_place_resuming_from_the_last_ch
     # Every step after the resume point was trained exactly once in the second attempt.
     steps = [int(s) for s in re.findall(r"STEP step=(\d+)", log[resumed.start():])]
     assert steps == list(range(resumed_step + 1, MAX_STEPS + 1))
-    checkpoints = sorted(p.name for p in (host_dir / "checkpoints").iterdir())
-    assert all((host_dir / "checkpoints" / c / "COMPLETE").exists() for c in checkpoints)
+    files = host_dir.files(kubeconfig, namespace)
+    checkpoints = {path.split("/")[1] for path in files if path.startswith("checkpoints/")}
+    assert checkpoints and all(f"checkpoints/{c}/COMPLETE" in files for c in checkpoints), files
     # The fault shows in the job's goodput: one interruption, its recovery, what was lost.
     goodput = status["goodput"]
     assert goodput["interruptions"] == 1 and goodput["lastRecoverySeconds"] > 0, goodput

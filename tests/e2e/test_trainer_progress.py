@@ -14,11 +14,12 @@ import re
 import pytest
 
 from devtools.cluster import kubectl, kubectl_json, wait_for
+from devtools.images import TRAINER_CPU_IMAGE
 from tests.helpers.jobs import JobBuilder, apply_job, get_job, phase_is, wait_for_job
 
 pytestmark = [pytest.mark.timeout(600)]
 
-IMAGE = "ghcr.io/accelerate-operator/trainer:0.1.0-cpu"
+IMAGE = TRAINER_CPU_IMAGE
 NAME = "hf-trainer"
 MAX_STEPS = 3000
 JOB = (JobBuilder(NAME).for_server().nodes(2).procs(2).unset("masterPort")

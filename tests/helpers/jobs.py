@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import uuid
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -13,6 +11,7 @@ from accelerate_operator.constants import API_VERSION, KIND
 from accelerate_operator.pod_state import PodState
 
 from devtools.images import TRAINER_CPU_IMAGE
+from tests.helpers.shared_volume import SharedDir
 
 # A scheduler no cluster runs: the pods stay Pending with no node and no kubelet, and a test
 # sets their status itself (as jobset's integration tests do under envtest).
@@ -177,6 +176,16 @@ def apply_job(kubeconfig: str, namespace: str, body: dict) -> None:
     kubectl("-n", namespace, "apply", "-f", "-", kubeconfig=kubeconfig, input=json.dumps(body))
 
 
+def apply_jobs(kubeconfig: str, namespace: str, bodies: list[dict]) -> None:
+    """Several jobs in one kubectl call, so that they start side by side."""
+    from devtools.cluster import kubectl
+
+    items = [{**body, "metadata": {**body["metadata"], "namespace": namespace}}
+             for body in bodies]
+    kubectl("-n", namespace, "apply", "-f", "-", kubeconfig=kubeconfig,
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+
 def get_job(kubeconfig: str, namespace: str, name: str) -> dict:
     from devtools.cluster import kubectl
 
@@ -205,6 +214,29 @@ def wait_for_job(kubeconfig: str, namespace: str, name: str, predicate, *, timeo
             f"{error}; last status: {json.dumps(last.get('status'), indent=1)}") from None
 
 
+def job_statuses(kubeconfig: str, namespace: str) -> dict[str, dict]:
+    """Every job of the namespace by name, its status, from one list call."""
+    from devtools.cluster import kubectl
+
+    out = kubectl("-n", namespace, "get", "acceleratejobs", "-o", "json", kubeconfig=kubeconfig)
+    return {item["metadata"]["name"]: item.get("status") or {}
+            for item in json.loads(out.stdout)["items"]}
+
+
+def wait_until_finished(kubeconfig: str, namespace: str, names, *, timeout: float) -> dict:
+    """The statuses of `names` once each is Succeeded or Failed (one list call a poll)."""
+    from devtools.cluster import wait_for
+
+    def finished():
+        statuses = job_statuses(kubeconfig, namespace)
+        done = all(statuses.get(name, {}).get("phase") in ("Succeeded", "Failed")
+                   for name in names)
+        return statuses if done else None
+
+    return wait_for(finished, timeout=timeout, interval=2,
+                    description=f"{len(names)} jobs of {namespace} to finish")
+
+
 def phase_is(*phases: str):
     return lambda job: job.get("status", {}).get("phase") in phases
 
@@ -213,19 +245,9 @@ def condition(job: dict, type_: str) -> dict:
     return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == type_), {})
 
 
-def checkpointed_job(name: str, host_dir: Path, *args: str) -> dict:
-    """The CPU example with a checkpoint folder both nodes share (the local nodes share the
-    host's disk, as pods share an NFS volume), writable by the image's non-root user."""
+def checkpointed_job(name: str, shared: SharedDir, *args: str) -> dict:
+    """The CPU example with a checkpoint folder both nodes share (tests/helpers/shared_volume.py),
+    writable by the image's non-root user."""
     return (JobBuilder.from_example(name).run_policy(backoffLimit=1, cleanPodPolicy="None")
-            .checkpoint("checkpoints", "/checkpoints")
-            .volume(name="checkpoints",
-                    hostPath={"path": str(host_dir), "type": "DirectoryOrCreate"})
+            .checkpoint("checkpoints", "/checkpoints").volume(**shared.volume())
             .args("/opt/accelerate/examples/train.py", *args).build())
-
-
-def shared_dir() -> Path:
-    """A fresh host folder both local nodes mount as the jobs' checkpoint volume."""
-    path = Path("/tmp") / f"accelerate-operator-ckpt-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    path.chmod(0o777)
-    return path

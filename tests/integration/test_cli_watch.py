@@ -24,21 +24,14 @@ from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 from devtools.cluster import create_namespace, delete_namespace, kubectl, wait_for
 from devtools.images import PYTHON_IMAGE
 from tests.helpers.jobs import JobBuilder
-from tests.helpers.operator import deployed_operator_scaled_down
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def no_operator(kubeconfig: str) -> Iterator[None]:
-    with deployed_operator_scaled_down(kubeconfig):
-        yield
-
-
 @pytest.fixture
-def ns(kubeconfig: str, no_operator: None) -> Iterator[str]:
+def ns(kubeconfig: str, deployed_operator_stopped: None) -> Iterator[str]:
     name = create_namespace(kubeconfig, prefix="cli-watch")
     yield name
     delete_namespace(kubeconfig, name)

@@ -25,7 +25,6 @@ import pytest
 
 from devtools.cluster import ROOT, kubectl, kubectl_json, wait_for
 from tests.helpers.jobs import apply_job, command_job
-from tests.helpers.operator import deployed_operator_scaled_down
 from tests.integration.test_operator_in_process import free_port, health
 
 pytestmark = pytest.mark.cluster
@@ -107,17 +106,17 @@ class Replica:
 
 
 @pytest.fixture
-def replicas(kubeconfig: str, namespace: str, tmp_path: Path) -> Iterator[tuple[Replica, ...]]:
+def replicas(kubeconfig: str, namespace: str, tmp_path: Path,
+             deployed_operator_stopped: None) -> Iterator[tuple[Replica, ...]]:
     grant(kubeconfig, namespace, ["replica-a", "replica-b"])
-    with deployed_operator_scaled_down(kubeconfig):
-        started = [Replica(replica_kubeconfig(kubeconfig, namespace, account, tmp_path / account),
-                           namespace, priority, tmp_path / f"{account}.log")
-                   for account, priority in (("replica-a", 200), ("replica-b", 100))]
-        try:
-            yield tuple(started)
-        finally:
-            for replica in started:
-                replica.stop()
+    started = [Replica(replica_kubeconfig(kubeconfig, namespace, account, tmp_path / account),
+                       namespace, priority, tmp_path / f"{account}.log")
+               for account, priority in (("replica-a", 200), ("replica-b", 100))]
+    try:
+        yield tuple(started)
+    finally:
+        for replica in started:
+            replica.stop()
 
 
 def records(kubeconfig: str, namespace: str) -> dict:

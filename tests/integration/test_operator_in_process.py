@@ -15,21 +15,11 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
-
-import pytest
 
 from devtools.cluster import kubectl, wait_for
 from tests.helpers.jobs import apply_job, command_job, phase_is, wait_for_job
-from tests.helpers.operator import deployed_operator_scaled_down
 
 RUN_20_SECONDS = "import time; time.sleep(20)"
-
-
-@pytest.fixture
-def deployed_operator_paused(kubeconfig: str) -> Iterator[None]:
-    with deployed_operator_scaled_down(kubeconfig):
-        yield
 
 
 def children(kubeconfig: str, namespace: str) -> set[str]:
@@ -53,7 +43,7 @@ def health(port: int) -> dict | None:
 
 
 def test_operator_process_creates_children_recreates_a_deleted_one_and_stops_on_sigterm(
-        kubeconfig, namespace, deployed_operator_paused, tmp_path):
+        kubeconfig, namespace, deployed_operator_stopped, tmp_path):
     port = free_port()
     log = tmp_path / "operator.log"
     with open(log, "w") as out:

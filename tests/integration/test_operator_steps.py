@@ -18,7 +18,6 @@ from kopf.testing import KopfRunner
 
 from devtools.cluster import create_namespace, delete_namespace
 from tests.helpers.jobs import JobBuilder
-from tests.helpers.operator import deployed_operator_scaled_down
 from tests.helpers.steps import (
     Cluster,
     Expect,
@@ -48,12 +47,12 @@ from tests.integration.test_operator_in_process import free_port
 
 
 @pytest.fixture(scope="module")
-def cluster(kubeconfig: str) -> Iterator[Cluster]:
+def cluster(kubeconfig: str, deployed_operator_stopped: None) -> Iterator[Cluster]:
     namespace = create_namespace(kubeconfig, prefix="steps")
     args = ["run", "-m", "accelerate_operator.handlers", "--standalone", "-n", namespace]
     port = free_port()  # the in-process operator's report endpoint (launch_fails posts there)
     try:
-        with deployed_operator_scaled_down(kubeconfig), pytest.MonkeyPatch.context() as env:
+        with pytest.MonkeyPatch.context() as env:
             env.setenv("ACCELERATE_OPERATOR_REPORT_PORT", str(port))
             with KopfRunner(args, timeout=60) as runner:
                 yield Cluster(kubeconfig, namespace, report_port=port)

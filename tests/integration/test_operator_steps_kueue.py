@@ -25,7 +25,6 @@ import pytest
 from devtools.cluster import ROOT, create_namespace, delete_namespace, kubectl
 from tests.helpers.jobs import JobBuilder
 from tests.helpers.kueue_crds import workload_crd
-from tests.helpers.operator import deployed_operator_scaled_down
 from tests.helpers.steps import (
     KUEUE_GROUP,
     Cluster,
@@ -58,14 +57,15 @@ def workload_crd_served(kubeconfig: str) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def cluster(kubeconfig: str, workload_crd_served: None, tmp_path_factory) -> Iterator[Cluster]:
+def cluster(kubeconfig: str, workload_crd_served: None, deployed_operator_stopped: None,
+            tmp_path_factory) -> Iterator[Cluster]:
     namespace = create_namespace(kubeconfig, prefix="steps-kueue")
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     env = {**os.environ, "KUBECONFIG": kubeconfig, "ACCELERATE_OPERATOR_KUEUE": "1",
            "ACCELERATE_OPERATOR_REPORT_PORT": "0",
            "PYTHONPATH": os.pathsep.join(str(ROOT / part) for part in ("operator", "trainer"))}
     try:
-        with deployed_operator_scaled_down(kubeconfig), open(log, "w") as out:
+        with open(log, "w") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "accelerate_operator", "--namespace", namespace],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=Path(ROOT))

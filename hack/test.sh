@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# `make test`: everything CI runs, in the order that fails fastest, each layer stopping the run:
+#   1 lint    ruff, import contracts, drift checks, the docs site, helm lint, actionlint
+#   2 unit    seconds, no cluster
+#   3 build   the cluster, its images and Kueue (hack/cluster-up.sh, hack/build-kueue.sh): built
+#             here, before any test, so no test's time limit pays for a cold build
+#   4 integration, 5 e2e   against that cluster
+# Each layer writes a JUnit file; at the end (pass or fail) build/test-reports/durations.txt lists
+# every test by duration, slowest first, so the suite's time can be compared run to run.
+#   TEST_LAYERS="unit integration" make test   runs only those layers (lint and build as needed)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+REPORTS="${TEST_REPORTS:-$ROOT/build/test-reports}"
+LAYERS="${TEST_LAYERS:-lint unit integration e2e}"
+CACHE_DIR="${ACCELERATE_OPERATOR_CACHE:-$HOME/.cache/accelerate-operator}"
+# What a cold build takes on disk (the control plane and Kueue builds, the images twice: buildah's
+# storage and the nodes' containerd, the venv with torch), measured from empty caches.
+COLD_DISK_GB=40
+started=$(date +%s)
+step=""
+
+mkdir -p "$REPORTS"
+rm -f "$REPORTS"/*.xml "$REPORTS/durations.txt"
+
+finish() {
+  local code=$?
+  VENV="$(hack/python-env.sh 2>/dev/null | tail -n1)" || VENV=""
+  if [[ -n $VENV ]] && compgen -G "$REPORTS/*.xml" >/dev/null; then
+    "$VENV/bin/python" hack/test_durations.py "$REPORTS" >"$REPORTS/durations.txt" || true
+    echo "== make test: durations of every test in $REPORTS/durations.txt (JUnit: $REPORTS/*.xml)"
+  fi
+  local took=$(( $(date +%s) - started ))
+  if [[ $code -ne 0 ]]; then
+    echo "== make test: FAILED in step '$step' after $((took / 60))m$((took % 60))s" >&2
+  else
+    echo "== make test: passed in $((took / 60))m$((took % 60))s"
+  fi
+}
+trap finish EXIT
+
+wants() { [[ " $LAYERS " == *" $1 "* ]]; }
+begin() { step=$1; echo; echo "== make test: $1 ($(( $(date +%s) - started ))s)"; }
+
+check_disk() {
+  # Only a cold cache needs the room; say so before spending twenty minutes.
+  [[ -d $CACHE_DIR/bin && -d $CACHE_DIR/venv ]] && return 0
+  mkdir -p "$CACHE_DIR"
+  local free_gb
+  free_gb=$(df -Pk "$CACHE_DIR" | awk 'NR==2 {print int($4 / 1048576)}')
+  echo "== make test: a cold build needs about ${COLD_DISK_GB} GB under $CACHE_DIR; ${free_gb} GB free"
+  if (( free_gb < COLD_DISK_GB )); then
+    echo "make test: not enough disk for a cold build (set ACCELERATE_OPERATOR_CACHE elsewhere)" >&2
+    return 1
+  fi
+}
+
+pytest_layer() {
+  local layer=$1
+  "$VENV/bin/python" -m pytest "tests/$layer" -p no:cacheprovider --durations=15 \
+    --junitxml="$REPORTS/$layer.xml" -o junit_family=xunit2 ${PYTEST_ARGS:-}
+}
+
+begin "disk"; check_disk
+begin "python environment"; VENV="$(hack/python-env.sh | tail -n1)"
+if wants lint; then begin "lint"; make --no-print-directory lint; fi
+if wants unit; then begin "unit"; pytest_layer unit; fi
+if wants integration || wants e2e; then
+  begin "build: cluster, images, operator (hack/cluster-up.sh)"
+  KUBECONFIG="$(hack/cluster-up.sh | tail -n1)"
+  export KUBECONFIG
+  begin "build: Kueue (hack/build-kueue.sh)"
+  hack/build-kueue.sh >/dev/null
+  # The tests' session fixture finds the cluster up and does not build it again.
+  export ACCELERATE_OPERATOR_CLUSTER_READY="$KUBECONFIG"
+fi
+if wants integration; then begin "integration"; pytest_layer integration; fi
+if wants e2e; then begin "e2e"; pytest_layer e2e; fi
