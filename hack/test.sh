@@ -3,7 +3,8 @@
 #   1 lint    ruff, import contracts, drift checks, the docs site, helm lint, actionlint
 #   2 unit    seconds, no cluster
 #   3 build   the cluster, its images and Kueue (hack/cluster-up.sh, hack/build-kueue.sh): built
-#             here, before any test, so no test's time limit pays for a cold build
+#             before any cluster test, so no test's time limit pays for a cold build, and in
+#             the background from the start, beside the steps above
 #   4 integration, 5 e2e   against that cluster
 # Each layer writes a JUnit file; at the end (pass or fail) build/test-reports/durations.txt lists
 # every test by duration, slowest first, so the suite's time can be compared run to run.
@@ -13,6 +14,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 REPORTS="${TEST_REPORTS:-$ROOT/build/test-reports}"
 LAYERS="${TEST_LAYERS:-lint unit integration e2e}"
+# Cluster tests side by side: most of their time is waiting on pods, so more than the cores.
+WORKERS="${TEST_WORKERS:-3}"
 CACHE_DIR="${ACCELERATE_OPERATOR_CACHE:-$HOME/.cache/accelerate-operator}"
 # What a cold build takes on disk (the control plane and Kueue builds, the images twice: buildah's
 # storage and the nodes' containerd, the venv with torch), measured from empty caches.
@@ -24,7 +27,8 @@ mkdir -p "$REPORTS"
 rm -f "$REPORTS"/*.xml "$REPORTS/durations.txt"
 
 finish() {
-  local code=$?
+  local code=$1
+  [[ -n $build ]] && kill -- "-$build" 2>/dev/null
   VENV="$(hack/python-env.sh 2>/dev/null | tail -n1)" || VENV=""
   if [[ -n $VENV ]] && compgen -G "$REPORTS/*.xml" >/dev/null; then
     "$VENV/bin/python" hack/test_durations.py "$REPORTS" >"$REPORTS/durations.txt" || true
@@ -37,7 +41,6 @@ finish() {
     echo "== make test: passed in $((took / 60))m$((took % 60))s"
   fi
 }
-trap finish EXIT
 
 wants() { [[ " $LAYERS " == *" $1 "* ]]; }
 begin() { step=$1; echo; echo "== make test: $1 ($(( $(date +%s) - started ))s)"; }
@@ -55,24 +58,56 @@ check_disk() {
   fi
 }
 
-pytest_layer() {
-  local layer=$1
+run_pytest() {
+  local layer=$1 report=$2; shift 2
+  local code=0
   "$VENV/bin/python" -m pytest "tests/$layer" -p no:cacheprovider --durations=15 \
-    --junitxml="$REPORTS/$layer.xml" -o junit_family=xunit2 ${PYTEST_ARGS:-}
+    --junitxml="$REPORTS/$report.xml" -o junit_family=xunit2 "$@" ${PYTEST_ARGS:-} || code=$?
+  [[ $code -eq 5 ]] && code=0  # none selected
+  return "$code"
 }
 
-begin "disk"; check_disk
-begin "python environment"; VENV="$(hack/python-env.sh | tail -n1)"
-if wants lint; then begin "lint"; make --no-print-directory lint; fi
-if wants unit; then begin "unit"; pytest_layer unit; fi
-if wants integration || wants e2e; then
-  begin "build: cluster, images, operator (hack/cluster-up.sh)"
-  KUBECONFIG="$(hack/cluster-up.sh | tail -n1)"
+pytest_layer() {
+  # The tests that share nothing run side by side (pytest-xdist: one worker per module, or per
+  # group a module names, so module fixtures run once); the `exclusive` ones (tests/conftest.py)
+  # then run alone. A layer that fails stops the run once both parts have run.
+  local layer=$1 workers=$2 code=0
+  run_pytest "$layer" "$layer" -m "not exclusive" -n "$workers" --dist loadgroup || code=$?
+  run_pytest "$layer" "$layer-exclusive" -m exclusive || code=$?
+  return "$code"
+}
+
+build_cluster() {
+  # Everything the cluster tests need, in the background while the Python environment, lint and
+  # unit tests run (on a cold machine the downloads and the compiles overlap); its output goes
+  # to $REPORTS/build.log and its last line is the kubeconfig.
+  # In a session of its own, so that a failed lint or unit test stops the whole build with it.
+  setsid bash -c 'hack/cluster-up.sh && hack/build-kueue.sh >/dev/null' \
+    >"$REPORTS/kubeconfig" 2>"$REPORTS/build.log" &
+  build=$!
+}
+
+await_cluster() {
+  begin "build: waiting for the cluster, its images, the operator and Kueue ($REPORTS/build.log)"
+  if ! wait "$build"; then
+    tail -n 40 "$REPORTS/build.log" >&2
+    echo "make test: the build failed; the step is named above ($REPORTS/build.log)" >&2
+    return 1
+  fi
+  build=""
+  KUBECONFIG="$(tail -n1 "$REPORTS/kubeconfig")"
   export KUBECONFIG
-  begin "build: Kueue (hack/build-kueue.sh)"
-  hack/build-kueue.sh >/dev/null
   # The tests' session fixture finds the cluster up and does not build it again.
   export ACCELERATE_OPERATOR_CLUSTER_READY="$KUBECONFIG"
-fi
-if wants integration; then begin "integration"; pytest_layer integration; fi
-if wants e2e; then begin "e2e"; pytest_layer e2e; fi
+}
+
+build=""
+trap 'finish $?' EXIT
+begin "disk"; check_disk
+if wants integration || wants e2e; then begin "build: started in the background"; build_cluster; fi
+begin "python environment"; VENV="$(hack/python-env.sh | tail -n1)"
+if wants lint; then begin "lint"; make --no-print-directory lint; fi
+if wants unit; then begin "unit"; run_pytest unit unit -n 2 --dist loadgroup; fi
+if wants integration || wants e2e; then await_cluster; fi
+if wants integration; then begin "integration"; pytest_layer integration "$WORKERS"; fi
+if wants e2e; then begin "e2e"; pytest_layer e2e "$WORKERS"; fi

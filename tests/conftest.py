@@ -29,6 +29,24 @@ from devtools.cluster import (  # noqa: E402
 )
 
 EXTERNAL = os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1"
+# Modules that change what every other test shares, and what: hack/test.sh runs them alone, after
+# the rest has run side by side. (Tests that stop the deployed operator are found by fixture.)
+EXCLUSIVE = {
+    "tests/e2e/test_kueue.py": "installs Kueue, whose webhooks see every pod; redeploys",
+    "tests/e2e/test_upgrade_keeps_jobs.py": "installs the previous operator",
+    "tests/e2e/test_node_loss.py": "kills a node",
+    "tests/e2e/test_disruptions.py": "drains (cordons) a node",
+    "tests/e2e/test_operator_failover.py": "kills the active operator",
+    "tests/integration/test_resilience.py": "kills the operator, restarts the API server",
+    "tests/integration/test_report_security.py": "floods the operator's report endpoint",
+    "tests/integration/test_report_attacks.py": "floods the operator's report endpoint",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "exclusive: changes what every test shares (the operator's deployment, a "
+        "node, the API server, Kueue's webhooks): make test runs these alone, after the others")
 
 
 def build_cluster() -> str:
@@ -81,11 +99,19 @@ def deployed_operator_stopped(kubeconfig: str) -> Iterator[None]:
         yield
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Anything that uses the cluster carries the `cluster` marker, so `-m "not cluster"` works.
-    The tests that stop the deployed operator run after every other, in their order, so it is
-    stopped and started once per session, not once per module."""
+    A test that stops the deployed operator is `exclusive` (hack/test.sh runs those alone, after
+    the others), and they run last, in their order, so the operator is stopped and started once
+    per session, not once per module. Each test not in a named xdist group is in its module's:
+    under `--dist loadgroup` a module runs on one worker, its module fixtures once."""
     for item in items:
-        if "kubeconfig" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "kubeconfig" in names:
             item.add_marker(pytest.mark.cluster)
+        if "deployed_operator_stopped" in names or item.nodeid.split("::")[0] in EXCLUSIVE:
+            item.add_marker(pytest.mark.exclusive)
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items.sort(key=lambda item: "deployed_operator_stopped" in getattr(item, "fixturenames", ()))
