@@ -23,8 +23,10 @@ from accelerate_trainer.supervise import (
     MAX_REPORT_BYTES,
     PUSH_SECONDS,
     QUIET_SECONDS,
+    Launch,
     Reports,
     Snapshot,
+    Supervisor,
     encode,
 )
 
@@ -122,6 +124,28 @@ def test_sigterm_reaches_the_child_and_its_exit_code_is_the_containers(tmp_path,
     child.send_signal(signal.SIGTERM)
     out, _ = child.communicate(timeout=30)
     assert child.returncode == 83 and "checkpoint saved" in out
+
+
+def test_a_stop_signal_that_comes_while_the_launcher_starts_still_reaches_it():
+    """Kubernetes may stop the pod at any moment, also while Popen has forked the launcher but
+    not yet returned it: the launcher must still get the signal, not train on past the stop."""
+    supervisor = Supervisor(Launch([sys.executable, "-c", STOPS], dict(os.environ)), 1, None)
+    supervisor.signal(signal.SIGTERM)  # before the child exists
+    read, write = os.pipe()
+    started = time.monotonic()
+    code = supervisor.run(0, write, write)
+    os.close(write)
+    os.close(read)
+    # Stopped at once: by its handler, or by the signal itself if it came before the handler.
+    assert code in (83, 128 + signal.SIGTERM) and time.monotonic() - started < 30, code
+
+
+STOPS = ("import signal, sys, time\n"
+         "def stop(*_):\n"
+         "    print('checkpoint saved', flush=True)\n"
+         "    sys.exit(83)\n"
+         "signal.signal(signal.SIGTERM, stop)\n"
+         "time.sleep(60)\n")
 
 
 def test_a_child_killed_by_a_signal_exits_as_a_shell_would_say(tmp_path, endpoint):

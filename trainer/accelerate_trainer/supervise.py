@@ -472,6 +472,7 @@ class Supervisor:
         self.node_rank = node_rank
         self.child: subprocess.Popen | None = None
         self.stopping = False  # Kubernetes asked the pod to stop: no launch after this one
+        self.pending: list[int] = []  # stop signals that came while no launcher ran
         # Where the launcher's hook says why it failed (error_files.py), the container's memory
         # counters when the launch began, and the root cause of the last failed launch.
         self.launch_report = os.path.join(tempfile.gettempdir(),
@@ -484,6 +485,10 @@ class Supervisor:
             self.stopping = True
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(received)
+        elif received in STOP_SIGNALS:
+            # No launcher runs, or one is being started (Popen has forked but not returned):
+            # the next one gets it as soon as it exists, or it would train on past the stop.
+            self.pending.append(received)
 
     def start(self, attempt: int, first: bool, out: int, err: int) -> bool:
         argv = list(self.launch.argv)
@@ -496,6 +501,8 @@ class Supervisor:
         except OSError as error:
             say(f"cannot run {argv[0]!r} ({error.strerror})")
             return False
+        while self.pending:
+            self.child.send_signal(self.pending.pop(0))
         self.reports.launched(attempt)
         return True
 
