@@ -6,13 +6,13 @@
 #             before any cluster test, so no test's time limit pays for a cold build, and in
 #             the background from the start, beside the steps above
 #   4 integration, 5 e2e   against that cluster
-# Each layer writes a JUnit file; at the end (pass or fail) build/test-reports/durations.txt lists
+# Each layer writes a JUnit file; at the end (pass or fail) test-reports/durations.txt lists
 # every test by duration, slowest first, so the suite's time can be compared run to run.
 #   TEST_LAYERS="unit integration" make test   runs only those layers (lint and build as needed)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-REPORTS="${TEST_REPORTS:-$ROOT/build/test-reports}"
+REPORTS="${TEST_REPORTS:-$ROOT/test-reports}"
 LAYERS="${TEST_LAYERS:-lint unit integration e2e}"
 # Cluster tests side by side: most of their time is waiting on pods, so more than the cores.
 WORKERS="${TEST_WORKERS:-3}"

@@ -1,7 +1,7 @@
 """The durations list of a `make test` run: every test of the JUnit files in a folder, slowest
 first, after each layer's total, so two runs' lists can be compared line by line.
 
-    python hack/test_durations.py build/test-reports > build/test-reports/durations.txt
+    python hack/test_durations.py test-reports > test-reports/durations.txt
 """
 
 from __future__ import annotations
