@@ -11,9 +11,17 @@ The trainer image ships it as /opt/accelerate/examples/trainer_example.py.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, set_seed
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
 
 
 class CountingDataset(torch.utils.data.Dataset):
@@ -30,6 +38,16 @@ class CountingDataset(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
+class Pace(TrainerCallback):
+    """`--sleep-per-step`: a run that lasts long enough to watch, without keeping CPUs busy."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-steps", type=int, default=200)
@@ -37,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--output-dir", default="/tmp/trainer-example")
+    parser.add_argument("--sleep-per-step", type=float, default=0.0,
+                        help="seconds to wait after each step (a demo slowed down to watch)")
     args = parser.parse_args(argv)
 
     set_seed(0)
@@ -55,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         dataloader_num_workers=0,
     )
     dataset = CountingDataset(args.max_steps * args.batch_size, args.seq_len, config.vocab_size)
-    Trainer(model=model, args=training_args, train_dataset=dataset).train()
+    callbacks = [Pace(args.sleep_per_step)] if args.sleep_per_step > 0 else []
+    Trainer(model=model, args=training_args, train_dataset=dataset, callbacks=callbacks).train()
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 REPORTS="${TEST_REPORTS:-$ROOT/test-reports}"
 LAYERS="${TEST_LAYERS:-lint unit integration e2e}"
-# Cluster tests side by side: most of their time is waiting on pods, so more than the cores.
-WORKERS="${TEST_WORKERS:-3}"
+# End-to-end modules side by side (real trainings, CPU-bound): as many as the machine has cores.
+E2E_WORKERS="${TEST_E2E_WORKERS:-$(nproc)}"
 CACHE_DIR="${ACCELERATE_OPERATOR_CACHE:-$HOME/.cache/accelerate-operator}"
 # What a cold build takes on disk (the control plane and Kueue builds, the images twice: buildah's
 # storage and the nodes' containerd, the venv with torch), measured from empty caches.
@@ -68,11 +68,11 @@ run_pytest() {
 }
 
 pytest_layer() {
-  # The tests that share nothing run side by side (pytest-xdist: one worker per module, or per
-  # group a module names, so module fixtures run once); the `exclusive` ones (tests/conftest.py)
-  # then run alone. A layer that fails stops the run once both parts have run.
+  # The tests that share nothing run side by side (pytest-xdist, a module to a worker, so module
+  # fixtures run once); the `exclusive` ones (tests/conftest.py) then run alone. A layer that
+  # fails stops the run once both parts have run.
   local layer=$1 workers=$2 code=0
-  run_pytest "$layer" "$layer" -m "not exclusive" -n "$workers" --dist loadgroup || code=$?
+  run_pytest "$layer" "$layer" -m "not exclusive" -n "$workers" --dist loadscope || code=$?
   run_pytest "$layer" "$layer-exclusive" -m exclusive || code=$?
   return "$code"
 }
@@ -107,7 +107,8 @@ begin "disk"; check_disk
 if wants integration || wants e2e; then begin "build: started in the background"; build_cluster; fi
 begin "python environment"; VENV="$(hack/python-env.sh | tail -n1)"
 if wants lint; then begin "lint"; make --no-print-directory lint; fi
-if wants unit; then begin "unit"; run_pytest unit unit -n 2 --dist loadgroup; fi
+if wants unit; then begin "unit"; run_pytest unit unit -n 2 --dist loadscope; fi
 if wants integration || wants e2e; then await_cluster; fi
-if wants integration; then begin "integration"; pytest_layer integration "$WORKERS"; fi
-if wants e2e; then begin "e2e"; pytest_layer e2e "$WORKERS"; fi
+if wants integration; then begin "integration"; pytest_layer integration 3; fi
+# Trainings are CPU-bound: more than two side by side on two cores only slow every one down.
+if wants e2e; then begin "e2e"; pytest_layer e2e "$E2E_WORKERS"; fi

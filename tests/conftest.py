@@ -99,19 +99,15 @@ def deployed_operator_stopped(kubeconfig: str) -> Iterator[None]:
         yield
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Anything that uses the cluster carries the `cluster` marker, so `-m "not cluster"` works.
     A test that stops the deployed operator is `exclusive` (hack/test.sh runs those alone, after
     the others), and they run last, in their order, so the operator is stopped and started once
-    per session, not once per module. Each test not in a named xdist group is in its module's:
-    under `--dist loadgroup` a module runs on one worker, its module fixtures once."""
+    per session, not once per module."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "kubeconfig" in names:
             item.add_marker(pytest.mark.cluster)
         if "deployed_operator_stopped" in names or item.nodeid.split("::")[0] in EXCLUSIVE:
             item.add_marker(pytest.mark.exclusive)
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items.sort(key=lambda item: "deployed_operator_stopped" in getattr(item, "fixturenames", ()))

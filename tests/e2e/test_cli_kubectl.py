@@ -1,6 +1,6 @@
-"""End to end: the CLI's kubectl habits against the local cluster, run as a user runs them, once
-as `accelerate-job` and once as `kubectl accelerate` (kubectl finds the plugin
-`kubectl-accelerate` on PATH): `-n NS get` (flags before the command), `get -o jsonpath`,
+"""End to end: the CLI's kubectl habits against the local cluster, run as a user runs them, as
+`accelerate-job` and as `kubectl accelerate` (kubectl finds the plugin `kubectl-accelerate` on
+PATH), on the same jobs: `-n NS get` (flags before the command), `get -o jsonpath`,
 `wait --for=condition=Succeeded --timeout=10m a b`, `describe`, `logs -p`, `delete -l`, and
 `wait --for=delete`.
 
@@ -66,41 +66,56 @@ def runner(front_end: str, kubeconfig: str, bin_dir: Path):
     return run
 
 
-@pytest.mark.parametrize("front_end", ["accelerate-job", "kubectl accelerate"])
-def test_kubectl_habits_on_the_cluster(kubeconfig, namespace, front_end, tmp_path):
-    run = runner(front_end, kubeconfig, tmp_path / "bin")
+def test_kubectl_habits_on_the_cluster(kubeconfig, namespace, tmp_path):
+    """Both front ends on the same two jobs: every reading command through each (the same answer
+    where nothing in it ticks); the writes (delete, wait for it) one through each."""
+    bin_dir = tmp_path / "bin"
+    job_cli, plugin = (runner(name, kubeconfig, bin_dir)
+                       for name in ("accelerate-job", "kubectl accelerate"))
+
+    def both(*args: str, **kwargs) -> subprocess.CompletedProcess:
+        first, second = job_cli(*args, **kwargs), plugin(*args, **kwargs)
+        assert (first.returncode, first.stdout) == (second.returncode, second.stdout), (
+            args, first.stdout, second.stdout)
+        return first
+
     for name, script in (("flaky", FLAKY), ("steady", STEADY)):
         apply_job(kubeconfig, namespace,
                   command_job(name, script, nodes=1).labels(suite="cli").for_server().build())
 
-    table = run("-n", namespace, "get").stdout.splitlines()
+    table = job_cli("-n", namespace, "get").stdout.splitlines()
     assert table[0].split()[:2] == ["NAME", "PHASE"]
     assert [line.split()[0] for line in table[1:]] == ["flaky", "steady"]
+    table = plugin("-n", namespace, "get").stdout.splitlines()
+    assert [line.split()[0] for line in table[1:]] == ["flaky", "steady"]
 
-    waited = run("-n", namespace, "wait", "--for=condition=Succeeded", "--timeout=10m",
-                 "flaky", "steady", timeout=630).stdout
+    waited = both("-n", namespace, "wait", "--for=condition=Succeeded", "--timeout=10m",
+                  "flaky", "steady", timeout=630).stdout
     assert waited == ("acceleratejob/flaky condition met: Succeeded (Succeeded)\n"
                       "acceleratejob/steady condition met: Succeeded (Succeeded)\n")
-    assert run("get", "flaky", "-n", namespace, "-o",
-               "jsonpath={.status.phase} {.status.restarts}").stdout == "Succeeded 1"
+    assert both("get", "flaky", "-n", namespace, "-o",
+                "jsonpath={.status.phase} {.status.restarts}").stdout == "Succeeded 1"
 
-    story = run("describe", "flaky", "-n", namespace).stdout
-    assert "Phase:        Succeeded" in story
-    for section in ("Conditions:", "Last failure:", "Pods:", "Events:"):
-        assert section in story.splitlines()
-    conditions = story.split("Conditions:")[1].split("Last failure:")[0]
-    assert any(line.split()[:2] == ["Succeeded", "True"] for line in conditions.splitlines())
-    events = story.split("Events:")[1]
-    assert "Warning" in events and "Normal" in events
+    for run in (job_cli, plugin):  # each: describe shows ages, which tick between the two
+        story = run("describe", "flaky", "-n", namespace).stdout
+        assert "Phase:        Succeeded" in story
+        for section in ("Conditions:", "Last failure:", "Pods:", "Events:"):
+            assert section in story.splitlines()
+        conditions = story.split("Conditions:")[1].split("Last failure:")[0]
+        assert any(line.split()[:2] == ["Succeeded", "True"] for line in conditions.splitlines())
+        events = story.split("Events:")[1]
+        assert "Warning" in events and "Normal" in events
 
-    assert "flaky attempt=0" in run("-n", namespace, "logs", "flaky", "-p").stdout
-    now = run("-n", namespace, "logs", "flaky")
-    assert "flaky attempt=1" in now.stdout and "attempt=0" not in now.stdout
-    assert "-p (the last)" in now.stderr
-    missing = run("-n", namespace, "logs", "steady", "-p", check=False)
-    assert missing.returncode == 1 and "no previous attempt archived" in missing.stderr
+    assert "flaky attempt=0" in both("-n", namespace, "logs", "flaky", "-p").stdout
+    for run in (job_cli, plugin):
+        now = run("-n", namespace, "logs", "flaky")
+        assert "flaky attempt=1" in now.stdout and "attempt=0" not in now.stdout
+        assert "-p (the last)" in now.stderr
+        missing = run("-n", namespace, "logs", "steady", "-p", check=False)
+        assert missing.returncode == 1 and "no previous attempt archived" in missing.stderr
 
-    deleted = run("-n", namespace, "delete", "-l", "suite=cli").stdout
+    deleted = plugin("-n", namespace, "delete", "-l", "suite=cli").stdout
     assert deleted == "acceleratejob/flaky deleted\nacceleratejob/steady deleted\n"
-    run("-n", namespace, "wait", "--for=delete", "--timeout=2m", "flaky", "steady", timeout=150)
-    assert run("-n", namespace, "get", "-o", "name").stdout == ""
+    job_cli("-n", namespace, "wait", "--for=delete", "--timeout=2m", "flaky", "steady",
+            timeout=150)
+    assert both("-n", namespace, "get", "-o", "name").stdout == ""

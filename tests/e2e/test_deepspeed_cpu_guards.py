@@ -7,17 +7,18 @@ training something else in silence, and the trainer image that runs DeepSpeed th
 - an opted-in script that leaves out the gloo backend fails in its ranks instead of training
   each rank alone;
 - the image has no C++ compiler, and DeepSpeed's CPU ops load from the installed package.
-The refused jobs stop within seconds; all are applied at once."""
+The refused jobs stop within seconds; all, and the image probe, are applied at once when the
+module starts."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 
 import pytest
 
-from devtools.cluster import kubectl, wait_for
+from devtools.cluster import create_namespace, delete_namespace, kubectl
 from tests.helpers.deepspeed import deepspeed_job, zero_config
-from tests.helpers.jobs import JobBuilder, command_job, condition, get_job
+from tests.helpers.jobs import JobBuilder, apply_jobs, command_job, condition, wait_until_finished
 from tests.helpers.training import IMAGE_TRAIN_SCRIPT
 
 pytestmark = pytest.mark.timeout(600)
@@ -92,19 +93,27 @@ REFUSED = {
 }
 
 
+def image_probe() -> dict:
+    return command_job("image-probe", IMAGE_PROBE, nodes=1).run_policy(backoffLimit=0).build()
+
+
+@pytest.fixture(scope="module")
+def namespace(kubeconfig: str) -> Iterator[str]:
+    """One namespace, every job of the module applied at once."""
+    name = create_namespace(kubeconfig, prefix="ds-guards")
+    jobs = [body for body, _, _ in REFUSED.values()]
+    apply_jobs(kubeconfig, name, [*jobs, without_gloo("ds-without-gloo"), image_probe()])
+    yield name
+    delete_namespace(kubeconfig, name)
+
+
 def test_deepspeed_and_fsdp_on_cpu_pods_never_train_something_else(kubeconfig, namespace):
-    jobs = [body for body, _, _ in REFUSED.values()] + [without_gloo("ds-without-gloo")]
-    for body in jobs:
-        body["metadata"] = {"name": body["metadata"]["name"], "namespace": namespace}
-    kubectl("-n", namespace, "apply", "-f", "-", kubeconfig=kubeconfig,
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": jobs}))
-    names = [body["metadata"]["name"] for body in jobs]
-    statuses = wait_for(lambda: finished(kubeconfig, namespace, names), timeout=540,
-                        interval=2, description="every job to finish")
+    names = [*REFUSED, "ds-without-gloo"]
+    statuses = wait_until_finished(kubeconfig, namespace, names, timeout=540)
     problems = []
     for name, (_, reason, before_pods) in REFUSED.items():
-        status = statuses[name]["status"]
-        failed = condition(statuses[name], "Failed")
+        status = statuses[name]
+        failed = condition({"status": status}, "Failed")
         if status["phase"] != "Failed" or reason not in failed.get("message", ""):
             problems.append(f"{name}: expected Failed naming {reason!r}: {status}")
             continue
@@ -119,7 +128,7 @@ def test_deepspeed_and_fsdp_on_cpu_pods_never_train_something_else(kubeconfig, n
                 problems.append(f"{name}: expected exit 78 before launch: {failed['message']}")
     assert not problems, "\n".join(problems)
 
-    status = statuses["ds-without-gloo"]["status"]
+    status = statuses["ds-without-gloo"]
     assert status["phase"] == "Failed", status
     log = kubectl("-n", namespace, "logs", "ds-without-gloo-0", kubeconfig=kubeconfig).stdout
     # Alone: accelerate 1.15 says DEEPSPEED, with a world of 1 (our check's own message).
@@ -129,13 +138,8 @@ def test_deepspeed_and_fsdp_on_cpu_pods_never_train_something_else(kubeconfig, n
 
 
 def test_trainer_image_runs_deepspeed_ops_without_a_compiler(kubeconfig, namespace):
-    body = command_job("image-probe", IMAGE_PROBE, nodes=1)
-    body = body.run_policy(backoffLimit=0).build()
-    body["metadata"] = {"name": "image-probe", "namespace": namespace}
-    kubectl("-n", namespace, "apply", "-f", "-", kubeconfig=kubeconfig, input=json.dumps(body))
-    statuses = wait_for(lambda: finished(kubeconfig, namespace, ["image-probe"]), timeout=300,
-                        interval=1, description="the image probe")
-    assert statuses["image-probe"]["status"]["phase"] == "Succeeded", statuses
+    statuses = wait_until_finished(kubeconfig, namespace, ["image-probe"], timeout=300)
+    assert statuses["image-probe"]["phase"] == "Succeeded", statuses["image-probe"]
     log = kubectl("-n", namespace, "logs", "image-probe-0", kubeconfig=kubeconfig).stdout
     compilers = dict(line.split()[1:3] for line in log.splitlines()
                      if line.startswith("COMPILER "))
@@ -146,12 +150,6 @@ def test_trainer_image_runs_deepspeed_ops_without_a_compiler(kubeconfig, namespa
         # The installed package's own extension modules, not a JIT build's.
         assert "/site-packages/deepspeed/ops/" in path and path.endswith(".so"), (name, path)
     assert "JIT_DIR False" in log, log
-
-
-def finished(kubeconfig: str, namespace: str, names: list[str]) -> dict | None:
-    jobs = {name: get_job(kubeconfig, namespace, name) for name in names}
-    done = all(j.get("status", {}).get("phase") in ("Succeeded", "Failed") for j in jobs.values())
-    return jobs if done else None
 
 
 def pod_names(kubeconfig: str, namespace: str, name: str) -> list[str]:

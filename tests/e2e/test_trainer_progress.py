@@ -3,9 +3,9 @@ the trainer image) reports PROGRESS, ETA and its latest metrics to `kubectl get 
 KubeflowCallback POSTs KEP-2779's trainerStatus straight to the operator's report endpoint (pod 0
 gets its URL, token and CA), with no progress code in the script.
 
-Two nodes x two processes on CPU, enough steps to train for about a minute, so the callback's
-5 s posts and the operator's 5 s status writes see several mid-run values; then 100 % at the
-end."""
+Two nodes x two processes on CPU, paced (a short sleep after each step, so that the run lasts
+about a minute without keeping the CPUs busy), so the callback's 5 s posts and the operator's
+10 s status writes see several mid-run values; then 100 % at the end."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.timeout(600)]
 
 IMAGE = TRAINER_CPU_IMAGE
 NAME = "hf-trainer"
-MAX_STEPS = 3000
+MAX_STEPS = 800
 JOB = (JobBuilder(NAME).for_server().nodes(2).procs(2).unset("masterPort")
        .config(compute_environment="LOCAL_MACHINE", distributed_type="MULTI_CPU", use_cpu=True,
                mixed_precision="no")
@@ -31,7 +31,7 @@ JOB = (JobBuilder(NAME).for_server().nodes(2).procs(2).unset("masterPort")
                  volumes=[{"name": "workspace", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}])
        .image(IMAGE)
        .args("/opt/accelerate/examples/trainer_example.py", f"--max-steps={MAX_STEPS}",
-             "--batch-size=4", "--seq-len=32")
+             "--batch-size=4", "--seq-len=32", "--sleep-per-step=0.06")
        .env(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
        .container(imagePullPolicy="IfNotPresent",
                   resources={"requests": {"cpu": "250m", "memory": "1Gi"},

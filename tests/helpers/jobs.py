@@ -180,8 +180,11 @@ def apply_jobs(kubeconfig: str, namespace: str, bodies: list[dict]) -> None:
     """Several jobs in one kubectl call, so that they start side by side."""
     from devtools.cluster import kubectl
 
-    items = [{**body, "metadata": {**body["metadata"], "namespace": namespace}}
-             for body in bodies]
+    # What a user's manifest holds: a name, labels and annotations (a Kueue queue label, say),
+    # in the test's namespace; never a uid or generation, which the API server owns.
+    items = [{**body, "metadata": {**{k: v for k, v in body["metadata"].items()
+                                      if k in ("name", "labels", "annotations")},
+                                   "namespace": namespace}} for body in bodies]
     kubectl("-n", namespace, "apply", "-f", "-", kubeconfig=kubeconfig,
             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
