@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +52,7 @@ from .report_keeper import CertKeeper
 from .report_presence import Presence
 from .report_server import ReportServer
 from .report_settings import ReportSettings, read_report_settings
+from .report_tokens import IssuerKeys
 
 log = logging.getLogger("accelerate_operator")
 
@@ -199,7 +201,8 @@ async def _serve_reports(controller: Controller, settings: ReportSettings,
     while True:
         try:
             context = await keeper.start()
-            server = ReportServer(lambda: RUNTIME.controller, api)
+            keys = IssuerKeys(api.issuer, time.monotonic)
+            server = ReportServer(lambda: RUNTIME.controller, keys)
             port = await server.start("0.0.0.0", settings.port, context)
             break
         except Exception as error:  # noqa: BLE001 - logged, tried again

@@ -1,6 +1,7 @@
 """The report endpoint's API calls, through kube.py's client (its threads, retries and
-credentials): TokenReviews, the endpoint's TLS Secret in the operator's own namespace, and the
-CA bundle in the jobs' ConfigMaps."""
+credentials): the API server's service-account issuer and keys (OIDC discovery, to check the
+pods' tokens locally: report_tokens.py), the endpoint's TLS Secret in the operator's own
+namespace, and the CA bundle in the jobs' ConfigMaps."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import base64
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
-from accelerate_trainer.contract import REPORT_AUDIENCE
-
 from .constants import FIELD_MANAGER
 from .kube import ApiException, Kube
+from .report_tokens import Issuer, read_issuer
 
-TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+# OIDC discovery, which every service account may read (the default ClusterRoleBinding
+# system:service-account-issuer-discovery; the chart grants it too).
+OPENID_CONFIGURATION = "/.well-known/openid-configuration"
+OPENID_KEYS = "/openid/v1/jwks"
 SECRETS = "/api/v1/namespaces/{}/secrets"
 CONFIGMAPS = "/api/v1/namespaces/{}/configmaps"
 MERGE = "application/merge-patch+json"
@@ -24,12 +27,12 @@ class ReportKube:
     def __init__(self, kube: Kube):
         self.kube = kube
 
-    async def review_token(self, token: str) -> dict[str, Any]:
-        """The API server's TokenReview of `token` for REPORT_AUDIENCE: its status."""
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                  "spec": {"token": token, "audiences": [REPORT_AUDIENCE]}}
-        answer = await self.kube.request("POST", TOKEN_REVIEWS, review)
-        return (answer or {}).get("status") or {}
+    async def issuer(self) -> Issuer:
+        """The API server's service-account issuer and its public keys."""
+        configuration = await self.kube.request("GET", OPENID_CONFIGURATION)
+        keys = await self.kube.request("GET", OPENID_KEYS,
+                                       accept="application/jwk-set+json, application/json")
+        return read_issuer(configuration or {}, keys or {})
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Secret, its data decoded, or None when there is none."""

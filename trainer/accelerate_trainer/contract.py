@@ -92,8 +92,9 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
     return f"{PROGRESS_PREFIX} {json.dumps({k: v for k, v in report.items() if v is not None})}\n"
 
 
-# ---- the pushed report: each pod writes it onto itself (accelerate_trainer.supervise) ----
-# The value of REPORT_ANNOTATION is one JSON object, at most MAX_REPORT_BYTES:
+# ---- the pushed report: each pod POSTs it to the operator's endpoint (accelerate_trainer
+# .supervise; the endpoint below, REPORT_BODY_KEY) ----
+# One JSON object:
 #   {"progress": {<the newest ACCELERATE_PROGRESS object>}, "lastOutputTime": "<RFC 3339 UTC>",
 #    "progressTime": "<RFC 3339 UTC>",
 #    "exit": {"attempt": N, "exitCode": C, "time": "<RFC 3339 UTC>", "message": "<last lines>"},
@@ -110,11 +111,18 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # complete ..."), "rank" (that rank's global rank), "signal" ("SIGKILL"... when a signal ended
 # it), "reason" (EXIT_REASONS: OOMKilled, RendezvousTimeout, RendezvousFailed), "oomKills" (OOM
 # kills the container's cgroup counted during the launch) and "memoryLimitBytes" (its limit).
-# The pod POSTs it to the operator's report endpoint (REPORT_BODY_KEY below); it no longer
-# writes onto its pod.
+# What the operator keeps of a report it takes: these fields only (of `progress`, step,
+# total_steps, epoch, loss, samples_per_second, eta_seconds and up to 16 `metrics`), numbers
+# finite, `exit.message` cut to its last MAX_MESSAGE_CHARS characters and `exit.rootCause` to
+# its first, every other string to MAX_FIELD_CHARS, control characters but the newline dropped
+# (accelerate_operator.report_checks).
 REPORT_ANNOTATION = "accelerate-operator.io/report"
 EXIT_ROOT_CAUSE_FIELDS = ("rootCause", "rank", "signal", "reason", "oomKills", "memoryLimitBytes")
 EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed")
+MAX_MESSAGE_CHARS = 2048
+MAX_FIELD_CHARS = 128
+# The trainer's own budget for one report (supervise.encode cuts its metrics to fit); the
+# endpoint does not check it: its caps above and MAX_BODY_BYTES are what holds.
 MAX_REPORT_BYTES = 4096
 # ---- in-place restarts: the attempt a pod's processes run, set by the operator ----
 # The operator writes RUN_ATTEMPT_ANNOTATION on every pod of the group (the creation's attempt
@@ -135,9 +143,11 @@ RUN_ATTEMPT_FILE = "attempt"
 # ENV_KUBEFLOW_URL/TOKEN/CA pointing at the same endpoint), and/or our extension
 # {REPORT_BODY_KEY: <the report object above>}. Answers: 200 taken; 400 malformed; 401 no or
 # bad token; 403 a token of a pod that may not write this (not a live pod of the job, progress
-# not from pod 0, an exit not from the current attempt); 404 no such job; 413 too large; 429
-# too often (Retry-After); 503 not the active replica (Retry-After). The pod retries 429/503
-# and connection errors; an `exit` report is retried until answered 200.
+# not from pod 0, an exit not from the current attempt; a pod of another namespace, whether the
+# job exists or not); 404 no such job (in the pod's own namespace); 408 the body came too
+# slowly; 413 too large; 429 too often (Retry-After); 503 not the active replica, or the
+# cluster's keys not readable yet (Retry-After). Any answer but 200 closes the connection. The
+# pod retries 429/503 and connection errors; an `exit` report is retried until answered 200.
 ENV_REPORT_URL = "ACCELERATE_REPORT_URL"
 REPORT_AUDIENCE = "accelerate-operator.io/report"
 REPORT_CA_KEY = "report-ca.crt"
