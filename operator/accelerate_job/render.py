@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TextIO
@@ -20,6 +21,25 @@ from rich.table import Table
 from rich.text import Text
 
 BAR_WIDTH = 30
+# What a terminal would act on rather than show: C0 controls but newline and tab (ESC starts
+# the escape sequences that move the cursor, clear the screen or set the window title), DEL, C1
+# controls (0x9b is a one-byte CSI), bidirectional overrides.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Job text as the CLI shows it: what pods and users wrote (failure messages, events,
+    versions) may hold escape codes; each is written out (`\\x1b`), never sent to the
+    terminal. Newlines and tabs stay."""
+    return UNPRINTABLE.sub(lambda found: f"\\x{ord(found.group()):02x}"
+                           if ord(found.group()) < 0x100 else f"\\u{ord(found.group()):04x}",
+                           text)
+
+
+def cell(value: Any) -> Text:
+    """A table cell of job text: printable, and never read as rich markup (a `[/x]` in a
+    message would otherwise be a closing tag)."""
+    return Text(printable(str(value)))
 
 
 def summarize(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,7 +137,7 @@ def status_rows(job: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def render_status(job: Mapping[str, Any]) -> str:
-    return "\n".join(f"{label:<14}{value}" for label, value in status_rows(job))
+    return "\n".join(f"{label:<14}{printable(value)}" for label, value in status_rows(job))
 
 
 def _age(timestamp: str | None, now: datetime) -> str:
@@ -146,7 +166,7 @@ def _bar(progress: Mapping[str, Any], width: int) -> RenderableType:
 
 def render_wide_status(job: Mapping[str, Any]) -> str:
     """`status -o wide`: the status block, then what `-o wide` adds to the table, one a line."""
-    wide = [f"{(column.title() + ':'):<14}{value}"
+    wide = [f"{(column.title() + ':'):<14}{printable(value)}"
             for column, value in zip(WIDE_COLUMNS, _wide_cells(job), strict=True)]
     return "\n".join([render_status(job), *wide])
 
@@ -165,14 +185,15 @@ def _row(job: Mapping[str, Any], now: datetime, bars: bool, namespaces: bool,
          wide: bool) -> list[RenderableType]:
     s = summarize(job)
     progress = s["progress"] or {}
-    cells: list[RenderableType] = [s["namespace"] or "-"] if namespaces else []
-    cells += [s["name"], Text(s["phase"], style=PHASE_STYLES.get(s["phase"], "")),
-              s["readyNodes"] or "-", str(s["restarts"])]
+    cells: list[RenderableType] = [cell(s["namespace"] or "-")] if namespaces else []
+    cells += [cell(s["name"]), Text(printable(str(s["phase"])),
+                                    style=PHASE_STYLES.get(s["phase"], "")),
+              cell(s["readyNodes"] or "-"), cell(s["restarts"])]
     if bars:
         cells.append(_bar(progress, 20))
-    cells += [progress.get("summary") or "-", progress.get("eta") or "-",
-              _age(job["metadata"].get("creationTimestamp"), now)]
-    return cells + (_wide_cells(job) if wide else [])
+    cells += [cell(progress.get("summary") or "-"), cell(progress.get("eta") or "-"),
+              cell(_age(job["metadata"].get("creationTimestamp"), now))]
+    return cells + ([cell(value) for value in _wide_cells(job)] if wide else [])
 
 
 def jobs_table(jobs: Sequence[Mapping[str, Any]], now: datetime, *, bars: bool = False,
@@ -199,12 +220,13 @@ def status_view(job: Mapping[str, Any]) -> RenderableType:
         if label == "Progress:" and progress.get("totalSteps"):
             row = Table.grid(padding=(0, 2))
             row.add_row(Text(f"{label:<14}"), _bar(progress, BAR_WIDTH),
-                        Text(progress_text(progress)))
+                        cell(progress_text(progress)))
             out.append(row)
         elif label == "Phase:":
-            out.append(Text.assemble(f"{label:<14}", (value, PHASE_STYLES.get(value, ""))))
+            out.append(Text.assemble(f"{label:<14}", (printable(value),
+                                                      PHASE_STYLES.get(value, ""))))
         else:
-            out.append(Text(f"{label:<14}{value}"))
+            out.append(Text(f"{label:<14}{printable(value)}"))
     return Group(*out)
 
 
