@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from accelerate_operator.observe import PROGRESS_WRITE_SECONDS
-from accelerate_operator.report_server import CALLER_BURST, CALLER_RATE
+from accelerate_operator.report_server import LIMITS
 from accelerate_operator.report_tls import renew
 from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_BODY_KEY
 
@@ -119,6 +119,8 @@ def test_forged_and_unauthenticated_reports_are_refused_and_change_nothing(kubec
         "a pod of another job": (token_of(kubeconfig, site, "beta-0"), 403),
         "pod 1 sending progress": (token_of(kubeconfig, site, "alpha-1"), 403),
         "alpha-0 of another namespace": (token_of(kubeconfig, site, "alpha-0", other), 403),
+        "a token whose signature was changed": (token_of(kubeconfig, site, "alpha-0")[:-4]
+                                                + "AAAA", 401),
         "the pod's token for the API server": (
             token_of(kubeconfig, site, "alpha-0", audience=None), 401),
         "a token bound to no pod": (pod_token(kubeconfig, ns, None), 401),
@@ -180,7 +182,7 @@ def test_a_sustained_flood_writes_progress_at_most_once_per_interval(kubeconfig,
     limit lets through (a new step each time) and still writes status.progress at most once per
     PROGRESS_WRITE_SECONDS, the newest step last."""
     token, seconds = token_of(kubeconfig, site, "alpha-0"), 2 * PROGRESS_WRITE_SECONDS
-    time.sleep(CALLER_BURST / CALLER_RATE)  # the bucket the previous test emptied, full again
+    time.sleep(LIMITS.pod_burst / LIMITS.pod_rate)  # the bucket the last test emptied, full
     with progress_writes(kubeconfig, site["ns"], "alpha") as steps:
         started, step, taken = time.monotonic(), 100, []
         while time.monotonic() - started < seconds:
