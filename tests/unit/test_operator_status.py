@@ -144,6 +144,17 @@ def test_backoff_limit_fails_the_job_naming_the_last_failure():
     assert plan.status["restarts"] == 2
 
 
+def test_a_failures_text_is_said_once_in_the_conditions():
+    """The Failed condition carries the failure; the Running condition it clears only names the
+    new phase, not the failure's text again (a pod's message can be KiBs)."""
+    message = "Traceback (most recent call last):\nRuntimeError: " + "x" * 1000
+    plan = step(job(backoffLimit=0), running_status(),
+                [pod("train", 0), pod("train", 1, "Failed", exit_code=1, message=message)])
+    texts = [c["message"] for c in plan.status["conditions"]]
+    assert conditions(plan)["Running"][0] == "False"
+    assert sum(message.strip() in text for text in texts) == 1, texts
+
+
 def test_config_errors_and_permanent_exit_codes_fail_at_once():
     config = step(job(), {"phase": "Running"},
                   [pod("train", 0, "Failed", exit_code=78, message="invalid configuration: x"),

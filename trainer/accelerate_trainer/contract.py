@@ -109,7 +109,8 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # first failing rank's own error line and the traceback lines above it, python's own line for a
 # script it could not open, "out of memory: ..." with the limit, or "the rendezvous did not
 # complete ..."), "rank" (that rank's global rank), "signal" ("SIGKILL"... when a signal ended
-# it), "reason" (EXIT_REASONS: OOMKilled, RendezvousTimeout, RendezvousFailed), "oomKills" (OOM
+# it), "reason" (EXIT_REASONS: OOMKilled, RendezvousTimeout, RendezvousFailed, PeerLost: the
+# rank failed only because another rank went away under it), "oomKills" (OOM
 # kills the container's cgroup counted during the launch) and "memoryLimitBytes" (its limit).
 # What the operator keeps of a report it takes: these fields only (of `progress`, step,
 # total_steps, epoch, loss, samples_per_second, eta_seconds and up to 16 `metrics`), numbers
@@ -118,7 +119,7 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # (accelerate_operator.report_checks).
 REPORT_ANNOTATION = "accelerate-operator.io/report"
 EXIT_ROOT_CAUSE_FIELDS = ("rootCause", "rank", "signal", "reason", "oomKills", "memoryLimitBytes")
-EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed")
+EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed", "PeerLost")
 MAX_MESSAGE_CHARS = 2048
 MAX_FIELD_CHARS = 128
 # The trainer's own budget for one report (supervise.encode cuts its metrics to fit); the
