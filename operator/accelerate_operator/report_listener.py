@@ -153,11 +153,14 @@ class Listener:
             connection.deadline.cancel()
             connection.deadline = None
 
-    def request_ended(self, transport: Any) -> None:
-        """The next request's head is due within the idle time and the header deadline."""
+    def request_ended(self, transport: Any, refused: bool = False) -> None:
+        """The next request's head is due within the idle time and the header deadline; a
+        refused request's connection (the answer says Connection: close) ends within the
+        handshake deadline, whether or not the client completes the TLS shutdown."""
         connection = self.connections.get(transport)
         if connection is not None:
-            self._arm(connection, self.bounds.idle_seconds + self.bounds.header_seconds)
+            self._arm(connection, self.bounds.handshake_seconds if refused
+                      else self.bounds.idle_seconds + self.bounds.header_seconds)
 
     def ended(self, connection: _Connection) -> None:
         if connection.deadline is not None:

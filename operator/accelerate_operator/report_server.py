@@ -91,19 +91,20 @@ class ReportServer:
         return app
 
     async def handle(self, request: web.Request) -> web.Response:
-        listener = self._listener
+        listener, refused = self._listener, False
         if listener is not None:
             listener.request_started(request.transport)
         try:
             await self.take(request)
             return answer(200, "taken")
-        except Refused as refused:
-            response = answer(refused.code, str(refused), refused.retry_after)
+        except Refused as refusal:
+            refused = True
+            response = answer(refusal.code, str(refusal), refusal.retry_after)
             response.force_close()
             return response
         finally:
             if listener is not None:
-                listener.request_ended(request.transport)
+                listener.request_ended(request.transport, refused)
 
     async def take(self, request: web.Request) -> None:
         """One report, taken or Refused (the module's docstring, in order)."""

@@ -36,7 +36,7 @@ EXIT = {"acceleratePodReport": {"attempt": 0, "exit": {"attempt": 0, "exitCode":
 ISSUER = TestIssuer(kind="EC")
 TOKENS = {f"token-{i}": ISSUER.token(pod=f"train-{i}", uid=f"uid-{i}") for i in range(2)}
 FAST = Limits(bounds=Bounds(connections=6, connections_per_peer=4, handshake_seconds=0.5,
-                            header_seconds=0.5, idle_seconds=0.5), body_seconds=0.5)
+                            header_seconds=0.3, idle_seconds=1.0), body_seconds=0.5)
 
 
 def pod(index: int, uid: str) -> dict:
@@ -211,7 +211,8 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off_at_the_header_deadline(
             writer.write(bytes([byte]))
             await asyncio.sleep(0.1)
         assert await with_bytes == b""
-        assert time.monotonic() - started < 1.5  # the 0.5 s deadline, not the client's pace
+        # the header deadline (0.3 s), not the client's pace nor the idle time (1 s)
+        assert time.monotonic() - started < 0.8
     run_with_port(test)
 
 
@@ -222,6 +223,17 @@ def test_a_body_that_comes_too_slowly_gets_408_and_the_connection_closes():
         answer = await closed_within(reader, 3.0)
         assert answer.startswith(b"HTTP/1.1 408")
         assert made.pods_of(KEY, "job-uid")[0].report is None
+    run_with_port(test)
+
+
+def test_a_bad_token_is_refused_before_the_body_is_waited_for():
+    async def test(post, made, keys, port):
+        reader, writer = await tls(port)
+        started = time.monotonic()
+        writer.write(head(100).replace(TOKENS["token-0"].encode(), b"junk"))  # no body sent
+        assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 401")
+        assert time.monotonic() - started < 0.4  # not the body deadline (0.5 s)
+        await closed_within(reader, 1.0)  # and closed: the handshake deadline (0.5 s)
     run_with_port(test)
 
 
@@ -257,7 +269,7 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_and_any_refusal_at_on
         assert (await reader.readuntil(b"taken")).startswith(b"HTTP/1.1 200")
         started = time.monotonic()
         await closed_within(reader, 3.0)
-        assert time.monotonic() - started < 2.0  # idle 0.5 s, not aiohttp's default hour
+        assert time.monotonic() - started < 2.0  # idle 1 s, not aiohttp's default hour
         reader, writer = await tls(port)
         writer.write(head(len(document), "token-1") + document)  # progress from pod 1: 403
         answer = await closed_within(reader, 1.0)
