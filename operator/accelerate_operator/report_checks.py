@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from accelerate_trainer.contract import (
     MAX_FIELD_CHARS,
     MAX_MESSAGE_CHARS,
     REPORT_BODY_KEY,
+    printable_text,
 )
 from accelerate_trainer.kubeflow_status import BadReport, TrainerStatus, trainer_status
 
@@ -44,9 +44,6 @@ PROGRESS_KEYS = ("progress", "lastOutputTime", "progressTime", "previous")
 PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "samples_per_second", "eta_seconds")
 EXIT_NUMBERS = ("attempt", "exitCode", "rank", "oomKills", "memoryLimitBytes")
 EXIT_TEXTS = ("time", "signal")
-# Control characters (C0 but newline and tab, DEL, C1), bidirectional overrides and lone
-# surrogates: a terminal would act on them, or they would print other text than they hold.
-UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 # Numbers past this are garbage (an int of 4,000 digits would overflow a float in the pass).
 MAX_NUMBER = 2**63
 
@@ -74,16 +71,6 @@ class ReportBody:
 
 
 # ---- text ------------------------------------------------------------------------------------
-def clean_text(value: str, limit: int, keep_end: bool = False) -> str:
-    """`value` printable (UNPRINTABLE dropped, a tab a space) and at most `limit` characters:
-    its start, or with `keep_end` its end (a log's last lines say most), marked where cut."""
-    text = UNPRINTABLE.sub("", value.replace("\t", " "))
-    if len(text) <= limit:
-        return text
-    mark = "[...]"
-    return mark + text[-(limit - len(mark)):] if keep_end else text[:limit - len(mark)] + mark
-
-
 def _number(value: Any) -> int | float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -93,7 +80,7 @@ def _number(value: Any) -> int | float | None:
 
 
 def _text(value: Any, limit: int = MAX_FIELD_CHARS, keep_end: bool = False) -> str | None:
-    return clean_text(value, limit, keep_end) if isinstance(value, str) else None
+    return printable_text(value, limit, keep_end) if isinstance(value, str) else None
 
 
 def _kept(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,7 +161,7 @@ def _keep_progress(progress: Mapping[str, Any]) -> dict[str, Any]:
     kept = _kept({key: _number(progress.get(key)) for key in PROGRESS_FIELDS})
     metrics = progress.get("metrics")
     if isinstance(metrics, dict):
-        numbers = {clean_text(name, MAX_FIELD_CHARS): _number(value)
+        numbers = {printable_text(name, MAX_FIELD_CHARS): _number(value)
                    for name, value in list(metrics.items())[:MAX_METRICS]
                    if isinstance(name, str)}
         kept["metrics"] = _kept(numbers) or None

@@ -642,3 +642,14 @@ def test_pod_state_reads_the_attempt_it_runs_and_the_failed_launch_it_reported()
     for report in ('{"exit": {"attempt": "2", "exitCode": 1}}', '{"exit": [1]}', "not json",
                    '{"exit": {"attempt": 2, "exitCode": 0}}', '{"exit": {"attempt": 2}}'):
         assert read_process_exit(report) is None
+
+
+def test_a_containers_own_termination_message_is_kept_printable_and_short():
+    """The kubelet copies the container's last words (its log's tail) into its state: the
+    user's output, escape codes and all."""
+    words = "\x1b[2J\x1b]0;owned\x07" + "x" * 5000 + "\nRuntimeError: boom"
+    state = read_pod_state({"metadata": {"name": "train-1"}, "status": {
+        "phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+            "exitCode": 1, "reason": "Error", "message": words}}}]}})
+    assert state.message.endswith("\nRuntimeError: boom") and len(state.message) == 2048
+    assert "\x1b" not in state.message and "\x07" not in state.message

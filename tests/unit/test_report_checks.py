@@ -12,14 +12,18 @@ from accelerate_operator.observed import PodState
 from accelerate_operator.report_checks import (
     JobGroup,
     Refused,
-    clean_text,
     job_pod,
     may_write,
     parse_body,
 )
 from accelerate_operator.report_store import RateLimiter, ReportStore
 from accelerate_operator.report_tokens import Caller
-from accelerate_trainer.contract import MAX_BODY_BYTES, MAX_FIELD_CHARS, MAX_MESSAGE_CHARS
+from accelerate_trainer.contract import (
+    MAX_BODY_BYTES,
+    MAX_FIELD_CHARS,
+    MAX_MESSAGE_CHARS,
+    printable_text,
+)
 
 JOB_UID = "job-uid"
 KEY = ("ml", "train")
@@ -122,7 +126,7 @@ def test_whatever_a_pod_sends_its_report_keeps_only_what_the_operator_reads_smal
 ])
 def test_text_is_cut_to_its_cap_and_loses_its_control_characters(text, limit, keep_end,
                                                                  cleaned):
-    assert clean_text(text, limit, keep_end) == cleaned
+    assert printable_text(text, limit, keep_end) == cleaned
 
 
 # ---- who may write what --------------------------------------------------------------------

@@ -122,6 +122,20 @@ EXIT_ROOT_CAUSE_FIELDS = ("rootCause", "rank", "signal", "reason", "oomKills", "
 EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed", "PeerLost")
 MAX_MESSAGE_CHARS = 2048
 MAX_FIELD_CHARS = 128
+# Control characters (C0 but newline and tab, DEL, C1), bidirectional overrides and lone
+# surrogates: a terminal would act on them, or they would print other text than they hold.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable_text(value: str, limit: int, keep_end: bool = False) -> str:
+    """`value` as the job keeps text a pod wrote: UNPRINTABLE dropped, a tab a space, at most
+    `limit` characters: its start, or with `keep_end` its end (a log's last lines say most),
+    marked `[...]` where cut."""
+    text = UNPRINTABLE.sub("", value.replace("\t", " "))
+    if len(text) <= limit:
+        return text
+    mark = "[...]"
+    return mark + text[-(limit - len(mark)):] if keep_end else text[:limit - len(mark)] + mark
 # The trainer's own budget for one report (supervise.encode cuts its metrics to fit); the
 # endpoint does not check it: its caps above and MAX_BODY_BYTES are what holds.
 MAX_REPORT_BYTES = 4096
