@@ -96,7 +96,7 @@ def made_up_tokens(kubeconfig: str) -> Iterator[str]:
 
 def test_a_flood_of_made_up_tokens_spends_no_budget_of_a_pod_that_keeps_reporting(
         kubeconfig, site):
-    """16 threads send distinct made-up tokens while pod 0 of alpha reports a new step every
+    """8 threads send distinct made-up tokens while pod 0 of alpha reports a new step every
     0.3 s with a fresh token (as after each kubelet renewal): every one of its reports is taken
     and its last step reaches the status. On main the flood spent the one TokenReview budget
     (20/s for all callers): pod 0's new token got 429."""
@@ -107,11 +107,14 @@ def test_a_flood_of_made_up_tokens_spends_no_budget_of_a_pod_that_keeps_reportin
     def flood(offset: int) -> None:
         seen = 0
         while not stop.is_set():
-            code = send(site, pool[(offset + seen) % len(pool)], progress(1))[0]
+            try:
+                code = send(site, pool[(offset + seen) % len(pool)], progress(1))[0]
+            except OSError:  # kubectl port-forward dropped one: not the endpoint's answer
+                code = "no answer"
             answers[code] = answers.get(code, 0) + 1
-            seen += 16
+            seen += 8
 
-    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(16)]
+    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(8)]
     for thread in threads:
         thread.start()
     try:
@@ -126,7 +129,7 @@ def test_a_flood_of_made_up_tokens_spends_no_budget_of_a_pod_that_keeps_reportin
         for thread in threads:
             thread.join(timeout=30)
     assert [code for code, _ in real] == [200] * len(real), real
-    assert set(answers) == {401}, answers  # made up: refused, never throttled for others
+    assert set(answers) - {"no answer"} == {401}, answers  # refused, never throttled
     wait_for(lambda: step_of(kubeconfig, ns, "alpha") == 105, timeout=30,
              description="pod 0's last step in the status (within the progress write interval)")
 
@@ -202,12 +205,12 @@ def test_an_exit_of_60_kb_of_escape_codes_leaves_a_small_printable_job(kubeconfi
     included, and the object 65 KB."""
     ns = site["ns"]
     escapes = "\x1b[2J\x1b]0;owned\x07\x9b31m"
-    message = ("Traceback (most recent call last):\n" + (escapes + "x" * 80 + "\n") * 330
+    message = ("Traceback (most recent call last):\n" + (escapes + "x" * 80 + "\n") * 460
                + "RuntimeError: boom")
     body = {REPORT_BODY_KEY: {"attempt": 0, "exit": {
         "attempt": 0, "exitCode": 1, "message": message, "rootCause": escapes + "y" * 2000,
         "signal": escapes * 100}}}
-    assert len(json.dumps(body)) > 60_000
+    assert 60_000 < len(json.dumps(body)) < 64 * 1024
     assert send(site, token(kubeconfig, ns, "gamma-0"), body, job="gamma")[0] == 200
     job = wait_for_job(kubeconfig, ns, "gamma", lambda j: j.get("status", {}).get("phase")
                        == "Failed", timeout=60, description="gamma failed")
