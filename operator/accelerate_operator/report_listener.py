@@ -56,6 +56,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, handler: asyncio.Protocol, listener: Listener, peer: str):
         self.handler, self.listener, self.peer = handler, listener, peer
         self.transport: asyncio.Transport | None = None
+        self.raw: asyncio.Transport | None = None  # the TCP connection under the TLS one
         self.deadline: asyncio.TimerHandle | None = None
         self.lost = False  # ended (even before its handler was given it)
 
@@ -118,7 +119,7 @@ class Listener:
 
     async def _handshake(self, transport: asyncio.Transport, peer: str) -> None:
         connection = _Connection(self.make_handler(), self, peer)
-        tls = None
+        connection.raw, tls = transport, None
         try:
             tls = await asyncio.get_running_loop().start_tls(
                 transport, connection, self.context, server_side=True,
@@ -142,9 +143,13 @@ class Listener:
             seconds, self._expired, connection)
 
     def _expired(self, connection: _Connection) -> None:
-        """No whole request head in time: the connection is closed."""
-        if connection.transport is not None:
-            connection.transport.abort()
+        """No whole request head in time: the TCP connection is closed (aiohttp has read all the
+        client sent, so the peer gets a FIN, not a reset; no TLS close_notify to wait on), and
+        reset if our last bytes are still unread HANDSHAKE seconds later."""
+        if connection.raw is not None:
+            connection.raw.close()
+            asyncio.get_running_loop().call_later(self.bounds.handshake_seconds,
+                                                  connection.raw.abort)
 
     def request_started(self, transport: Any) -> None:
         """A request's head has come (the handler runs): no deadline while it is handled."""

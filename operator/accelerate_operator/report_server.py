@@ -16,7 +16,8 @@ than the next and no caller costs an API call:
    (400 for anything malformed, never a 500) and kept small and printable
    (report_checks.keep_report); progress only from pod 0 (403).
 A report taken replaces the pod's last one and queues the job's pass. Any answer but 200 closes
-the connection, so a caller that is refused spends a new TLS handshake to try again.
+the connection (after the answer, and the rest of the body read unparsed for up to
+linger_seconds), so a caller that is refused spends a new TLS handshake to try again.
 
 What a connection may cost is bounded below HTTP (report_listener.py: connections in all and per
 peer, TLS handshake and header deadlines) and in aiohttp (LIMITS: idle keep-alive, request line
@@ -61,6 +62,7 @@ class Limits:
 
     bounds: Bounds = Bounds()
     body_seconds: float = 10.0  # the whole body, once the head has come
+    linger_seconds: float = 2.0  # a refused client's body, dropped before the connection closes
     max_line: int = 4096  # the request line: the path is short
     max_field: int = 8190  # one header: a projected token is about 1 KiB
     # Per pod (its token's pod uid): a burst, then one request a second (pods report every few
@@ -101,6 +103,9 @@ class ReportServer:
             refused = True
             response = answer(refusal.code, str(refusal), refusal.retry_after)
             response.force_close()
+            await response.prepare(request)  # the answer goes now; then what is left is dropped
+            await response.write_eof()
+            await self.discard(request)
             return response
         finally:
             if listener is not None:
@@ -151,6 +156,17 @@ class ReportServer:
         except asyncio.TimeoutError:
             raise Refused(408, f"the body did not come within {self.limits.body_seconds:.0f} s"
                           ) from None
+
+    async def discard(self, request: web.Request) -> None:
+        """What a refused client still sends of its body (at most MAX_BODY_BYTES, within
+        linger_seconds), read and dropped unparsed: a connection closed with unread bytes is
+        reset by the kernel, and the client (or a proxy before it) may lose the answer."""
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            return
+        try:
+            await asyncio.wait_for(request.read(), self.limits.linger_seconds)
+        except Exception:  # noqa: BLE001 - the connection closes either way
+            return
 
     async def start(self, host: str, port: int, context: ssl.SSLContext) -> int:
         """Serve; returns the port (0 picks a free one)."""

@@ -22,6 +22,7 @@ from accelerate_trainer.contract import MAX_FIELD_CHARS, MAX_MESSAGE_CHARS, REPO
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from devtools.cluster import create_namespace, delete_namespace, kubectl, kubectl_json, wait_for
+from devtools.images import TRAINER_CPU_IMAGE
 from tests.helpers.jobs import JobBuilder, apply_job, wait_for_job
 from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator
 from tests.helpers.report_post import PATH, SERVICE_HOST, forwarded, job_ca, pod_token, post
@@ -36,24 +37,30 @@ def pod_uid(kubeconfig: str, namespace: str, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(kubeconfig: str) -> Iterator[dict]:
+def jobs(kubeconfig: str) -> Iterator[dict]:
     """Jobs `alpha` (reports progress), `gamma` (sends a failed launch; no restart left) and
-    `delta` (gets an impostor) in one namespace, `alpha` again in another; the endpoint's local
-    port and CA."""
+    `delta` (gets an impostor) in one namespace, `alpha` again in another; the endpoint's CA."""
     main, other = (create_namespace(kubeconfig, prefix="report-attacks") for _ in range(2))
     apply_job(kubeconfig, main, JobBuilder("alpha").nodes(1).unscheduled().build())
     apply_job(kubeconfig, main, JobBuilder("gamma").nodes(1).unscheduled()
               .run_policy(backoffLimit=0).build())
     apply_job(kubeconfig, main, JobBuilder("delta").nodes(1).unscheduled().build())
     apply_job(kubeconfig, other, JobBuilder("alpha").nodes(1).unscheduled().build())
-    active, _ = active_operator(kubeconfig)
     try:
-        with forwarded(kubeconfig, OPERATOR_NAMESPACE, active) as port:
-            yield {"ns": main, "other": other, "port": port,
-                   "ca": job_ca(kubeconfig, main, "alpha")}
+        yield {"ns": main, "other": other, "ca": job_ca(kubeconfig, main, "alpha")}
     finally:
         for namespace in (main, other):
             delete_namespace(kubeconfig, namespace)
+
+
+@pytest.fixture
+def site(kubeconfig: str, jobs: dict) -> Iterator[dict]:
+    """The jobs, and the endpoint's local port: a port-forward of this test's own (kubectl's
+    port-forward ends when the endpoint resets a connection, as it does to a client over its
+    limits)."""
+    active, _ = active_operator(kubeconfig)
+    with forwarded(kubeconfig, OPERATOR_NAMESPACE, active) as port:
+        yield {**jobs, "port": port}
 
 
 def token(kubeconfig: str, namespace: str, pod: str) -> str:
@@ -77,61 +84,92 @@ def step_of(kubeconfig: str, namespace: str, job: str) -> int | None:
     return (status.get("progress") or {}).get("step")
 
 
-def made_up_tokens(kubeconfig: str) -> Iterator[str]:
+def made_up_tokens(kubeconfig: str, count: int) -> list[str]:
     """Distinct tokens no one issued: random strings, and JWTs with the cluster's own key id
     and claims of a pod, signed by a key of ours (the endpoint must check the signature)."""
     keys = json.loads(kubectl("get", "--raw", "/openid/v1/jwks", kubeconfig=kubeconfig).stdout)
     kid = keys["keys"][0]["kid"]
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    while True:
-        yield secrets.token_urlsafe(600)
-        now = int(time.time())
-        yield jwt.encode({"iss": "https://kubernetes.default.svc.cluster.local",
-                          "aud": ["accelerate-operator.io/report"], "iat": now, "nbf": now,
-                          "exp": now + 600, "sub": "system:serviceaccount:x:default",
-                          "kubernetes.io": {"namespace": "x", "pod": {
-                              "name": secrets.token_hex(4), "uid": secrets.token_hex(8)}}},
-                         key, algorithm="RS256", headers={"kid": kid})
+    now = int(time.time())
+    return [secrets.token_urlsafe(600) if i % 2 else jwt.encode(
+        {"iss": "https://kubernetes.default.svc.cluster.local",
+         "aud": ["accelerate-operator.io/report"], "iat": now, "nbf": now, "exp": now + 600,
+         "sub": "system:serviceaccount:x:default", "kubernetes.io": {"namespace": "x", "pod": {
+             "name": secrets.token_hex(4), "uid": secrets.token_hex(8)}}},
+        key, algorithm="RS256", headers={"kid": kid}) for i in range(count)]
+
+
+# Run in a pod of another namespace: THREADS threads POST made-up tokens to the report Service
+# for SECONDS, then print how they were answered (one JSON line).
+FLOOD = r"""
+import collections, json, os, ssl, threading, time, urllib.error, urllib.request
+tokens, url = json.loads(os.environ["TOKENS"]), os.environ["URL"]
+context = ssl.create_default_context(cadata=os.environ["CA"])
+answers, stop = collections.Counter(), time.monotonic() + float(os.environ["SECONDS"])
+def flood(offset):
+    sent = offset
+    while time.monotonic() < stop:
+        request = urllib.request.Request(url, data=b'{"acceleratePodReport": {}}', headers={
+            "Authorization": "Bearer " + tokens[sent % len(tokens)]})
+        try:
+            answers[urllib.request.urlopen(request, context=context, timeout=10).status] += 1
+        except urllib.error.HTTPError as error:
+            answers[error.code] += 1
+        except OSError as error:
+            answers[type(error).__name__] += 1
+        sent += 7
+print("flooding", flush=True)
+threads = [threading.Thread(target=flood, args=(i,)) for i in range(int(os.environ["THREADS"]))]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(answers), flush=True)
+"""
+
+
+def flood_pod(kubeconfig: str, site: dict, seconds: int, threads: int = 8) -> dict:
+    url = ("https://accelerate-operator.accelerate-system.svc:8443"
+           + PATH.format(site["ns"], "alpha"))
+    env = {"TOKENS": json.dumps(made_up_tokens(kubeconfig, 60)), "URL": url, "CA": site["ca"],
+           "SECONDS": str(seconds), "THREADS": str(threads)}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "flood", "namespace": site["other"]},
+            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                                         "seccompProfile": {"type": "RuntimeDefault"}},
+                     "containers": [{
+                         "name": "flood", "image": TRAINER_CPU_IMAGE,
+                         "imagePullPolicy": "IfNotPresent", "command": ["python3", "-c", FLOOD],
+                         "env": [{"name": k, "value": v} for k, v in env.items()],
+                         "securityContext": {"allowPrivilegeEscalation": False,
+                                             "capabilities": {"drop": ["ALL"]}}}]}}
 
 
 def test_a_flood_of_made_up_tokens_spends_no_budget_of_a_pod_that_keeps_reporting(
         kubeconfig, site):
-    """8 threads send distinct made-up tokens while pod 0 of alpha reports a new step every
-    0.3 s with a fresh token (as after each kubelet renewal): every one of its reports is taken
-    and its last step reaches the status. On main the flood spent the one TokenReview budget
-    (20/s for all callers): pod 0's new token got 429."""
-    ns, stop, answers = site["ns"], threading.Event(), {}
-    tokens = made_up_tokens(kubeconfig)
-    pool = [next(tokens) for _ in range(400)]
-
-    def flood(offset: int) -> None:
-        seen = 0
-        while not stop.is_set():
-            try:
-                code = send(site, pool[(offset + seen) % len(pool)], progress(1))[0]
-            except OSError:  # kubectl port-forward dropped one: not the endpoint's answer
-                code = "no answer"
-            answers[code] = answers.get(code, 0) + 1
-            seen += 8
-
-    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    try:
-        wait_for(lambda: sum(answers.values()) > 200, timeout=60, interval=0.2,
-                 description="the flood under way")
-        real = []
-        for step in range(100, 106):
-            real.append(send(site, token(kubeconfig, ns, "alpha-0"), progress(step))[:2])
-            time.sleep(0.3)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
+    """A pod of another namespace, holding no credential, POSTs distinct made-up tokens from 8
+    threads through the report Service while pod 0 of alpha reports a new step every 0.3 s with
+    a fresh token (as after each kubelet renewal): every one of its reports is taken and its
+    last step reaches the status; the flood is refused (401) and never throttles anyone else.
+    On main the flood spent the one TokenReview budget (20/s for all callers): pod 0's new
+    token got 429."""
+    ns, other = site["ns"], site["other"]
+    kubectl("-n", other, "apply", "-f", "-", input=json.dumps(flood_pod(kubeconfig, site, 25)),
+            kubeconfig=kubeconfig)
+    wait_for(lambda: "flooding" in kubectl("-n", other, "logs", "flood", kubeconfig=kubeconfig,
+                                           check=False).stdout,
+             timeout=120, description="the flood pod under way")
+    real = []
+    for step in range(100, 106):
+        real.append(send(site, token(kubeconfig, ns, "alpha-0"), progress(step))[:2])
+        time.sleep(0.3)
     assert [code for code, _ in real] == [200] * len(real), real
-    assert set(answers) - {"no answer"} == {401}, answers  # refused, never throttled
     wait_for(lambda: step_of(kubeconfig, ns, "alpha") == 105, timeout=30,
              description="pod 0's last step in the status (within the progress write interval)")
+    log = wait_for(lambda: (lambda out: out if out.count("\n") >= 2 else "")(kubectl(
+        "-n", other, "logs", "flood", kubeconfig=kubeconfig, check=False).stdout),
+        timeout=60, description="the flood's tally")
+    answers = json.loads(log.splitlines()[-1])
+    assert set(answers) == {"401"} and answers["401"] > 200, answers  # a flood, all refused
 
 
 def slow_connection(site: dict) -> ssl.SSLSocket:

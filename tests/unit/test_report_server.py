@@ -36,7 +36,8 @@ EXIT = {"acceleratePodReport": {"attempt": 0, "exit": {"attempt": 0, "exitCode":
 ISSUER = TestIssuer(kind="EC")
 TOKENS = {f"token-{i}": ISSUER.token(pod=f"train-{i}", uid=f"uid-{i}") for i in range(2)}
 FAST = Limits(bounds=Bounds(connections=6, connections_per_peer=4, handshake_seconds=0.5,
-                            header_seconds=0.3, idle_seconds=1.0), body_seconds=0.5)
+                            header_seconds=0.3, idle_seconds=1.0), body_seconds=0.5,
+              linger_seconds=0.3)
 
 
 def pod(index: int, uid: str) -> dict:
