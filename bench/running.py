@@ -4,10 +4,10 @@ operator and etcd while N single-node AccelerateJobs train, against the same clu
 A running job costs the control plane little by itself; what it costs is how its progress
 reaches status.progress. Rank 0's supervisor (`python -m accelerate_trainer.supervise -- ARGV`)
 POSTs its progress to the operator's report endpoint (HTTPS, a projected token the operator
-checks against the API server's published keys), and the operator writes status.progress at most once per job every
-observe.PROGRESS_WRITE_SECONDS: no log is read and no pod is written. Target: what reporting
-adds (this run against the same jobs with --no-supervise) at most 1 ms/s per running job for the
-four together, 0 log requests/s.
+checks against the API server's published keys), and the operator writes status.progress at most
+once per job every decide.PROGRESS_WRITE_SECONDS: no log is read and no pod is written. Target:
+what reporting adds (this run against the same jobs with --no-supervise) at most 1 ms/s per
+running job for the four together, 0 log requests/s.
 
 Every job's container runs a stdlib printer (PRINTER): a tqdm-like line --lines-per-second times
 a second and an `ACCELERATE_PROGRESS {json}` line every 2 s, forever. Measured over --window

@@ -32,14 +32,14 @@ from accelerate_trainer.contract import (
 from accelerate_trainer.kubeflow_status import BadReport, TrainerStatus, trainer_status
 
 from .naming import pod_name
-from .observed import PodState, read_process_exit
-from .progress import MAX_METRICS, parse_report
+from .pod_state import PodState, read_process_exit
+from .progress import MAX_METRICS, MAX_VERSIONS, parse_report
 from .report_tokens import Caller
 
 TRAINER_STATUS_KEY = "trainerStatus"
 # Keys of the pod's report that only pod 0 may send: its progress and its signs of life.
-PROGRESS_KEYS = ("progress", "lastOutputTime", "progressTime", "previous")
-# What the passes read of a report (progress.parse_report, observed.read_process_exit,
+PROGRESS_KEYS = ("progress", "lastOutputTime", "progressTime", "previous", "versions")
+# What the passes read of a report (progress.parse_report, pod_state.read_process_exit,
 # build_progress_status); anything else a pod sends is dropped.
 PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "samples_per_second", "eta_seconds")
 EXIT_NUMBERS = ("attempt", "exitCode", "rank", "oomKills", "memoryLimitBytes")
@@ -116,7 +116,7 @@ def parse_body(body: bytes) -> ReportBody:
 
 
 def check_report(report: Any) -> dict[str, Any]:
-    """The pod's report as the passes read it (progress.parse_report, observed
+    """The pod's report as the passes read it (progress.parse_report, pod_state
     .read_process_exit): an object whose `exit`, `progress` and `lastOutputTime`, where not
     null, are what those read; anything else is refused. Returns what the job keeps of it
     (keep_report). A report with all three null (a pod whose failed launch was replaced by a new
@@ -152,6 +152,11 @@ def keep_report(report: Mapping[str, Any]) -> dict[str, Any]:
         kept["previous"] = _kept({"attempt": _number(previous.get("attempt")),
                                   "step": _number(previous.get("step")),
                                   "progressTime": _text(previous.get("progressTime"))})
+    versions = report.get("versions")
+    if isinstance(versions, dict):
+        kept["versions"] = _kept({printable_text(name, MAX_FIELD_CHARS): _text(version)
+                                  for name, version in list(versions.items())[:MAX_VERSIONS]
+                                  if isinstance(name, str)}) or None
     return {**kept, **_kept({"lastOutputTime": _text(report.get("lastOutputTime")),
                              "progressTime": _text(report.get("progressTime")),
                              "attempt": _number(report.get("attempt"))})}

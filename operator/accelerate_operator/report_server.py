@@ -8,8 +8,9 @@ than the next and no caller costs an API call:
 1. 503 (not the active replica); 401 (no bearer token);
 2. the token verified locally (report_tokens.py: the API server's published keys, audience,
    expiry, the pod it is bound to): 401, or 503 while the keys cannot be read;
-3. the rate of the token's namespace and then of its pod (RATES): 429 with Retry-After;
-4. the pod against the operator's watch cache, on every request (report_checks.job_pod: a live
+3. the rate of the token's namespace and then of its pod (Limits): 429 with Retry-After;
+4. the pod against the operator's watch cache, on every request (controller.report_pod,
+   report_checks.job_pod: a live
    pod the operator made for this job, of its current group): 403, or 404 for a job missing in
    the caller's own namespace (a caller of another namespace gets 403 either way);
 5. only now the body, read within the body deadline (408) and its size (413), then parsed
@@ -37,16 +38,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from accelerate_trainer.contract import MAX_BODY_BYTES
 from aiohttp import web
 
-from .controller import Controller
 from .naming import report_path
-from .report_checks import JobGroup, Refused, ReportBody, job_pod, may_write, parse_body
+from .pod_state import PodState
+from .report_checks import Refused, ReportBody, parse_body
 from .report_listener import Bounds, Listener
-from .report_store import BadReport, RateLimiter
+from .report_store import RateLimiter
 from .report_tokens import BadToken, Caller, IssuerKeys, KeysUnavailable
 from .timefmt import utcnow
 
@@ -76,8 +77,21 @@ class Limits:
 LIMITS = Limits()
 
 
+class ReportTaker(Protocol):
+    """Who the reports go to: the controller (controller.py). `report_pod` checks the caller
+    against the operator's cache before the body is read (report_checks.job_pod: Refused 403 or
+    404); `take_report` keeps what that pod may write (Refused 403 or 400)."""
+
+    paused: bool
+
+    def report_pod(self, key: tuple[str, str], caller: Caller) -> PodState: ...
+
+    def take_report(self, key: tuple[str, str], pod: PodState, body: ReportBody,
+                    now: datetime) -> None: ...
+
+
 class ReportServer:
-    def __init__(self, controller: Callable[[], Controller | None], keys: IssuerKeys,
+    def __init__(self, controller: Callable[[], ReportTaker | None], keys: IssuerKeys,
                  limits: Limits = LIMITS, clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], datetime] = utcnow):
         self.controller, self.keys, self.limits = controller, keys, limits
@@ -114,18 +128,16 @@ class ReportServer:
     async def take(self, request: web.Request) -> None:
         """One report, taken or Refused (the module's docstring, in order)."""
         controller = self.controller()
-        if controller is None or controller.queue.paused:
+        if controller is None or controller.paused:
             raise Refused(503, "this replica is not the active one", NOT_ACTIVE_RETRY_SECONDS)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Refused(401, "no bearer token")
         caller = await self.caller(token.strip())
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        key = (namespace, name)
-        pod = job_pod(caller, namespace, name, job_group(controller, key))
+        key = (request.match_info["namespace"], request.match_info["name"])
+        pod = controller.report_pod(key, caller)
         body = parse_body(await self.read(request))
-        may_write(pod, body, name)
-        hand_over(controller, key, pod.uid, body, self.now())
+        controller.take_report(key, pod, body, self.now())
 
     async def caller(self, token: str) -> Caller:
         """The pod the token is bound to, within its namespace's and its own rates."""
@@ -186,32 +198,6 @@ class ReportServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-
-# ---- the controller, read and told at these two places only ---------------------------------
-def job_group(controller: Controller, key: tuple[str, str]) -> JobGroup | None:
-    """The job's current group as the operator's cache holds it; None for a job not indexed."""
-    body = controller.job_body(key)
-    current = controller.current_group(key)
-    if body is None or current is None:
-        return None
-    topology = (body.get("status") or {}).get("topology") or {}
-    nodes = topology.get("numNodes") or (body.get("spec") or {}).get("numNodes")
-    num_nodes = nodes if isinstance(nodes, int) else None
-    return JobGroup(current[0], current[1], num_nodes, controller.pod_entries(key))
-
-
-def hand_over(controller: Controller, key: tuple[str, str], uid: str, body: ReportBody,
-              now: datetime) -> None:
-    """The report taken: kept for the job's passes, and the job's pass queued."""
-    try:
-        if body.report is not None:
-            controller.reports.take_report(key, uid, body.report)
-        if body.trainer_status is not None:
-            controller.reports.take_trainer_status(key, uid, body.trainer_status, now)
-    except BadReport as error:
-        raise Refused(400, f"trainerStatus: {error}") from None
-    controller.queue.add(key)
 
 
 def answer(code: int, message: str, retry_after: float | None = None) -> web.Response:

@@ -1,13 +1,13 @@
 """The report endpoint's bearer tokens, checked here with no API call: a token is a JWT the API
 server signed (its service-account issuer), for the endpoint's audience, not expired, bound to a
 pod. PyJWT checks the signature against the keys the API server publishes (OIDC discovery:
-`/.well-known/openid-configuration` and `/openid/v1/jwks`, which kube_reports.py fetches), the
+`/.well-known/openid-configuration` and `/openid/v1/jwks`, which kube/ fetches), the
 audience, the issuer and the times; `read_caller` reads the pod the `kubernetes.io` claims name.
 
 Why no TokenReview: it would add an API call per new token and say nothing more for our tokens.
 For a token bound to a pod the API server checks the signature, the times, and that the bound pod
 still exists with the same uid; the endpoint checks the first here and the last against the
-operator's own watch cache on every request (report_checks.authorize: the token's pod uid must be
+operator's own watch cache on every request (report_checks.job_pod: the token's pod uid must be
 a live pod of the job), which is fresher than any cached TokenReview. A bound token cannot be
 revoked but by deleting its pod, and then the uid check refuses it at once.
 
@@ -131,12 +131,13 @@ def read_caller(claims: Mapping[str, Any]) -> Caller:
     return Caller(namespace, name, uid, float(claims["exp"]))
 
 
-Fetch = Callable[[], Awaitable[Issuer]]
+# The discovery document and the key set, as the API server serves them (Kube.read_issuer).
+Fetch = Callable[[], Awaitable[tuple[Mapping[str, Any], Mapping[str, Any]]]]
 
 
 class IssuerKeys:
     """The API server's keys as last fetched, fetched again when due (the module's docstring).
-    `fetch` reads them (kube_reports.ReportKube.issuer); `clock` is monotonic."""
+    `fetch` reads them (Kube.read_issuer); `clock` is monotonic."""
 
     def __init__(self, fetch: Fetch, clock: Callable[[], float]):
         self.fetch, self.clock = fetch, clock
@@ -163,7 +164,7 @@ class IssuerKeys:
                 return
             self._tried_at = self.clock()
             try:
-                self.issuer = await self.fetch()
+                self.issuer = read_issuer(*await self.fetch())
                 self._fetched_at = self._tried_at
             except Exception as error:  # noqa: BLE001 - the old keys serve; tried again later
                 log.warning("reading the API server's service-account keys failed: %r", error)

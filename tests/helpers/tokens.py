@@ -34,9 +34,12 @@ class TestIssuer:
         public = json.loads(self.jwk.to_jwk(self.key.public_key()))
         return {"keys": [{**public, "kid": self.kid, "use": "sig", "alg": self.algorithm}]}
 
+    def documents(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The discovery document and the key set, as Kube.read_issuer returns them."""
+        return {"issuer": self.url, "jwks_uri": f"{self.url}/openid/v1/jwks"}, self.jwks()
+
     def issuer(self) -> Issuer:
-        return read_issuer({"issuer": self.url, "jwks_uri": f"{self.url}/openid/v1/jwks"},
-                           self.jwks())
+        return read_issuer(*self.documents())
 
     def token(self, namespace: str = "ml", pod: str | None = "train-0",
               uid: str | None = "uid-0", audience: str = REPORT_AUDIENCE, lifetime: int = 3600,

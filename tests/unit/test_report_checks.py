@@ -8,7 +8,7 @@ import json
 from datetime import datetime, timezone
 
 import pytest
-from accelerate_operator.observed import PodState
+from accelerate_operator.pod_state import PodState
 from accelerate_operator.report_checks import (
     JobGroup,
     Refused,
@@ -100,6 +100,7 @@ def test_whatever_a_pod_sends_its_report_keeps_only_what_the_operator_reads_smal
         "attempt": 0, "injected": "y" * 10_000,
         "progress": {"step": 3, "loss": 10 ** 400, "note": "z" * 5000,
                      "metrics": {f"m{i}\x1b[31m": i for i in range(100)}},
+        "versions": {"torch": "2.9\x1b[2J", **{f"lib{i}": "1.0" for i in range(40)}},
         "exit": {"attempt": 0, "exitCode": 137, "message": message,
                  "rootCause": escapes + "r" * 5000, "signal": "SIG" * 100, "reason": "Hacked",
                  "rank": 1, "extra": "e" * 1000}})).report
@@ -109,10 +110,12 @@ def test_whatever_a_pod_sends_its_report_keeps_only_what_the_operator_reads_smal
     assert ended["rootCause"].startswith("[2J]0;ownedevil")
     assert len(ended["rootCause"]) == MAX_MESSAGE_CHARS and len(ended["signal"]) == MAX_FIELD_CHARS
     assert set(ended) == {"attempt", "exitCode", "message", "rootCause", "signal", "rank"}
-    assert set(report) == {"attempt", "progress", "exit"}
+    assert set(report) == {"attempt", "progress", "exit", "versions"}
+    assert len(report["versions"]) == 16 and report["versions"]["torch"] == "2.9[2J"
     assert report["progress"]["step"] == 3 and "loss" not in report["progress"]
     assert len(report["progress"]["metrics"]) == 16
-    texts = [ended["message"], ended["rootCause"], ended["signal"], *report["progress"]["metrics"]]
+    texts = [ended["message"], ended["rootCause"], ended["signal"], *report["progress"]["metrics"],
+             *report["versions"], *report["versions"].values()]
     assert not any(ord(c) < 32 and c != "\n" or c in "\x7f\x9b\u202e" for t in texts for c in t)
     assert len(json.dumps(report).encode()) < 2 * MAX_MESSAGE_CHARS + 1024
 

@@ -14,7 +14,8 @@ import time
 
 import aiohttp
 from accelerate_operator.controller import Controller
-from accelerate_operator.observed import read_pod_state
+from accelerate_operator.pod_state import read_pod_state
+from accelerate_operator.reconciler import Reconciler
 from accelerate_operator.report_keeper import server_context
 from accelerate_operator.report_listener import Bounds
 from accelerate_operator.report_server import Limits, ReportServer
@@ -55,11 +56,12 @@ class Keys:
 
     async def fetch(self):
         self.calls += 1
-        return ISSUER.issuer()
+        return ISSUER.documents()
 
 
 def controller() -> Controller:
-    made = Controller(FakeKube())
+    kube = FakeKube()
+    made = Controller(kube, Reconciler(kube))
     made.indexes = {
         "job_bodies": {KEY: [{"metadata": {"name": "train", "namespace": "ml",
                                            "uid": "job-uid"}, "spec": {"numNodes": 2},

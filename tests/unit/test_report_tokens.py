@@ -107,7 +107,7 @@ def test_keys_are_fetched_once_then_when_stale_or_for_a_new_key_at_a_bounded_rat
 
         async def fetch():
             fetched.append(clock.now)
-            return ISSUER.issuer() if len(fetched) < 3 else read_issuer(
+            return ISSUER.documents() if len(fetched) < 3 else (
                 {"issuer": ISSUER.url}, {"keys": ISSUER.jwks()["keys"] + rotated.jwks()["keys"]})
 
         keys = IssuerKeys(fetch, clock)
@@ -135,7 +135,7 @@ def test_keys_are_fetched_once_then_when_stale_or_for_a_new_key_at_a_bounded_rat
 
 def test_keys_that_cannot_be_read_answer_unavailable_and_the_old_ones_serve_on():
     async def test():
-        clock, answers = Clock(), [RuntimeError("API server down"), ISSUER.issuer(),
+        clock, answers = Clock(), [RuntimeError("API server down"), ISSUER.documents(),
                                    RuntimeError("down again")]
 
         async def fetch():
@@ -161,7 +161,7 @@ def test_callers_waiting_on_one_fetch_share_it():
         async def fetch():
             fetched.append(1)
             await asyncio.sleep(0.01)
-            return ISSUER.issuer()
+            return ISSUER.documents()
 
         keys = IssuerKeys(fetch, Clock())
         callers = await asyncio.gather(*(keys.verify(ISSUER.token()) for _ in range(20)))

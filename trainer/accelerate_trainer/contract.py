@@ -2,9 +2,10 @@
 
 The operator (accelerate_operator) sets these env vars on every trainer container, mounts the
 rendered accelerate YAML at CONFIG_FILE, labels the pods with these keys, reads the trainer's exit
-code and parses rank 0's progress lines from its log. The trainer (accelerate_trainer) reads the
-env, opens the file, exits with CONFIG_ERROR_EXIT_CODE on a bad config and prints the progress
-lines. Both import the names from here, so they cannot drift apart.
+code and takes the pods' reports at its endpoint (the one channel from the trainer: no pod log is
+read while a job runs). The trainer (accelerate_trainer) reads the env, opens the file, exits
+with CONFIG_ERROR_EXIT_CODE on a bad config, and its supervisor POSTs the reports. Both import
+the names from here, so they cannot drift apart.
 
 It lives in the trainer package because the training image must not need the operator's
 dependencies; the operator imports nothing else of the trainer but this module and the config
@@ -75,34 +76,22 @@ PROGRESS_PREFIX = "ACCELERATE_PROGRESS"
 PROGRESS_LINE = re.compile(rf"^{PROGRESS_PREFIX} (\{{.*\}})\s*$", re.M)
 
 
-# ---- the trainer's own line: `ACCELERATE_TRAINER_INFO {json}`, printed at the start of every
-# pod's log (again after installing requirements when they changed a version). The operator reads
-# the head of pod <job>-0's log once per attempt into status.trainer.
-TRAINER_INFO_PREFIX = "ACCELERATE_TRAINER_INFO"
-TRAINER_INFO_LINE = re.compile(rf"^{TRAINER_INFO_PREFIX} (\{{.*\}})\s*$", re.M)
-
-
-def format_trainer_info_line(info: Mapping[str, Any]) -> str:
-    """One trainer info line, newline included."""
-    return f"{TRAINER_INFO_PREFIX} {json.dumps(dict(info), sort_keys=True)}\n"
-
-
 def format_progress_line(report: Mapping[str, Any]) -> str:
     """One progress line, newline included; keys whose value is None are left out."""
     return f"{PROGRESS_PREFIX} {json.dumps({k: v for k, v in report.items() if v is not None})}\n"
 
 
-# ---- the pushed report: each pod POSTs it to the operator's endpoint (accelerate_trainer
-# .supervise; the endpoint below, REPORT_BODY_KEY) ----
-# One JSON object:
+# ---- the report: what a pod POSTs to the operator's endpoint (accelerate_trainer.supervise) ----
+# One JSON object (REPORT_BODY_KEY's value, below):
 #   {"progress": {<the newest ACCELERATE_PROGRESS object>}, "lastOutputTime": "<RFC 3339 UTC>",
-#    "progressTime": "<RFC 3339 UTC>",
+#    "progressTime": "<RFC 3339 UTC>", "versions": {"accelerate": "1.15.0", ...},
 #    "exit": {"attempt": N, "exitCode": C, "time": "<RFC 3339 UTC>", "message": "<last lines>"},
 #    "attempt": N, "previous": {"attempt": N-1, "step": S, "progressTime": "<RFC 3339 UTC>"}}
 # `lastOutputTime` is when rank 0's container last wrote anything (stall detection),
-# `progressTime` when the progress line came (the step's time, for goodput); both from pod 0
-# only; `attempt` the attempt of the launch the progress is from, `previous` (after an in-place
-# restart) the last step of the attempt before and when it came: where its recovery began.
+# `progressTime` when the progress line came (the step's time, for goodput), `versions` the
+# libraries the training runs with (status.trainer); all from pod 0 only; `attempt` the attempt
+# of the launch the progress is from, `previous` (after an in-place restart) the last step of
+# the attempt before and when it came: where its recovery began.
 # `exit`, from any pod restarted in place: its launcher of attempt N ended with C and the pod
 # waits for the operator's decision (RUN_ATTEMPT_ANNOTATION). Where the launch's root cause is
 # known (accelerate_trainer.root_cause), `exit` also has EXIT_ROOT_CAUSE_FIELDS: "rootCause" (the
@@ -113,11 +102,10 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # rank failed only because another rank went away under it), "oomKills" (OOM
 # kills the container's cgroup counted during the launch) and "memoryLimitBytes" (its limit).
 # What the operator keeps of a report it takes: these fields only (of `progress`, step,
-# total_steps, epoch, loss, samples_per_second, eta_seconds and up to 16 `metrics`), numbers
-# finite, `exit.message` cut to its last MAX_MESSAGE_CHARS characters and `exit.rootCause` to
-# its first, every other string to MAX_FIELD_CHARS, control characters but the newline dropped
-# (accelerate_operator.report_checks).
-REPORT_ANNOTATION = "accelerate-operator.io/report"
+# total_steps, epoch, loss, samples_per_second, eta_seconds and up to 16 `metrics`; up to 16
+# `versions`), numbers finite, `exit.message` cut to its last MAX_MESSAGE_CHARS characters and
+# `exit.rootCause` to its first, every other string to MAX_FIELD_CHARS, control characters but
+# the newline dropped (accelerate_operator.report_checks).
 EXIT_ROOT_CAUSE_FIELDS = ("rootCause", "rank", "signal", "reason", "oomKills", "memoryLimitBytes")
 EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed", "PeerLost")
 MAX_MESSAGE_CHARS = 2048
@@ -136,6 +124,8 @@ def printable_text(value: str, limit: int, keep_end: bool = False) -> str:
         return text
     mark = "[...]"
     return mark + text[-(limit - len(mark)):] if keep_end else text[:limit - len(mark)] + mark
+
+
 # The trainer's own budget for one report (supervise.encode cuts its metrics to fit); the
 # endpoint does not check it: its caps above and MAX_BODY_BYTES are what holds.
 MAX_REPORT_BYTES = 4096

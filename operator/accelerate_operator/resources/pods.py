@@ -133,18 +133,7 @@ def build_pod(job: JobSpec, index: int, attempt: int, run_attempt: int | None = 
     spec = template.get("spec", {})
     metadata = template.get("metadata") or {}
 
-    spec["hostname"] = pod_name(job.name, index)
-    # No API credential unless the template asks for one (docs/writing-a-job.md): the pod
-    # reports with its own token for the operator's endpoint alone.
-    spec.setdefault("automountServiceAccountToken", False)
-    spec["subdomain"] = service_name(job.name)
-    spec["restartPolicy"] = "Never"
-    spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
-    spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
-    for container in spec["containers"]:
-        container["securityContext"] = _with_defaults(
-            container.get("securityContext"), _container_security_defaults(container)
-        )
+    _set_pod_defaults(job, index, spec)
     trainer = spec["containers"][0]
     _set_trainer_env(job, index, run_attempt, spec, trainer)
     _add_volumes(job, spec, trainer)
@@ -165,6 +154,23 @@ def build_pod(job: JobSpec, index: int, attempt: int, run_attempt: int | None = 
         },
         "spec": spec,
     }
+
+
+def _set_pod_defaults(job: JobSpec, index: int, spec: dict[str, Any]) -> None:
+    """The pod's name in the job's Service, a restart policy of Never, and what the template
+    does not set itself: a grace period, the restricted security profile, no API token."""
+    spec["hostname"] = pod_name(job.name, index)
+    spec["subdomain"] = service_name(job.name)
+    spec["restartPolicy"] = "Never"
+    # No API credential unless the template asks for one (docs/writing-a-job.md): the pod
+    # reports with its own token for the operator's endpoint alone.
+    spec.setdefault("automountServiceAccountToken", False)
+    spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
+    spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
+    for container in spec["containers"]:
+        container["securityContext"] = _with_defaults(
+            container.get("securityContext"), _container_security_defaults(container)
+        )
 
 
 def _add_volumes(job: JobSpec, spec: dict[str, Any], trainer: dict[str, Any]) -> None:
