@@ -129,7 +129,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes:
     reporting = read_report_settings(os.environ, _account_namespace())
     _configure_kopf(settings)
     kube = await asyncio.to_thread(Kube)
-    controller = Controller(kube, Reconciler(kube), kueue=KUEUE_ENABLED)
+    controller = Controller(kube, Reconciler(
+        kube, progress_write_seconds=reporting.progress_write_seconds), kueue=KUEUE_ENABLED)
     if KUEUE_ENABLED:
         # v1beta2 where served (Kueue >= 0.15; v0.20 serves nothing else), else v1beta1; kopf
         # watches the preferred version itself, and the pure code reads both shapes.

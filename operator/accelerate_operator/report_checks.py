@@ -226,3 +226,36 @@ def may_write(pod: PodState, body: ReportBody, job: str) -> None:
     """Progress only from pod 0; else Refused (403)."""
     if body.progress and pod.index != 0:
         raise Refused(403, f"progress comes only from pod 0 of job {job}, not {pod.name}")
+
+
+# ---- when the job's pass sees it -------------------------------------------------------------
+PASS_NOW, PASS_WHEN_DUE = "now", "when due"
+
+
+def pass_for_report(before: str | None, after: str) -> str | None:
+    """When the job's pass must run after a pod's report (its text as the passes read it, before
+    and after the report was taken): PASS_NOW for what changes a decision (a failed launch
+    reported or withdrawn, another attempt, the attempt's first step); PASS_WHEN_DUE for what only
+    the status shows (new progress, the versions), written when the progress write interval
+    allows; None for a sign of life alone (lastOutputTime), which the stall check's own timer
+    reads from the store."""
+    if read_process_exit(before) != read_process_exit(after):
+        return PASS_NOW
+    old, new = _fields(before), _fields(after)
+    if before is not None and old.get("attempt") != new.get("attempt"):
+        return PASS_NOW
+    if _step(before) is None and _step(after) is not None:
+        return PASS_NOW
+    if old.get("progress") != new.get("progress") or old.get("versions") != new.get("versions"):
+        return PASS_WHEN_DUE
+    return None
+
+
+def _fields(text: str | None) -> dict[str, Any]:
+    value = json.loads(text) if text else {}
+    return value if isinstance(value, dict) else {}
+
+
+def _step(text: str | None) -> int | None:
+    report = parse_report(text)
+    return report.step if report is not None else None

@@ -16,8 +16,9 @@ than the next and no caller costs an API call:
 5. only now the body, read within the body deadline (408) and its size (413), then parsed
    (400 for anything malformed, never a 500) and kept small and printable
    (report_checks.keep_report); progress only from pod 0 (403).
-A report taken replaces the pod's last one and queues the job's pass. Any answer but 200 closes
-the connection (after the answer, and the rest of the body read unparsed for up to
+A report taken replaces the pod's last one; the controller decides when the job's pass sees it
+(controller.take_report: at once, when a progress write is due, or not at all). Any answer but
+200 closes the connection (after the answer, and the rest of the body read unparsed for up to
 linger_seconds), so a caller that is refused spends a new TLS handshake to try again.
 
 What a connection may cost is bounded below HTTP (report_listener.py: connections in all and per

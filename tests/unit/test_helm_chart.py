@@ -333,11 +333,15 @@ def test_the_report_endpoint_has_a_service_and_the_operator_knows_its_url(helm):
         "fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["ACCELERATE_OPERATOR_POD_NAME"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.name"}}
-    moved = operator_container(render(helm, "reports.port=9443"))
-    assert {e["name"]: e.get("value") for e in moved["env"]}[
-        "ACCELERATE_OPERATOR_REPORT_URL"].endswith(".svc:9443")
+    assert env["ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS"]["value"] == "10"
+    moved = operator_container(render(helm, "reports.port=9443",
+                                      "reports.progressWriteSeconds=2"))
+    moved_env = {e["name"]: e.get("value") for e in moved["env"]}
+    assert moved_env["ACCELERATE_OPERATOR_REPORT_URL"].endswith(".svc:9443")
+    assert moved_env["ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS"] == "2"
     assert not [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    for bad in ("reports.port=8080", "reports.port=0", "reports.prot=1"):
+    for bad in ("reports.port=8080", "reports.port=0", "reports.prot=1",
+                "reports.progressWriteSeconds=0"):
         done = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad)
         assert done.returncode != 0, f"--set {bad} was accepted"
 

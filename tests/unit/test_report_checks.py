@@ -1,6 +1,6 @@
 """The report endpoint's decisions, pure: the body's shape and what of it the job keeps (caps,
 printable text), whether the token's pod is one the operator made for the job and may write what
-it sent, per-caller rates and the reports kept per pod."""
+it sent, when the job's pass must see a report, per-caller rates and the reports kept per pod."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from datetime import datetime, timezone
 import pytest
 from accelerate_operator.pod_state import PodState
 from accelerate_operator.report_checks import (
+    PASS_NOW,
+    PASS_WHEN_DUE,
     JobGroup,
     Refused,
     job_pod,
     may_write,
     parse_body,
+    pass_for_report,
 )
 from accelerate_operator.report_store import RateLimiter, ReportStore
 from accelerate_operator.report_tokens import Caller
@@ -261,3 +264,28 @@ def test_reports_go_with_their_pod_and_their_job():
     assert store.text("uid-1") is None and len(store) == 1
     store.forget_pod(("ml", "other"), "uid-other")
     assert len(store) == 0
+
+
+# ---- when the pass sees a report -----------------------------------------------------------
+def report(**fields) -> str:
+    return json.dumps({"attempt": 0, "lastOutputTime": "2026-01-01T00:00:00Z", **fields})
+
+
+STEP_3 = report(progress={"step": 3}, progressTime="2026-01-01T00:00:00Z")
+FAILED = report(exit={"attempt": 0, "exitCode": 1, "message": "boom"})
+
+
+@pytest.mark.parametrize("before, after, when", [
+    (None, report(), None),  # a first sign of life: the stall check's timer reads it
+    (report(), report(lastOutputTime="2026-01-01T00:00:09Z"), None),
+    (report(), STEP_3, PASS_NOW),  # the attempt's first step ends its startup
+    (None, STEP_3, PASS_NOW),
+    (STEP_3, report(progress={"step": 4}, progressTime="2026-01-01T00:00:08Z"), PASS_WHEN_DUE),
+    (STEP_3, STEP_3.replace('00:00Z"}', '00:09Z"}'), None),  # the same step, alive
+    (STEP_3, report(progress={"step": 3}, versions={"torch": "2.9.0"}), PASS_WHEN_DUE),
+    (STEP_3, FAILED, PASS_NOW),  # a failed launch: restart in place, or count it
+    (FAILED, report(attempt=1), PASS_NOW),  # withdrawn: another attempt runs
+    (STEP_3, report(attempt=1, progress={"step": 3}), PASS_NOW),
+])
+def test_a_report_runs_the_pass_at_once_only_when_it_changes_a_decision(before, after, when):
+    assert pass_for_report(before, after) == when

@@ -16,11 +16,12 @@ import aiohttp
 from accelerate_operator.controller import Controller
 from accelerate_operator.pod_state import read_pod_state
 from accelerate_operator.reconciler import Reconciler
+from accelerate_operator.report_checks import parse_body
 from accelerate_operator.report_keeper import server_context
 from accelerate_operator.report_listener import Bounds
 from accelerate_operator.report_server import Limits, ReportServer
 from accelerate_operator.report_tls import renew
-from accelerate_operator.report_tokens import IssuerKeys
+from accelerate_operator.report_tokens import Caller, IssuerKeys
 from accelerate_trainer.contract import MAX_BODY_BYTES
 
 from tests.helpers.fake_kube import FakeKube
@@ -112,6 +113,43 @@ def test_pod_0s_report_is_taken_queued_and_read_by_the_pass():
         await post(PROGRESS)
         assert reviews.calls == 1  # the keys are fetched once, no call per token
     run(test)
+
+
+class Queued:
+    """The controller's work queue, recording when each pass was asked for."""
+
+    paused = False
+
+    def __init__(self):
+        self.asked = []
+
+    def add(self, key):
+        self.asked.append("now")
+
+    def add_after(self, key, seconds):
+        self.asked.append(f"in {seconds:g} s")
+
+
+def test_a_report_queues_a_pass_at_once_for_a_decision_and_for_its_write_for_progress():
+    made, clock = controller(), [100.0]
+    made.clock, made.queue = lambda: clock[0], Queued()
+    made.states.get(KEY, "job-uid").next_progress_write = 106.0  # written at 96
+    pod_0, pod_1 = (made.report_pod(KEY, Caller("ml", f"train-{i}", f"uid-{i}", 0.0))
+                    for i in range(2))
+
+    def take(pod, **report):
+        made.take_report(KEY, pod, parse_body(json.dumps({"acceleratePodReport": {
+            "attempt": 0, "lastOutputTime": "2026-01-01T00:00:00Z", **report}}).encode()),
+            dt.datetime.now(dt.timezone.utc))
+        return made.queue.asked.pop() if made.queue.asked else None
+
+    assert take(pod_0) is None  # alive, nothing to write
+    assert take(pod_0, progress={"step": 1}) == "now"  # the first step ends the startup
+    assert take(pod_0, progress={"step": 2}) == "in 6 s"  # when the write is due
+    assert take(pod_0, progress={"step": 2}, lastOutputTime="2026-01-01T00:00:09Z") is None
+    clock[0] = 107.0
+    assert take(pod_0, progress={"step": 3}) == "in 0 s"
+    assert take(pod_1, lastOutputTime=None, exit={"attempt": 0, "exitCode": 1}) == "now"
 
 
 def test_every_refusal_leaves_what_the_passes_read_as_it_was():
