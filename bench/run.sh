@@ -45,6 +45,8 @@ PY="$(hack/python-env.sh | tail -n1)/bin/python"
 # This checkout's packages, whichever checkout last installed itself into the shared venv.
 export PYTHONPATH="$ROOT/operator:$ROOT/trainer${PYTHONPATH:+:$PYTHONPATH}"
 
+# The operator as shipped: the chart's progress write interval (the tests deploy a shorter one).
+export ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS="${ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS:-10}"
 # The cluster is shared: someone may be restarting it. Wait and retry rather than fail at once.
 kubeconfig=""
 for attempt in 1 2 3 4 5; do

@@ -3,26 +3,32 @@ operator and etcd while N single-node AccelerateJobs train, against the same clu
 
 A running job costs the control plane little by itself; what it costs is how its progress
 reaches status.progress. Rank 0's supervisor (`python -m accelerate_trainer.supervise -- ARGV`)
-POSTs its progress to the operator's report endpoint (HTTPS, a projected token checked by a
-cached TokenReview), and the operator writes status.progress at most once per job every
-observe.PROGRESS_WRITE_SECONDS: no log is read and no pod is written. Target: what reporting
-adds (this run against the same jobs with --no-supervise) at most 1 ms/s per running job for the
-four together, 0 log requests/s.
+POSTs its progress to the operator's report endpoint (HTTPS, a projected token the operator
+checks against the API server's published keys) at most every 8 s; a report runs the job's pass
+only when it changes a decision, and progress is written at most once per job every
+reports.progressWriteSeconds (10 s as shipped; the deployed value is printed): no log is read
+and no pod is written. Target: what reporting adds (supervised against the same pods bare) at
+most 1.5 ms/s per running job for the four together, 0 log requests/s, and status.progress never
+more than 15 s old.
 
 Every job's container runs a stdlib printer (PRINTER): a tqdm-like line --lines-per-second times
 a second and an `ACCELERATE_PROGRESS {json}` line every 2 s, forever. Measured over --window
-seconds each: the cluster idle (a fresh namespace, no jobs); the N jobs with the printer bare
-(the pods alone, nothing reported), every pod Running; then N new jobs under the supervisor,
-every job showing status.progress; each after --settle seconds. What reporting adds per running
-job is the second's cost minus the first's. CPU is utime + stime of the host processes
-(/proc/<pid>/stat: the local cluster runs the control plane and the kubelets as host processes,
-and the operator's container is a process of this host); kube-controller-manager and
-kube-scheduler are shown apart (they watch pods too). Request rates come from the API server's
-apiserver_request_total (every client); status.progress.updateTime is sampled a few times during
-each loaded window for the progress's freshness.
+seconds each: the cluster idle (a fresh namespace, no jobs); then, each with N new jobs and
+every pod Running, each after --settle seconds: `bare`, the printer alone (nothing reported);
+`synthetic`, the same bare pods and one reporter pod for all of them (reporter.py: the same
+reports and writes, one reporting process instead of N: the control run); `supervised`, the
+printer under the supervisor, every job showing status.progress. What reporting adds per running
+job is the supervised run's cost minus the bare one's; the synthetic run's minus the bare one's
+is what the reports and writes cost by themselves, and the rest, what N reporting processes cost
+the machine. CPU is utime + stime of the host processes (/proc/<pid>/stat: the local cluster
+runs the control plane and the kubelets as host processes, and the operator's container is a
+process of this host); kube-controller-manager and kube-scheduler are shown apart (they watch
+pods too). Request rates come from the API server's apiserver_request_total (every client);
+status.progress.updateTime is sampled a few times during each loaded window for the progress's
+freshness.
 
 Usage: python bench/running.py [--jobs 100] [--lines-per-second 20] [--window 45] [--settle 15]
-       [--mode both|bare|supervised] [--keep]
+       [--mode all|both|bare|synthetic|supervised] [--keep]
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from datetime import datetime, timezone
 from common import (
     CACHE,
     GROUP,
+    OPERATOR_NAMESPACE,
     PLURAL,
     VERSION,
     Cluster,
@@ -55,13 +62,15 @@ from common import (
     wait_for_cluster,
 )
 from kubernetes.client.rest import ApiException
+from reporter import reporter_answers, start_reporter
 from throughput import free_pod_slots
 
 from devtools.images import TRAINER_CPU_IMAGE
 
 IMAGE = os.environ.get("BENCH_TRAINER_IMAGE", TRAINER_CPU_IMAGE)
 SUPERVISOR = ["python", "-m", "accelerate_trainer.supervise", "--"]
-TARGET_MS_PER_JOB = 1.0
+TARGET_MS_PER_JOB = 1.5
+TARGET_AGE_S = 15.0
 FRESHNESS_SAMPLES = 4
 # The host processes of the local cluster (hack/cluster-up.sh), by argv[0]'s basename; only those
 # whose command line names the cluster's folder, so nothing else of that name is counted.
@@ -296,9 +305,9 @@ def idle_window(cluster: Cluster, procs: dict[str, list[OperatorProcess]],
 
 
 def loaded_window(cluster: Cluster, procs: dict[str, list[OperatorProcess]],
-                  args: argparse.Namespace, supervise: bool) -> dict:
-    """The jobs (under the supervisor, or bare), then the loaded window; their namespace goes
-    at the end (unless --keep)."""
+                  args: argparse.Namespace, mode: str) -> dict:
+    """The jobs (bare, bare with the synthetic reporter, or under the supervisor), then the
+    loaded window; their namespace goes at the end (unless --keep)."""
     namespace = cluster.create_namespace("bench-running")
     ages: list[float] = []
     no_progress: list[int] = []
@@ -308,24 +317,31 @@ def loaded_window(cluster: Cluster, procs: dict[str, list[OperatorProcess]],
         ages.extend(found)
         no_progress.append(missing)
 
+    timeout, answers = max(240.0, 3.0 * args.jobs), None
     try:
-        names = create_jobs(cluster, namespace, args, supervise)
-        ready_s = wait_until_running(cluster, namespace, names, max(240.0, 3.0 * args.jobs),
-                                     progress=supervise)
-        print(f"  {args.jobs} jobs Running{' with status.progress' if supervise else ''} after "
-              f"{ready_s:.0f}s; settle {args.settle:.0f}s, then the loaded window "
+        names = create_jobs(cluster, namespace, args, mode == "supervised")
+        if mode == "synthetic":
+            wait_until_running(cluster, namespace, names, timeout, progress=False)
+            start_reporter(cluster, namespace, names, IMAGE)
+        ready_s = wait_until_running(cluster, namespace, names, timeout,
+                                     progress=mode != "bare")
+        print(f"  {args.jobs} jobs Running{'' if mode == 'bare' else ' with status.progress'} "
+              f"after {ready_s:.0f}s; settle {args.settle:.0f}s, then the loaded window "
               f"({args.window:.0f}s)", flush=True)
         time.sleep(args.settle)
         ages.clear()
         no_progress.clear()
         loaded = measure_window(cluster, procs, args.window, sample)
+        if mode == "synthetic":
+            answers = reporter_answers(cluster, namespace)
     finally:
         if not args.keep:
             cluster.delete_namespace(namespace, wait=True)
     return {"namespace": namespace, "ready_s": ready_s, "loaded": loaded,
             "progress_age_max_s": max(ages) if ages else None,
             "progress_age_median_s": median(ages) if ages else None,
-            "jobs_without_progress_max": max(no_progress) if no_progress else 0}
+            "jobs_without_progress_max": max(no_progress) if no_progress else 0,
+            "reporter_answers": answers}
 
 
 def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, dict]:
@@ -335,20 +351,23 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, dict]:
     out: dict[str, dict] = {"idle": idle_window(cluster, procs, args)}
     for mode in modes(args):
         print(f"  {args.jobs} jobs, {mode}", flush=True)
-        out[mode] = loaded_window(cluster, procs, args, mode == "supervised")
+        out[mode] = loaded_window(cluster, procs, args, mode)
     return out
 
 
+MODES = ("bare", "synthetic", "supervised")
+
+
 def modes(args: argparse.Namespace) -> tuple[str, ...]:
-    return {"both": ("bare", "supervised"), "bare": ("bare",),
-            "supervised": ("supervised",)}[args.mode]
+    return {"all": MODES, "both": ("bare", "supervised")}.get(args.mode, (args.mode,))
 
 
 # ------------------------------------------------------------------ the report
 def figures(idle: dict, run: dict, jobs: int) -> dict:
     """The flat numbers of one mode (ms per second, requests per second) for the JSON line."""
     out: dict = {key: run[key] for key in ("namespace", "ready_s", "progress_age_max_s",
-                                            "progress_age_median_s", "jobs_without_progress_max")}
+                                            "progress_age_median_s", "jobs_without_progress_max",
+                                            "reporter_answers")}
     loaded = run["loaded"]
     for name in loaded["cpu_ms"]:
         key = name.replace("-", "_")
@@ -367,61 +386,96 @@ def figures(idle: dict, run: dict, jobs: int) -> dict:
 
 
 def combine(m: dict[str, dict], jobs: int) -> dict:
-    """The supervised run's figures (or the bare one's alone), the bare run's as `bare_*`, and
-    what reporting adds per running job (`adds_*`: supervised - bare) with both."""
-    runs = {mode: figures(m["idle"], m[mode], jobs) for mode in ("bare", "supervised")
-            if mode in m}
-    out = dict(runs.get("supervised") or runs["bare"])
-    if "bare" in runs and "supervised" in runs:
-        bare = runs["bare"]
-        out.update({f"bare_{key}": value for key, value in bare.items()})
-        for key in [k for k in out if k.endswith("_per_job_ms") and not k.startswith("bare_")]:
-            out[f"adds_{key}"] = out[key] - bare.get(key, 0.0)
+    """The run of the last mode measured (supervised, else synthetic, else bare) unprefixed, each
+    other as `bare_*` and `synthetic_*`, and with the bare run: what reporting adds per running
+    job (`adds_*`: supervised - bare) and what the reports and writes add by themselves
+    (`synthetic_adds_*`: synthetic - bare)."""
+    runs = {mode: figures(m["idle"], m[mode], jobs) for mode in MODES if mode in m}
+    last = next(mode for mode in reversed(MODES) if mode in runs)
+    out = dict(runs[last])
+    out["progress_write_seconds"] = m.get("progress_write_seconds")
+    for mode in (mode for mode in MODES if mode in runs and mode != last):
+        out.update({f"{mode}_{key}": value for key, value in runs[mode].items()})
+    if "bare" not in runs or last == "bare":
+        return out
+    bare = runs["bare"]
+    per_job = [k for k in bare if k.endswith("_per_job_ms")]
+    for mode, prefix in (("supervised", "adds_"), ("synthetic", "synthetic_adds_")):
+        if mode in runs:
+            out.update({f"{prefix}{k}": runs[mode][k] - bare[k] for k in per_job})
+    if "adds_sum_per_job_ms" in out:
+        age = out["progress_age_max_s"]
         out["target_met"] = (out["adds_sum_per_job_ms"] <= TARGET_MS_PER_JOB
-                             and out["pod_log_loaded_per_s"] == 0)
+                             and out["pod_log_loaded_per_s"] == 0
+                             and age is not None and age <= TARGET_AGE_S)
     return out
 
 
 def print_table(r: dict, jobs: int) -> None:
-    both = "adds_sum_per_job_ms" in r
-    head = (f"{'bare':>10} {'supervised':>11} {'reporting adds':>15}" if both
-            else f"{'idle':>9} {f'{jobs} running jobs':>17} {'per running job':>16}")
-    print(f"  {'CPU per second, per running job' if both else 'CPU per second':<32} {head}")
+    """Per running job: each mode's CPU per second above idle, and what reporting adds."""
+    shown = [mode for mode in MODES if f"{mode}_sum_per_job_ms" in r
+             or (mode == r["last_mode"])]
+    deltas = [(label, prefix) for label, prefix in (("writes alone", "synthetic_adds_"),
+                                                    ("reporting adds", "adds_"))
+              if f"{prefix}sum_per_job_ms" in r]
+    head = " ".join(f"{name:>11}" for name in [*shown, *(label for label, _ in deltas)])
+    print(f"  {'CPU per second, per running job':<32} {head}")
     for label in (*SUMMED, "sum", *APART):
         key = label.replace("-", "_")
-        if f"{key}_idle_ms" not in r:
+        if f"{key}_per_job_ms" not in r:
             continue
         name = {"sum": "sum of the four"}.get(label, label) + (" (apart)" if label in APART
                                                              else "")
-        if both:
-            print(f"  {name:<32} {r[f'bare_{key}_per_job_ms']:>+7.2f} ms "
-                  f"{r[f'{key}_per_job_ms']:>+8.2f} ms {r[f'adds_{key}_per_job_ms']:>+12.2f} ms")
-        else:
-            print(f"  {name:<32} {r[f'{key}_idle_ms']:>6.1f} ms {r[f'{key}_loaded_ms']:>14.1f} "
-                  f"ms {r[f'{key}_per_job_ms']:>+13.2f} ms")
+        cells = [r[f"{'' if mode == r['last_mode'] else mode + '_'}{key}_per_job_ms"]
+                 for mode in shown] + [r.get(f"{prefix}{key}_per_job_ms", 0.0)
+                                       for _, prefix in deltas]
+        print(f"  {name:<32} " + " ".join(f"{value:>+8.2f} ms" for value in cells))
     for name, label in (("pod_log", "pod log requests"), ("job_status_patch", "job status PATCH"),
                         ("pod_patch", "pod PATCH"), ("pod_status_patch", "pod status PATCH"),
                         ("all", "all API requests")):
-        print(f"  {label:<32} {r[f'{name}_idle_per_s']:>7.2f}/s idle "
-              f"{r[f'{name}_loaded_per_s']:>9.2f}/s loaded {r[f'{name}_per_job_per_s']:>8.3f}/s "
-              "per job")
+        rates = " ".join(f"{r[f'{prefix}{name}_per_job_per_s']:>9.3f}/s" for prefix in
+                         (("" if mode == r["last_mode"] else f"{mode}_") for mode in shown))
+        print(f"  {label + ' per job':<32} {rates}")
 
 
 def print_report(r: dict, args: argparse.Namespace) -> None:
+    print(f"  the operator writes status.progress at most every "
+          f"{r['progress_write_seconds'] or '?'} s (reports.progressWriteSeconds as deployed)")
     print_table(r, args.jobs)
-    if r["progress_age_max_s"] is not None:
-        print(f"  status.progress age during the loaded window ({FRESHNESS_SAMPLES} samples of "
-              f"every job): median {r['progress_age_median_s']:.1f}s, max "
-              f"{r['progress_age_max_s']:.1f}s (updateTime has 1 s resolution); jobs without "
-              f"progress at a sample: at most {r['jobs_without_progress_max']}")
+    for mode in (mode for mode in MODES if mode != "bare"):
+        prefix = "" if mode == r["last_mode"] else f"{mode}_"
+        if r.get(f"{prefix}progress_age_max_s") is not None:
+            print(f"  {mode}: status.progress age during the loaded window ({FRESHNESS_SAMPLES} "
+                  f"samples of every job): median {r[f'{prefix}progress_age_median_s']:.1f}s, "
+                  f"max {r[f'{prefix}progress_age_max_s']:.1f}s (updateTime has 1 s "
+                  f"resolution); jobs without progress at a sample: at most "
+                  f"{r[f'{prefix}jobs_without_progress_max']}")
+    answers = r.get("synthetic_reporter_answers") or r.get("reporter_answers")
+    if answers:
+        print(f"  synthetic reporter's answers so far: {answers}")
     if "adds_sum_per_job_ms" not in r:
         return
     sum_ok = r["adds_sum_per_job_ms"] <= TARGET_MS_PER_JOB
     logs_ok = r["pod_log_loaded_per_s"] == 0
+    age = r["progress_age_max_s"]
+    age_ok = age is not None and age <= TARGET_AGE_S
     print(f"  target: reporting adds {' + '.join(r['summed'])} {r['adds_sum_per_job_ms']:.2f} "
           f"ms/s per running job (<= {TARGET_MS_PER_JOB:g}: {'MET' if sum_ok else 'MISSED'}); "
           f"pod log requests {r['pod_log_loaded_per_s']:.2f}/s "
-          f"(== 0: {'MET' if logs_ok else 'MISSED'})", flush=True)
+          f"(== 0: {'MET' if logs_ok else 'MISSED'}); status.progress at most "
+          f"{age if age is not None else '?'} s old (<= {TARGET_AGE_S:g}: "
+          f"{'MET' if age_ok else 'MISSED'})", flush=True)
+
+
+def progress_write_seconds(cluster: Cluster) -> str | None:
+    """The deployed operator's ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS (None: not set)."""
+    deployments = cluster.kubectl("-n", OPERATOR_NAMESPACE, "get", "deployment", "-l",
+                                  "app.kubernetes.io/name=accelerate-operator", "-o", "json")
+    for deployment in json.loads(deployments.stdout)["items"]:
+        for env in deployment["spec"]["template"]["spec"]["containers"][0].get("env") or []:
+            if env["name"] == "ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS":
+                return env.get("value")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,11 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster()
     wait_for_cluster(cluster)
     delete_leftovers(cluster)
-    free = free_pod_slots(cluster)
-    if args.jobs > free:
-        print(f"error: {args.jobs} jobs need {args.jobs} pods, and the nodes have room for "
-              f"{free} more (allocatable pods, the kubelets' maxPods): use --jobs {free} or "
-              "fewer", file=sys.stderr)
+    free, pods = free_pod_slots(cluster), args.jobs + ("synthetic" in modes(args))
+    if pods > free:
+        print(f"error: {args.jobs} jobs need {pods} pods, and the nodes have room for "
+              f"{free} more (allocatable pods, the kubelets' maxPods): use --jobs "
+              f"{free - pods + args.jobs} or fewer", file=sys.stderr)
         return 2
     print(f"running: {args.jobs} single-node jobs, rank 0 printing {args.lines_per_second:g} "
           f"lines/s and a progress report every 2 s, {' then '.join(modes(args))}; "
@@ -445,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_cluster(cluster)
         delete_leftovers(cluster)
         m = measure(cluster, args)
+    m["progress_write_seconds"] = progress_write_seconds(cluster)
     result = {"jobs": args.jobs, "lines_per_second": args.lines_per_second,
               "window_s": args.window, "supervise": "supervised" in m, "mode": args.mode,
+              "last_mode": next(mode for mode in reversed(MODES) if mode in m),
               **combine(m, args.jobs)}
     print_report(result, args)
     print(f"  {machine_line()}")
@@ -462,9 +518,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=45.0, help="seconds per window")
     parser.add_argument("--settle", type=float, default=15.0,
                         help="seconds between every job showing progress and the loaded window")
-    parser.add_argument("--mode", choices=("both", "bare", "supervised"), default="both",
-                        help="both: the same jobs bare, then under the supervisor, and what "
-                             "reporting adds; or one of them alone")
+    parser.add_argument("--mode", choices=("all", "both", *MODES), default="all",
+                        help="all: the jobs bare, with the synthetic reporter, then under the "
+                             "supervisor, and what reporting adds; both: bare and supervised; "
+                             "or one of them alone")
     parser.add_argument("--keep", action="store_true", help="keep the namespace and its jobs")
     parser.add_argument("--json", default=os.environ.get("BENCH_JSON"))
     return parser.parse_args(argv)

@@ -60,11 +60,15 @@ esac
 
 kueue_enabled=false
 if kubectl get crd workloads.kueue.x-k8s.io >/dev/null 2>&1; then kueue_enabled=true; fi
+# The tests' operator writes a job's progress every 2 s (the chart's default is 10 s), so no test
+# waits the interval out; bench/run.sh deploys with the default it measures.
+progress_write_seconds="${ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS:-2}"
 echo ">> helm upgrade --install $RELEASE (namespace $NAMESPACE, code $code_hash)" >&2
 "$HELM" upgrade --install "$RELEASE" charts/accelerate-operator \
   --namespace "$NAMESPACE" --create-namespace --force-conflicts \
   --set-string "podAnnotations.accelerate-operator\.io/code-hash=$code_hash" \
   --set "kueue.enabled=$kueue_enabled" \
+  --set "reports.progressWriteSeconds=$progress_write_seconds" \
   ${ACCELERATE_OPERATOR_HELM_ARGS:-} \
   --wait --timeout 180s >&2
 kubectl wait --for=condition=Established "crd/$CRD" --timeout=60s >/dev/null

@@ -96,7 +96,8 @@ log "installing Kueue $KUEUE_VERSION"
 ACCELERATE_OPERATOR_EXTERNAL_CLUSTER=1 bash hack/install-kueue.sh
 
 log "installing the chart"
-# pullPolicy Never: the images exist only inside the kind node, loaded above.
+# pullPolicy Never: the images exist only inside the kind node, loaded above. Progress written
+# every 2 s (the default is 10 s): no test waits the interval out.
 helm upgrade --install "$RELEASE" charts/accelerate-operator \
   --namespace "$NAMESPACE" --create-namespace \
   --set image.repository="$REGISTRY/operator" \
@@ -104,6 +105,7 @@ helm upgrade --install "$RELEASE" charts/accelerate-operator \
   --set image.pullPolicy=Never \
   --set logLevel=debug \
   --set kueue.enabled=true \
+  --set reports.progressWriteSeconds=2 \
   --wait --timeout 5m
 kubectl -n "$NAMESPACE" rollout status "deploy/$RELEASE" --timeout=120s
 

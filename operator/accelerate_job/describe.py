@@ -11,7 +11,7 @@ from typing import Any
 from accelerate_operator.progress import format_duration
 from rich.table import Table
 
-from .render import render_status, to_text
+from .render import cell, printable, render_status, to_text
 
 INDENT = "  "
 
@@ -30,7 +30,7 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     for column in columns:
         table.add_column(column, no_wrap=column != "MESSAGE")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(cell(value) for value in row))
     return "\n".join(INDENT + line for line in to_text(table).splitlines())
 
 
@@ -76,7 +76,7 @@ def _events(events: Sequence[Mapping[str, Any]], now: datetime) -> str | None:
 
 
 def _last_failure(job: Mapping[str, Any]) -> str | None:
-    text = ((job.get("status") or {}).get("lastFailure") or "").strip()
+    text = printable(((job.get("status") or {}).get("lastFailure") or "").strip())
     return "\n".join(INDENT + line for line in text.splitlines()) if text else None
 
 

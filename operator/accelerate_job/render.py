@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO
@@ -22,6 +23,25 @@ from rich.text import Text
 from . import table
 
 BAR_WIDTH = 30
+# What a terminal would act on rather than show: C0 controls but newline and tab (ESC starts
+# the escape sequences that move the cursor, clear the screen or set the window title), DEL, C1
+# controls (0x9b is a one-byte CSI), bidirectional overrides.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Job text as the CLI shows it: what pods and users wrote (failure messages, events,
+    versions) may hold escape codes; each is written out (`\\x1b`), never sent to the
+    terminal. Newlines and tabs stay."""
+    return UNPRINTABLE.sub(lambda found: f"\\x{ord(found.group()):02x}"
+                           if ord(found.group()) < 0x100 else f"\\u{ord(found.group()):04x}",
+                           text)
+
+
+def cell(value: Any) -> Text:
+    """A table cell of job text: printable, and never read as rich markup (a `[/x]` in a
+    message would otherwise be a closing tag)."""
+    return Text(printable(str(value)))
 
 
 def summarize(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,7 +139,7 @@ def status_rows(job: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def render_status(job: Mapping[str, Any]) -> str:
-    return "\n".join(f"{label:<14}{value}" for label, value in status_rows(job))
+    return "\n".join(f"{label:<14}{printable(value)}" for label, value in status_rows(job))
 
 
 PHASE_STYLES = {"Pending": "dim", "Queued": "cyan", "Running": "green", "Restarting": "yellow",
@@ -140,14 +160,15 @@ def render_wide_status(job: Mapping[str, Any], now: datetime | None = None) -> s
     shown = {"PHASE", "READY", "RESTARTS", "GOODPUT", "PROGRESS", "ETA", "AGE"}
     now = now or datetime.now(timezone.utc)
     cells = zip(table.header(wide=True)[1:], table.row(job, now, wide=True)[1:], strict=True)
-    wide = [f"{(name.title() + ':'):<14}{value or '-'}" for name, value in cells
+    wide = [f"{(name.title() + ':'):<14}{printable(value or '-')}" for name, value in cells
             if name not in shown]
     return "\n".join([render_status(job), *wide])
 
 
 def _row(job: Mapping[str, Any], now: datetime, bars: bool, namespaces: bool,
          wide: bool) -> list[RenderableType]:
-    cells: list[RenderableType] = list(table.row(job, now, wide, namespaces))
+    cells: list[RenderableType] = [cell(value) for value in table.row(job, now, wide,
+                                                                      namespaces)]
     names = table.header(wide, namespaces)
     phase = names.index("PHASE")
     cells[phase] = Text(str(cells[phase]), style=PHASE_STYLES.get(str(cells[phase]), ""))
@@ -181,12 +202,13 @@ def status_view(job: Mapping[str, Any]) -> RenderableType:
         if label == "Progress:" and progress.get("totalSteps"):
             row = Table.grid(padding=(0, 2))
             row.add_row(Text(f"{label:<14}"), _bar(progress, BAR_WIDTH),
-                        Text(progress_text(progress)))
+                        cell(progress_text(progress)))
             out.append(row)
         elif label == "Phase:":
-            out.append(Text.assemble(f"{label:<14}", (value, PHASE_STYLES.get(value, ""))))
+            out.append(Text.assemble(f"{label:<14}", (printable(value),
+                                                      PHASE_STYLES.get(value, ""))))
         else:
-            out.append(Text(f"{label:<14}{value}"))
+            out.append(Text(f"{label:<14}{printable(value)}"))
     return Group(*out)
 
 

@@ -9,8 +9,10 @@ event to a job's pass, as a controller-runtime reader expects:
 
 Every write for a job happens inside its pass; what comes from elsewhere, a pod's report (the
 report endpoint's `take_report`) or a renewed CA bundle (`use_report_endpoint`), only queues the
-job's pass. The job's in-memory state is one JobState (state.py), dropped in one place,
-`forget`. No kopf import here, so it is tested without an operator running.
+job's pass: a report that changes a decision at once, one that brings only progress for when
+the next progress write is due, a sign of life alone none. The job's in-memory state is one
+JobState (state.py), dropped in one place, `forget`. No kopf import here, so it is tested
+without an operator running.
 
 One of the small pieces kopf lacks lives here, on its public API (the work queue, the index
 audit and following kopf's peering are the others: workqueue.py, audit.py, peering.py): **the
@@ -38,8 +40,18 @@ from .kueue.workload import KueueView
 from .metrics import observe_pass
 from .naming import configmap_name
 from .pod_state import PodState, with_report
-from .report_checks import Caller, Refused, ReportBody, authorize
+from .report_checks import (
+    PASS_NOW,
+    PASS_WHEN_DUE,
+    JobGroup,
+    Refused,
+    ReportBody,
+    job_pod,
+    may_write,
+    pass_for_report,
+)
 from .report_store import BadReport, ReportStore
+from .report_tokens import Caller
 from .resources.pods import DEFAULT_REPORT_ENDPOINT, ReportEndpoint
 from .state import JobState, JobStates
 from .status import Event, group_attempt
@@ -198,15 +210,27 @@ class Controller:
         """Another replica is the active one (peering.py): it takes the reports."""
         return self.queue.paused
 
-    def take_report(self, key: JobKey, caller: Caller, body: ReportBody, now: datetime) -> None:
-        """A report the endpoint authenticated (`caller`, the pod its token is bound to) and
-        parsed: kept as the pod's latest, and the job's pass queued. Refused 404 for a job not
-        indexed, 403 for a pod that may not write it (report_checks.authorize), 400 for a
-        trainerStatus that contradicts itself."""
-        group = self.current_group(key)
-        if group is None:
-            raise Refused(404, f"no AccelerateJob {key[0]}/{key[1]}")
-        pod = authorize(caller, key[0], key[1], group[0], group[1], self.pod_entries(key), body)
+    def report_pod(self, key: JobKey, caller: Caller) -> PodState:
+        """The caller's pod (the one its token is bound to) when it is a live pod the operator
+        made for the job, of its current group; else Refused 403, or 404 for a job not indexed
+        (report_checks.job_pod). Asked before the report's body is read."""
+        body, group = self.job_body(key), self.current_group(key)
+        if body is None or group is None:
+            return job_pod(caller, key[0], key[1], None)
+        topology = (body.get("status") or {}).get("topology") or {}
+        nodes = topology.get("numNodes") or (body.get("spec") or {}).get("numNodes")
+        return job_pod(caller, key[0], key[1], JobGroup(
+            group[0], group[1], nodes if isinstance(nodes, int) else None,
+            self.pod_entries(key)))
+
+    def take_report(self, key: JobKey, pod: PodState, body: ReportBody, now: datetime) -> None:
+        """A report of `pod` (report_pod's answer), parsed: kept as the pod's latest, and the
+        job's pass queued now when the report changes a decision, or for when a progress write
+        is due when it brings only what the status shows (report_checks.pass_for_report).
+        Refused 403 for what that pod may not write (progress from a pod other than 0), 400 for
+        a trainerStatus that contradicts itself."""
+        may_write(pod, body, key[1])
+        before = self.reports.text(pod.uid)
         try:
             if body.report is not None:
                 self.reports.take_report(key, pod.uid, body.report)
@@ -214,7 +238,16 @@ class Controller:
                 self.reports.take_trainer_status(key, pod.uid, body.trainer_status, now)
         except BadReport as error:
             raise Refused(400, f"trainerStatus: {error}") from None
-        self.queue.add(key)
+        when = pass_for_report(before, self.reports.text(pod.uid) or "")
+        if when == PASS_NOW:
+            self.queue.add(key)
+        elif when == PASS_WHEN_DUE:
+            self.queue.add_after(key, self.progress_write_due(key))
+
+    def progress_write_due(self, key: JobKey) -> float:
+        """Seconds until the job's status.progress may be written again (0: now)."""
+        state = self.states.peek(key)
+        return max(0.0, state.next_progress_write - self.clock()) if state is not None else 0.0
 
     def use_report_endpoint(self, endpoint: ReportEndpoint,
                             report_ca: Callable[[], str | None]) -> None:

@@ -13,7 +13,7 @@ logs to archive before a restart deletes a group, and when time alone will chang
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -44,12 +44,6 @@ from .resources.service import build_service
 from .snapshot import Snapshot
 from .status import attempt_of
 
-# At most one status.progress write per job this often, however often its pods report. Chosen
-# from bench/running.py (docs/performance.md, "Running jobs"): a progress write is the largest
-# cost of a running job to the control plane (the API server's status PATCH, its watchers), so
-# the interval is as long as it can be while the PROGRESS column stays within 15 s of pod 0's
-# last report, with 5 s left for a pass delayed on a loaded operator.
-PROGRESS_WRITE_SECONDS = 10.0
 # An unfinished job is looked at again at least this often: a pass that changed nothing is
 # cheap, and this bounds how long anything missed (a lost event, a failed read) can last.
 RESYNC_SECONDS = 30.0
@@ -99,7 +93,8 @@ class Decision:
     pods: tuple[dict[str, Any], ...] = ()  # Pod manifests
     ca_patch: tuple[str, dict[str, str]] | None = None  # (ConfigMap, data to merge)
     status: dict[str, Any] | None = None
-    # The status write carries a new status.progress: the next waits PROGRESS_WRITE_SECONDS.
+    # The status write carries a new status.progress: the next waits the progress write interval
+    # (report_settings.PROGRESS_WRITE_SECONDS, an operator setting).
     progress_written: bool = False
     requeue_after: float | None = None
 
@@ -231,16 +226,17 @@ def read_progress(seen: Snapshot) -> tuple[Readings, float | None]:
         return Readings(trainer=trainer), None  # the progress of an attempt since restarted
     current = seen.status.get("progress") or {}
     new = build_progress_status(report.progress, seen.now) if report.progress else None
-    base = Readings(trainer=trainer, previous_step=report.previous_step,
-                    previous_time=report.previous_time)
+    # The step goes to goodput with any write, held back or not: a progress write carries no
+    # ledger (build_status_write), so a write that happens anyway must bring it up to date.
+    base = Readings(trainer=trainer, step=report.step, step_time=report.progress_time,
+                    previous_step=report.previous_step, previous_time=report.previous_time)
     if new is None or not progress_changed(current, new):
         return base, None
     if seen.clock < seen.next_progress_write and not seen.rank0.finished:
         return base, seen.next_progress_write - seen.clock
     # A merge patch keeps keys it does not name: null out those the new report lacks.
-    progress = {**{key: None for key in current if key not in new}, **new}
-    return Readings(progress, trainer, report.step, report.progress_time, report.previous_step,
-                    report.previous_time), None
+    return replace(base, progress={**{key: None for key in current if key not in new},
+                                   **new}), None
 
 
 def _trainer(seen: Snapshot) -> dict[str, Any] | None:
@@ -288,7 +284,9 @@ def build_status_write(old: Mapping[str, Any], planned: Mapping[str, Any],
                        ) -> dict[str, Any] | None:
     """The one status write of a pass: the planned status when it changed, plus pod 0's
     progress and versions when this pass has new ones; None when there is nothing new. The
-    goodput goes with a write that happens anyway, so it costs no request of its own."""
+    goodput goes with a write that happens anyway, so it costs no request of its own; a write
+    of progress alone carries its totals but not its ledger, unless the ledger moved beyond the
+    step it last saw (ledger_moved)."""
     status = _changed(old, planned)
     extra = {key: value for key, value in (("progress", readings.progress),
                                            ("trainer", readings.trainer)) if value is not None}
@@ -297,7 +295,25 @@ def build_status_write(old: Mapping[str, Any], planned: Mapping[str, Any],
     moment = Moment(now, created, old.get("phase"), planned.get("phase"), attempt_of(old),
                     attempt_of(planned), readings.step, readings.step_time,
                     readings.previous_step, readings.previous_time)
-    return {**(status or {}), **extra, "goodput": update_goodput(old.get("goodput"), moment)}
+    goodput = update_goodput(old.get("goodput"), moment)
+    if status is None and not ledger_moved(old.get("goodput"), goodput):
+        goodput = {key: value for key, value in goodput.items() if key != "ledger"}
+    return {**(status or {}), **extra, "goodput": goodput}
+
+
+# What a running job's ledger changes at every report: the next write that carries the ledger
+# brings these up to date from pod 0's report (read_progress gives every write the step).
+LEDGER_STEP_KEYS = ("highestStep", "lastStep", "lastStepTime")
+
+
+def ledger_moved(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether the goodput ledger changed more than its step: a segment closed or opened, time
+    lost counted, an interruption. Only then does a progress write store it."""
+    def without_step(goodput: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        ledger = (goodput or {}).get("ledger")
+        return None if ledger is None else {key: value for key, value in ledger.items()
+                                            if key not in LEDGER_STEP_KEYS}
+    return without_step(old) is None or without_step(old) != without_step(new)
 
 
 def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,7 @@ from .report_keeper import CertKeeper
 from .report_presence import Presence
 from .report_server import ReportServer
 from .report_settings import ReportSettings, read_report_settings
+from .report_tokens import IssuerKeys
 
 log = logging.getLogger("accelerate_operator")
 
@@ -127,7 +129,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes:
     reporting = read_report_settings(os.environ, _account_namespace())
     _configure_kopf(settings)
     kube = await asyncio.to_thread(Kube)
-    controller = Controller(kube, Reconciler(kube), kueue=KUEUE_ENABLED)
+    controller = Controller(kube, Reconciler(
+        kube, progress_write_seconds=reporting.progress_write_seconds), kueue=KUEUE_ENABLED)
     if KUEUE_ENABLED:
         # v1beta2 where served (Kueue >= 0.15; v0.20 serves nothing else), else v1beta1; kopf
         # watches the preferred version itself, and the pure code reads both shapes.
@@ -167,7 +170,8 @@ async def _serve_reports(memo: kopf.Memo, controller: Controller, settings: Repo
     while True:
         try:
             context = await keeper.start()
-            server = ReportServer(lambda: controller, controller.kube)
+            keys = IssuerKeys(controller.kube.read_issuer, time.monotonic)
+            server = ReportServer(lambda: controller, keys)
             port = await server.start("0.0.0.0", settings.port, context)
             break
         except Exception as error:  # noqa: BLE001 - logged, tried again

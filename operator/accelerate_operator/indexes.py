@@ -34,8 +34,10 @@ def owning_job(metadata: Mapping[str, Any]) -> JobKey | None:
 
 
 def owner_uid(metadata: Mapping[str, Any]) -> str | None:
+    """The uid of the AccelerateJob that is the object's controller (the operator sets
+    `controller: true`; another ownerReference of that kind makes no one the owner)."""
     return next((ref.get("uid") for ref in metadata.get("ownerReferences") or []
-                 if ref.get("kind") == KIND), None)
+                 if ref.get("kind") == KIND and ref.get("controller") is True), None)
 
 
 def job_entry(body: Mapping[str, Any]) -> dict[str, Any]:

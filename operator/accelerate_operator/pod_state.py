@@ -13,8 +13,10 @@ from typing import Any
 
 from accelerate_trainer.contract import (
     ATTEMPT_LABEL,
+    MAX_MESSAGE_CHARS,
     NODE_INDEX_LABEL,
     RUN_ATTEMPT_ANNOTATION,
+    printable_text,
 )
 
 from .causes import OOM_KILLED, read_exit_cause, read_pod_cause
@@ -146,6 +148,8 @@ def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str | None, str 
         if terminated and (exit_code is None or terminated.get("exitCode", 0) != 0):
             exit_code = terminated.get("exitCode")
             reason, message = terminated.get("reason"), terminated.get("message")
+    if isinstance(message, str):  # the container's own words (its log's tail): printable
+        message = printable_text(message, MAX_MESSAGE_CHARS, keep_end=True)
     return exit_code, reason, message
 
 

@@ -24,12 +24,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .api import JobSpec, SpecError, parse_job
-from .decide import PROGRESS_WRITE_SECONDS, Archive, Decision, decide
+from .decide import Archive, Decision, decide
 from .kube import Kube, Rejected
 from .kueue import KueueView, WorkloadWrite, priority_class, queue_name
 from .metrics import record_status_change
 from .pod_state import PodState
 from .reads import read
+from .report_settings import PROGRESS_WRITE_SECONDS
 from .resources.logs import ARCHIVED_LINES, build_logs_configmap
 from .resources.pods import DEFAULT_REPORT_ENDPOINT, ReportEndpoint
 from .snapshot import Snapshot
@@ -59,9 +60,11 @@ CREATE_PARALLELISM = 16
 
 
 class Applier:
-    def __init__(self, kube: Kube, clock: Callable[[], float]):
+    def __init__(self, kube: Kube, clock: Callable[[], float],
+                 progress_write_seconds: float = PROGRESS_WRITE_SECONDS):
         self.kube = kube
         self.clock = clock
+        self.progress_write_seconds = progress_write_seconds
         self._create_slots = asyncio.Semaphore(CREATE_PARALLELISM)
 
     async def apply(self, state: JobState, seen: Snapshot, decision: Decision) -> bool:
@@ -100,7 +103,7 @@ class Applier:
         await self.kube.patch_job_status(seen.job.namespace, seen.job.name, decision.status)
         state.remember_status(decision.status)
         if decision.progress_written:
-            state.next_progress_write = self.clock() + PROGRESS_WRITE_SECONDS
+            state.next_progress_write = self.clock() + self.progress_write_seconds
         record_status_change(seen.status, merge_patch(seen.status, decision.status),
                              created_at=seen.created, now=seen.now)
 
@@ -148,10 +151,11 @@ class Applier:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, kube: Kube, clock: Callable[[], float] = time.monotonic,
+                 progress_write_seconds: float = PROGRESS_WRITE_SECONDS):
         self.kube = kube
         self.clock = clock
-        self.applier = Applier(kube, clock)
+        self.applier = Applier(kube, clock, progress_write_seconds)
 
     async def reconcile(self, state: JobState, body: Mapping[str, Any],
                         pods: Iterable[PodState], children: Iterable[tuple[str, str]] = (),

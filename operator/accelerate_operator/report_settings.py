@@ -10,7 +10,9 @@ defaults fit an install by other means in the same shape): pure.
 - ACCELERATE_OPERATOR_POD_NAMESPACE: the operator's namespace (the chart: the downward API);
   else its service account's, else accelerate-system.
 - ACCELERATE_OPERATOR_POD_NAME: the operator's pod (the chart: the downward API), which it labels
-  while it is the active replica (report_presence.py); none: no label."""
+  while it is the active replica (report_presence.py); none: no label.
+- ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS: a job's status.progress is written at most this
+  often, however often pod 0 reports (default PROGRESS_WRITE_SECONDS)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,15 @@ ENV_POD = "ACCELERATE_OPERATOR_POD_NAME"
 DEFAULT_NAMESPACE = "accelerate-system"
 DEFAULT_SERVICE = "accelerate-operator"
 DEFAULT_PORT = 8443
+ENV_PROGRESS_WRITE = "ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS"
 DEFAULT_SECRET = "accelerate-operator-report-tls"
+# At most one status.progress write per job this often. Chosen from bench/running.py
+# (docs/performance.md, "Running jobs"): a progress write is the largest cost of a running job to
+# the control plane (the API server's status PATCH, its watchers), so the interval is as long as
+# it can be while the PROGRESS column stays within 15 s of pod 0's last report, with 5 s left for
+# a pass delayed on a loaded operator. Tests set it short rather than wait it out.
+PROGRESS_WRITE_SECONDS = 10.0
+MAX_PROGRESS_WRITE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,7 @@ class ReportSettings:
     secret: str
     names: tuple[str, ...]  # the DNS names the serving certificate holds
     pod: str | None = None  # the operator's own pod
+    progress_write_seconds: float = PROGRESS_WRITE_SECONDS
 
 
 def read_report_settings(environ: Mapping[str, str], account_namespace: str | None = None
@@ -59,4 +70,21 @@ def read_report_settings(environ: Mapping[str, str], account_namespace: str | No
         raise ValueError(f"{ENV_PORT}={port}: give a port from 0 to 65535")
     return ReportSettings(ReportEndpoint(f"https://{parts.netloc}"), port, namespace,
                           environ.get(ENV_SECRET) or DEFAULT_SECRET,
-                          tuple(service_names(parts.hostname)), environ.get(ENV_POD) or None)
+                          tuple(service_names(parts.hostname)), environ.get(ENV_POD) or None,
+                          read_progress_write_seconds(environ))
+
+
+def read_progress_write_seconds(environ: Mapping[str, str]) -> float:
+    """ENV_PROGRESS_WRITE, or PROGRESS_WRITE_SECONDS; ValueError naming the variable."""
+    text = environ.get(ENV_PROGRESS_WRITE) or ""
+    if not text.strip():
+        return PROGRESS_WRITE_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= MAX_PROGRESS_WRITE_SECONDS:
+        raise ValueError(f"{ENV_PROGRESS_WRITE}={text!r}: give a number of seconds above 0 and "
+                         f"at most {MAX_PROGRESS_WRITE_SECONDS:g} (default "
+                         f"{PROGRESS_WRITE_SECONDS:g})")
+    return seconds

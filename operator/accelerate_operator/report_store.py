@@ -1,23 +1,21 @@
 """What the report endpoint keeps in memory, pure (a clock is passed in): the latest report of
-each pod (ReportStore, read by the passes where they read the pod), the callers' request rates
-(RateLimiter) and TokenReview answers (ReviewCache). Every map is bounded, and a pod's or job's
-entries go with it: nothing outlives the job."""
+each pod (ReportStore, read by the passes where they read the pod) and the callers' request rates
+(RateLimiter). Every map is bounded, and a pod's or job's entries go with it: nothing outlives
+the job."""
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from accelerate_trainer.kubeflow_status import BadReport, KubeflowProgress, TrainerStatus
 
 from .timefmt import format_time, parse_time
 
 JobKey = tuple[str, str]
-V = TypeVar("V")
 
 
 class ReportStore:
@@ -110,37 +108,4 @@ class RateLimiter:
         return wait
 
 
-@dataclass(frozen=True)
-class _Entry(Generic[V]):
-    value: V
-    until: float
-
-
-class ReviewCache(Generic[V]):
-    """TokenReview answers by the token's hash, each kept `ttl` seconds (a refusal
-    `negative_ttl`), at most `max_entries` (the oldest go first)."""
-
-    def __init__(self, ttl: float, negative_ttl: float, max_entries: int = 10_000) -> None:
-        self.ttl, self.negative_ttl, self.max_entries = ttl, negative_ttl, max_entries
-        self._entries: OrderedDict[str, _Entry[V | None]] = OrderedDict()
-
-    def get(self, digest: str, now: float) -> tuple[bool, V | None]:
-        """(found, value): a value None found is a cached refusal."""
-        entry = self._entries.get(digest)
-        if entry is None or entry.until <= now:
-            self._entries.pop(digest, None)
-            return False, None
-        return True, entry.value
-
-    def put(self, digest: str, value: V | None, now: float) -> None:
-        self._entries.pop(digest, None)
-        self._entries[digest] = _Entry(value, now + (self.ttl if value is not None
-                                                      else self.negative_ttl))
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-__all__ = ["BadReport", "RateLimiter", "ReportStore", "ReviewCache"]
+__all__ = ["BadReport", "RateLimiter", "ReportStore"]

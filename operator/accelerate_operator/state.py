@@ -52,7 +52,7 @@ class JobState:
       pass finds the object in an index, when the object's DELETED event comes, when the job
       moves to another attempt, or after IN_FLIGHT_SECONDS.
     - `next_progress_write`: the earliest time (the operator's clock) status.progress may be
-      written again, however often pod 0 reports (decide.PROGRESS_WRITE_SECONDS).
+      written again, however often pod 0 reports (report_settings.PROGRESS_WRITE_SECONDS).
     - `refused`: the API server refused one of the job's children for good: the next pass
       fails the job with its reason (reconciler.Applier).
     - `check_exists`: a deletion asked for the next pass (controller.py, the grace check).

@@ -95,13 +95,15 @@ class StatusBuilder:
         return changed
 
     def phase(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
-        """Enter `phase`: set its condition True, clear the other live ones, emit an event."""
+        """Enter `phase`: set its condition True, clear the other live ones, emit an event.
+        The message is said once, in the phase's condition: a cleared condition only names the
+        phase (a failure's text, up to a few KiB, was in every condition)."""
         self.status["phase"] = phase
         if phase != PENDING:
             self.condition(phase, True, reason, message)
         for other in (QUEUED, WAITING, RUNNING, RESTARTING, SUSPENDED):
             if other != phase and other in self.conditions:
-                self.condition(other, False, reason, message)
+                self.condition(other, False, reason, f"the job is {phase} now ({reason})")
         if phase != self.previous_phase or (
             warning and self.status.get("lastFailure") != message
         ):

@@ -1,9 +1,10 @@
 """End to end, from inside a training container on the real nodes: what it holds is no API
 credential, and it reaches the operator's report endpoint the way the trainer does. The job's
-template sets automountServiceAccountToken false: the container then has the report token only
-(audience accelerate-operator.io/report), which the API server refuses (401), and which the
-operator's endpoint, reached through the chart's Service with the CA from the job's ConfigMap,
-takes: the report shows in the job's status."""
+template says nothing of automountServiceAccountToken: the operator turns it off, so the
+container has the report token only (audience accelerate-operator.io/report), which the API
+server refuses (401), and which the operator's endpoint, reached through the chart's Service
+with the CA from the job's ConfigMap, takes (checked against the API server's published keys):
+the report shows in the job's status."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ print(json.dumps(seen))
 
 def test_the_training_container_holds_no_api_credential_and_reports_to_the_operator(
         kubeconfig, namespace):
-    job = command_job("creds", SLEEP, nodes=1).pod_spec(automountServiceAccountToken=False)
+    job = command_job("creds", SLEEP, nodes=1)
     apply_job(kubeconfig, namespace, job.build())
     wait_for_phase(kubeconfig, namespace, "creds-0", ("Running",), timeout=180)
     out = kubectl("-n", namespace, "exec", "creds-0", "-c", "trainer", "--", "python3", "-c",

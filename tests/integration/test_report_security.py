@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from accelerate_operator.decide import PROGRESS_WRITE_SECONDS
-from accelerate_operator.report_server import CALLER_BURST, CALLER_RATE
+from accelerate_operator.report_settings import ENV_PROGRESS_WRITE, PROGRESS_WRITE_SECONDS
 from accelerate_operator.report_tls import renew
 from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_BODY_KEY
 
@@ -34,7 +33,7 @@ from devtools.cluster import (
     wait_for,
 )
 from tests.helpers.jobs import JobBuilder, apply_job, wait_for_job
-from tests.helpers.operator import OPERATOR_NAMESPACE, active_operator
+from tests.helpers.operator import OPERATOR_NAMESPACE, OPERATOR_SELECTOR, active_operator
 from tests.helpers.report_post import forwarded, job_ca, pod_token, post
 
 pytestmark = pytest.mark.cluster
@@ -96,63 +95,18 @@ def api_server_answer(kubeconfig: str, path: str, token: str) -> int:
         return error.code
 
 
+def progress_write_seconds(kubeconfig: str) -> float:
+    """The deployed operator's progress write interval (the tests' deploy sets it short)."""
+    deployment = kubectl_json("-n", OPERATOR_NAMESPACE, "get", "deployment", "-l",
+                              OPERATOR_SELECTOR, kubeconfig=kubeconfig)["items"][0]
+    env = {e["name"]: e.get("value") for e in
+           deployment["spec"]["template"]["spec"]["containers"][0].get("env") or []}
+    return float(env.get(ENV_PROGRESS_WRITE) or PROGRESS_WRITE_SECONDS)
+
+
 def status_of(kubeconfig: str, namespace: str, job: str) -> dict:
     return kubectl_json("-n", namespace, "get", "acceleratejob", job,
                         kubeconfig=kubeconfig).get("status") or {}
-
-
-def test_pod_0s_token_is_taken_and_its_progress_shows_in_the_status(kubeconfig, site):
-    answer = send(site, token_of(kubeconfig, site, "alpha-0"), progress(12))
-    assert answer[0] == 200, answer
-    job = wait_for_job(kubeconfig, site["ns"], "alpha",
-                       lambda j: (j.get("status", {}).get("progress") or {}).get("step") == 12,
-                       timeout=30, description="the reported progress in the job's status")
-    assert job["status"]["progress"]["summary"] == "12/40 (30%)"
-
-
-def test_forged_and_unauthenticated_reports_are_refused_and_change_nothing(kubeconfig, site):
-    ns, other = site["ns"], site["other"]
-    wait_for_job(kubeconfig, ns, "alpha", lambda j: (j.get("status", {}).get("progress") or {})
-                 .get("step") == 12, timeout=30, description="the first report")
-    before = status_of(kubeconfig, ns, "alpha")
-    refused = {
-        "a pod of another job": (token_of(kubeconfig, site, "beta-0"), 403),
-        "pod 1 sending progress": (token_of(kubeconfig, site, "alpha-1"), 403),
-        "alpha-0 of another namespace": (token_of(kubeconfig, site, "alpha-0", other), 403),
-        "the pod's token for the API server": (
-            token_of(kubeconfig, site, "alpha-0", audience=None), 401),
-        "a token bound to no pod": (pod_token(kubeconfig, ns, None), 401),
-        "no token": (None, 401),
-    }
-    for why, (token, code) in refused.items():
-        answer = send(site, token, progress(999))
-        assert answer[0] == code, (why, answer)
-    assert send(site, token_of(kubeconfig, site, "alpha-0"), b"{not json")[0] == 400
-    assert send(site, token_of(kubeconfig, site, "alpha-0"), b"x" * (MAX_BODY_BYTES + 1))[0] \
-        == 413
-    assert send(site, token_of(kubeconfig, site, "alpha-0"), progress(999), job="nope")[0] \
-        == 404
-    time.sleep(PROGRESS_WRITE_SECONDS + 2)  # past the operator's progress write interval
-    assert status_of(kubeconfig, ns, "alpha")["progress"] == before["progress"]
-
-
-def test_a_token_of_a_pod_deleted_and_created_again_is_refused(kubeconfig, site):
-    ns = site["ns"]
-    old = token_of(kubeconfig, site, "beta-0")
-    kubectl("-n", ns, "delete", "pod", "beta-0", "--wait=true", kubeconfig=kubeconfig)
-    wait_for(lambda: pod_uid(kubeconfig, ns, "beta-0") not in ("", site["uids"][(ns, "beta-0")]),
-             timeout=90, description="beta-0 created again")
-    answer = send(site, old, progress(5), job="beta")
-    assert answer[0] in (401, 403), answer  # the API server no longer vouches for it, or the
-    assert "progress" not in status_of(kubeconfig, ns, "beta")  # operator sees the old uid
-
-
-def test_a_flood_from_one_pod_is_throttled_with_retry_after(kubeconfig, site):
-    token = token_of(kubeconfig, site, "alpha-0")
-    answers = [send(site, token, progress(13 + i)) for i in range(25)]
-    throttled = [a for a in answers if a[0] == 429]
-    assert throttled and all(a[2] and int(a[2]) >= 1 for a in throttled), answers
-    assert {a[0] for a in answers} <= {200, 429}
 
 
 @contextmanager
@@ -175,24 +129,94 @@ def progress_writes(kubeconfig: str, namespace: str, job: str) -> Iterator[list[
         steps.extend(v for i, v in enumerate(values) if i == 0 or v != values[i - 1])
 
 
+def test_pod_0s_token_is_taken_and_its_progress_shows_in_the_status(kubeconfig, site):
+    answer = send(site, token_of(kubeconfig, site, "alpha-0"), progress(12))
+    assert answer[0] == 200, answer
+    job = wait_for_job(kubeconfig, site["ns"], "alpha",
+                       lambda j: (j.get("status", {}).get("progress") or {}).get("step") == 12,
+                       timeout=30, description="the reported progress in the job's status")
+    assert job["status"]["progress"]["summary"] == "12/40 (30%)"
+
+
+def test_forged_and_unauthenticated_reports_are_refused_and_change_nothing(kubeconfig, site):
+    """Each refused report leaves the status as it was: the next write, of pod 0's next step,
+    is the first the operator makes."""
+    ns = site["ns"]
+    wait_for_job(kubeconfig, ns, "alpha", lambda j: (j.get("status", {}).get("progress") or {})
+                 .get("step") == 12, timeout=30, description="the first report")
+    with progress_writes(kubeconfig, ns, "alpha") as steps:
+        send_refused(kubeconfig, site)
+        assert send(site, token_of(kubeconfig, site, "alpha-0"), progress(13))[0] == 200
+        wait_for_job(kubeconfig, ns, "alpha", lambda j: j["status"]["progress"]["step"] == 13,
+                     timeout=progress_write_seconds(kubeconfig) + 20,
+                     description="pod 0's next step written")
+    assert steps == ["12", "13"], steps
+
+
+def send_refused(kubeconfig: str, site: dict) -> None:
+    ns, other = site["ns"], site["other"]
+    refused = {
+        "a pod of another job": (token_of(kubeconfig, site, "beta-0"), 403),
+        "pod 1 sending progress": (token_of(kubeconfig, site, "alpha-1"), 403),
+        "alpha-0 of another namespace": (token_of(kubeconfig, site, "alpha-0", other), 403),
+        "a token whose signature was changed": (token_of(kubeconfig, site, "alpha-0")[:-4]
+                                                + "AAAA", 401),
+        "the pod's token for the API server": (
+            token_of(kubeconfig, site, "alpha-0", audience=None), 401),
+        "a token bound to no pod": (pod_token(kubeconfig, ns, None), 401),
+        "no token": (None, 401),
+    }
+    for why, (token, code) in refused.items():
+        answer = send(site, token, progress(999))
+        assert answer[0] == code, (why, answer)
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), b"{not json")[0] == 400
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), b"x" * (MAX_BODY_BYTES + 1))[0] \
+        == 413
+    assert send(site, token_of(kubeconfig, site, "alpha-0"), progress(999), job="nope")[0] \
+        == 404
+
+
+def test_a_token_of_a_pod_deleted_and_created_again_is_refused(kubeconfig, site):
+    ns = site["ns"]
+    old = token_of(kubeconfig, site, "beta-0")
+    kubectl("-n", ns, "delete", "pod", "beta-0", "--wait=true", kubeconfig=kubeconfig)
+    wait_for(lambda: pod_uid(kubeconfig, ns, "beta-0") not in ("", site["uids"][(ns, "beta-0")]),
+             timeout=90, description="beta-0 created again")
+    answer = send(site, old, progress(5), job="beta")
+    assert answer[0] in (401, 403), answer  # the API server no longer vouches for it, or the
+    assert "progress" not in status_of(kubeconfig, ns, "beta")  # operator sees the old uid
+
+
 def test_a_sustained_flood_writes_progress_at_most_once_per_interval(kubeconfig, site):
-    """Pod 0 reporting a new step every 0.3 s for 2 intervals: the operator takes what its rate
-    limit lets through (a new step each time) and still writes status.progress at most once per
-    PROGRESS_WRITE_SECONDS, the newest step last."""
-    token, seconds = token_of(kubeconfig, site, "alpha-0"), 2 * PROGRESS_WRITE_SECONDS
-    time.sleep(CALLER_BURST / CALLER_RATE)  # the bucket the previous test emptied, full again
+    """Pod 0 reporting a new step every 0.3 s for 2 intervals (the deployed operator's progress
+    write interval): the operator takes what its rate limit lets through (a new step each time)
+    and still writes status.progress at most once per interval, the newest step last, within an
+    interval of it."""
+    interval = progress_write_seconds(kubeconfig)
+    token = token_of(kubeconfig, site, "alpha-0")
     with progress_writes(kubeconfig, site["ns"], "alpha") as steps:
         started, step, taken = time.monotonic(), 100, []
-        while time.monotonic() - started < seconds:
+        while time.monotonic() - started < 2 * interval:
             step += 1
             if send(site, token, progress(step))[0] == 200:
                 taken.append(str(step))
             time.sleep(0.3)
-        time.sleep(PROGRESS_WRITE_SECONDS + 3)  # the last one held back is written
-    assert len(taken) > 2 * seconds / PROGRESS_WRITE_SECONDS, taken  # far more than allowed
+        wait_for_job(kubeconfig, site["ns"], "alpha",
+                     lambda j: j["status"]["progress"]["step"] == int(taken[-1]),
+                     timeout=interval + 10, description="the last step held back, written")
+        elapsed = time.monotonic() - started
+    assert len(taken) > 2 * elapsed / interval, taken  # far more than one per interval
     writes = steps[1:]  # the first is the job as the watch found it
     assert writes and writes[-1] == taken[-1], (writes, taken)
-    assert len(writes) <= seconds / PROGRESS_WRITE_SECONDS + 2, (writes, taken)
+    assert len(writes) <= elapsed / interval + 1, (writes, taken, elapsed)
+
+
+def test_a_flood_from_one_pod_is_throttled_with_retry_after(kubeconfig, site):
+    token = token_of(kubeconfig, site, "alpha-0")
+    answers = [send(site, token, progress(13 + i)) for i in range(25)]
+    throttled = [a for a in answers if a[0] == 429]
+    assert throttled and all(a[2] and int(a[2]) >= 1 for a in throttled), answers
+    assert {a[0] for a in answers} <= {200, 429}
 
 
 def test_the_endpoints_token_is_refused_by_the_api_server_and_pods_may_not_patch_pods(

@@ -603,3 +603,38 @@ def test_submit_of_the_multi_node_template_takes_its_topology_from_the_yaml():
     assert code == 0, err
     spec = json.loads(out)["items"][1]["spec"]
     assert not {"numNodes", "numProcPerNode", "masterPort"} & set(spec)
+
+
+# ---- job text is printed, never acted on ----------------------------------------------------
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\x9b31m[/bold] [red]x\u202e\r"
+SHOWN = "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m[/bold] [red]x\\u202e\\x0d"
+
+
+def test_every_printer_shows_job_text_escaped_and_never_as_markup():
+    """What pods and users wrote reaches status, describe, the tables and the live view with its
+    escape codes written out and its brackets as they are (a `[/bold]` would otherwise be a rich
+    closing tag that raises)."""
+    from datetime import datetime, timezone
+
+    from accelerate_job import describe
+
+    hostile = job(progress={**PROGRESS, "summary": HOSTILE}, lastFailure=HOSTILE,
+                  conditions=[{"type": "Running", "status": "True", "reason": "R",
+                               "message": HOSTILE}],
+                  trainer={"versions": {"accelerate": HOSTILE}}, queue={"name": HOSTILE})
+    now = datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc)
+    events = [{"type": "Warning", "reason": "ProcessFailed", "message": HOSTILE}]
+    texts = {
+        "status": render.render_status(hostile),
+        "wide": render.render_wide_status(hostile),
+        "view": render.to_text(render.status_view(hostile), width=400),
+        "table": render.render_table([hostile], now, bars=True, wide=True),
+        "describe": describe.render_describe(hostile, [], events, now),
+    }
+    for name, text in texts.items():
+        assert not any(ord(c) < 32 and c not in "\n\t" or 0x7f <= ord(c) <= 0x9f
+                       or c == "\u202e" for c in text), name
+    for name in ("status", "wide", "view", "describe"):
+        assert SHOWN in texts[name], name
+    assert "[/bold] [red]x" in texts["table"]
+    assert texts["describe"].count(SHOWN) == 4  # the message, the condition, the failure, the event

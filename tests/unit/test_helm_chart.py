@@ -26,11 +26,12 @@ RELEASE = "accelerate-operator"
 NAMESPACE = "accelerate-system"
 
 # What the operator may do, and nothing more (no Secrets but its own TLS Secret in its own
-# namespace, nothing cluster-wide of its own but TokenReviews).
+# namespace, nothing cluster-wide of its own but the service-account issuer's public keys).
 READ = {"get", "list", "watch"}
 NAMESPACED_RULES = {
-    ("accelerate-operator.io", "acceleratejobs"): READ | {"patch", "update", "delete"},
-    ("accelerate-operator.io", "acceleratejobs/status"): {"get", "patch", "update"},
+    # kopf writes nothing to a job; the operator deletes finished ones (TTL)
+    ("accelerate-operator.io", "acceleratejobs"): READ | {"delete"},
+    ("accelerate-operator.io", "acceleratejobs/status"): {"patch"},  # one merge patch a pass
     # blockOwnerDeletion on the children (OwnerReferencesPermissionEnforcement)
     ("accelerate-operator.io", "acceleratejobs/finalizers"): {"update"},
     # patch: the run-attempt annotation (restart in place); no Role or RoleBinding per job
@@ -38,16 +39,17 @@ NAMESPACED_RULES = {
     ("", "pods/log"): {"get"},  # the trainer's versions and the logs archived before a restart
     ("", "services"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},  # + the CA bundle
-    ("", "events"): {"create", "patch"},
+    ("", "events"): {"create"},
     # spec.runPolicy.podDisruptionBudget: one budget per job, owned by it
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create"},
-    ("events.k8s.io", "events"): {"create", "patch"},
     ("kopf.dev", "kopfpeerings"): READ | {"create", "patch"},  # kopf's peering per namespace
 }
 # Nodes by name (is a pod's node lost?); with kueue.enabled, Kueue's flavors and priority classes.
-# The report endpoint's TokenReviews of the pods' tokens.
+# The report endpoint reads the API server's service-account keys (OIDC discovery) to check the
+# pods' tokens itself: no TokenReview.
 CLUSTER_ONLY_RULES = {("", "nodes"): {"get"},
-                      ("authentication.k8s.io", "tokenreviews"): {"create"}}
+                      ("", "/.well-known/openid-configuration"): {"get"},
+                      ("", "/openid/v1/jwks"): {"get"}}
 REPORT_TLS_ROLE = f"{RELEASE}-report-endpoint"
 # An operator of every namespace peers through one ClusterKopfPeering.
 CLUSTER_WIDE_PEERING = {("kopf.dev", "clusterkopfpeerings"): READ | {"create", "patch"}}
@@ -115,7 +117,9 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role.get("rules", []):
         assert not rule.get("resourceNames"), "rules are per resource, not per object name"
-        for group in rule["apiGroups"]:
+        for url in rule.get("nonResourceURLs", []):
+            out.setdefault(("", url), set()).update(rule["verbs"])
+        for group in rule.get("apiGroups", []):
             for resource in rule["resources"]:
                 out.setdefault((group, resource), set()).update(rule["verbs"])
     return out
@@ -329,11 +333,15 @@ def test_the_report_endpoint_has_a_service_and_the_operator_knows_its_url(helm):
         "fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["ACCELERATE_OPERATOR_POD_NAME"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.name"}}
-    moved = operator_container(render(helm, "reports.port=9443"))
-    assert {e["name"]: e.get("value") for e in moved["env"]}[
-        "ACCELERATE_OPERATOR_REPORT_URL"].endswith(".svc:9443")
+    assert env["ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS"]["value"] == "10"
+    moved = operator_container(render(helm, "reports.port=9443",
+                                      "reports.progressWriteSeconds=2"))
+    moved_env = {e["name"]: e.get("value") for e in moved["env"]}
+    assert moved_env["ACCELERATE_OPERATOR_REPORT_URL"].endswith(".svc:9443")
+    assert moved_env["ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS"] == "2"
     assert not [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    for bad in ("reports.port=8080", "reports.port=0", "reports.prot=1"):
+    for bad in ("reports.port=8080", "reports.port=0", "reports.prot=1",
+                "reports.progressWriteSeconds=0"):
         done = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad)
         assert done.returncode != 0, f"--set {bad} was accepted"
 

@@ -57,6 +57,7 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
         },
         "spec": {
             "hostname": "train-1",
+            "automountServiceAccountToken": False,
             "subdomain": "train",
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 120,
@@ -281,9 +282,10 @@ def test_without_in_place_restarts_pod_0_alone_reports_with_a_token_for_the_endp
     assert first["metadata"]["annotations"] == {}
 
 
-def test_no_service_account_token_of_the_api_servers_audience_is_added():
-    """Every token we project has the endpoint's audience; the template's automount setting is
-    left as it is (absent: the cluster's default)."""
+def test_no_service_account_token_of_the_api_servers_audience_unless_the_template_asks():
+    """Every token we project has the endpoint's audience, and the API server's own token is
+    not mounted; a template that sets automountServiceAccountToken (true: its training code
+    calls the API) keeps its choice."""
     job = parse_job(JobBuilder("train", "ml").nodes(2).build())
     for index in range(2):
         pod = build_pod(job, index, 0)
@@ -291,7 +293,10 @@ def test_no_service_account_token_of_the_api_servers_audience_is_added():
                   for source in (volume.get("projected") or {}).get("sources", [])
                   if "serviceAccountToken" in source]
         assert tokens == [REPORT_TOKEN["serviceAccountToken"]]
-        assert "automountServiceAccountToken" not in pod["spec"]
+        assert pod["spec"]["automountServiceAccountToken"] is False
+    asking = JobBuilder("train", "ml").build()
+    asking["spec"]["template"]["spec"]["automountServiceAccountToken"] = True
+    assert build_pod(parse_job(asking), 0, 0)["spec"]["automountServiceAccountToken"] is True
 
 
 def test_a_template_that_points_kubeflow_elsewhere_or_turns_it_off_keeps_its_choice():

@@ -146,6 +146,17 @@ def test_backoff_limit_fails_the_job_naming_the_last_failure():
     assert plan.status["restarts"] == 2
 
 
+def test_a_failures_text_is_said_once_in_the_conditions():
+    """The Failed condition carries the failure; the Running condition it clears only names the
+    new phase, not the failure's text again (a pod's message can be KiBs)."""
+    message = "Traceback (most recent call last):\nRuntimeError: " + "x" * 1000
+    plan = step(job(backoffLimit=0), running_status(),
+                [pod("train", 0), pod("train", 1, "Failed", exit_code=1, message=message)])
+    texts = [c["message"] for c in plan.status["conditions"]]
+    assert conditions(plan)["Running"][0] == "False"
+    assert sum(message.strip() in text for text in texts) == 1, texts
+
+
 def test_config_errors_and_permanent_exit_codes_fail_at_once():
     config = step(job(), {"phase": "Running"},
                   [pod("train", 0, "Failed", exit_code=78, message="invalid configuration: x"),
@@ -633,3 +644,14 @@ def test_pod_state_reads_the_attempt_it_runs_and_the_failed_launch_it_reported()
     for report in ('{"exit": {"attempt": "2", "exitCode": 1}}', '{"exit": [1]}', "not json",
                    '{"exit": {"attempt": 2, "exitCode": 0}}', '{"exit": {"attempt": 2}}'):
         assert read_process_exit(report) is None
+
+
+def test_a_containers_own_termination_message_is_kept_printable_and_short():
+    """The kubelet copies the container's last words (its log's tail) into its state: the
+    user's output, escape codes and all."""
+    words = "\x1b[2J\x1b]0;owned\x07" + "x" * 5000 + "\nRuntimeError: boom"
+    state = read_pod_state({"metadata": {"name": "train-1"}, "status": {
+        "phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+            "exitCode": 1, "reason": "Error", "message": words}}}]}})
+    assert state.message.endswith("\nRuntimeError: boom") and len(state.message) == 2048
+    assert "\x1b" not in state.message and "\x07" not in state.message

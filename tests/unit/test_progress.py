@@ -1,18 +1,18 @@
 """Progress: the trainer's `ACCELERATE_PROGRESS {json}` lines (throttled, rank 0 only, ETA from the
 recent step rate), picked out of the output by the supervisor into pod 0's report, and the
 operator's reading of that report (decide.read_progress) into status.progress (at most one write
-per PROGRESS_WRITE_SECONDS); the trainer's library versions, in the same report, into
+per the progress write interval); the trainer's library versions, in the same report, into
 status.trainer once per group. No pod log is read."""
 
 from __future__ import annotations
 
 import io
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from accelerate_operator.decide import (
-    PROGRESS_WRITE_SECONDS,
+    Readings,
     _changed,
     activity,
     build_status_write,
@@ -26,6 +26,8 @@ from accelerate_operator.progress import (
     parse_report,
     progress_changed,
 )
+from accelerate_operator.report_settings import PROGRESS_WRITE_SECONDS
+from accelerate_operator.status import merge_patch
 from accelerate_trainer.contract import MAX_BODY_BYTES
 from accelerate_trainer.progress import ProgressReporter, ProgressTracker, is_reporting_rank
 from accelerate_trainer.versions import read_versions
@@ -303,6 +305,43 @@ def test_progress_is_written_at_most_once_per_interval_however_often_the_pod_rep
                                                  phase="Succeeded")],
                                     clock=16.0, next_write=next_write))
     assert last.progress["step"] == 3
+
+
+def test_progress_writes_leave_the_goodput_ledger_and_the_next_write_of_it_has_the_last_step():
+    """A write of progress alone carries the goodput's totals but not its ledger (the stored
+    one stays, a merge patch); a write that happens anyway (here a restart) brings the ledger up
+    to the step pod 0 last reported, held back or not, so the recovery starts there."""
+    status: dict = {"phase": "Running", "attempt": 1}
+
+    def at(seconds: float) -> datetime:
+        return NOW + timedelta(seconds=seconds)
+
+    def apply(planned: dict, readings: Readings, seconds: float) -> dict:
+        nonlocal status
+        written = build_status_write(status, planned, readings, NOW, at(seconds))
+        status = merge_patch(status, written)
+        return written
+
+    first = apply(status, Readings({"step": 1}, step=1, step_time=at(5)), 5)
+    assert first["goodput"]["ledger"]["lastStep"] == 1  # the job's first ledger: stored
+    for step in (2, 3, 4):
+        written = apply(status, Readings({"step": step}, step=step, step_time=at(10 * step)),
+                        10 * step)
+        assert set(written) == {"progress", "goodput"} and "ledger" not in written["goodput"]
+        assert written["goodput"]["wallSeconds"] == 10 * step  # the totals go on
+    assert status["goodput"]["ledger"]["lastStep"] == 1  # left as it was
+    restart = apply({**status, "phase": "Restarting", "attempt": 2},
+                    Readings(step=5, step_time=at(48)), 50)  # step 5's write held back
+    assert restart["goodput"]["ledger"]["lastStep"] == 5
+    assert restart["goodput"]["lostSeconds"]["recovery"] == 2.0  # from step 5, not step 1
+
+
+def test_a_held_back_step_still_reaches_goodput():
+    body = running_body({"trainer": {"attempt": 1}, "progress": build_progress_status(
+        {"step": 1}, NOW)})
+    step_2 = [rank0(pushed('ACCELERATE_PROGRESS {"step": 2}\n'))]
+    held, _ = read_progress(running(body, step_2, clock=11.0, next_write=20.0))
+    assert held.progress is None and held.step == 2
 
 
 def test_only_pod_0_of_the_current_attempt_reports():

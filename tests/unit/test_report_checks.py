@@ -1,6 +1,6 @@
-"""The report endpoint's decisions, pure: the body's shape, who a TokenReview says the caller
-is, whether that pod may write what it sent, per-caller rates, the TokenReview cache and the
-reports kept per pod."""
+"""The report endpoint's decisions, pure: the body's shape and what of it the job keeps (caps,
+printable text), whether the token's pod is one the operator made for the job and may write what
+it sent, when the job's pass must see a report, per-caller rates and the reports kept per pod."""
 
 from __future__ import annotations
 
@@ -10,14 +10,23 @@ from datetime import datetime, timezone
 import pytest
 from accelerate_operator.pod_state import PodState
 from accelerate_operator.report_checks import (
-    Caller,
+    PASS_NOW,
+    PASS_WHEN_DUE,
+    JobGroup,
     Refused,
-    authorize,
+    job_pod,
+    may_write,
     parse_body,
-    read_caller,
+    pass_for_report,
 )
-from accelerate_operator.report_store import RateLimiter, ReportStore, ReviewCache
-from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_AUDIENCE
+from accelerate_operator.report_store import RateLimiter, ReportStore
+from accelerate_operator.report_tokens import Caller
+from accelerate_trainer.contract import (
+    MAX_BODY_BYTES,
+    MAX_FIELD_CHARS,
+    MAX_MESSAGE_CHARS,
+    printable_text,
+)
 
 JOB_UID = "job-uid"
 KEY = ("ml", "train")
@@ -70,44 +79,67 @@ def test_a_malformed_or_oversized_body_is_refused_naming_what_is_wrong(raw, code
 
 def test_valid_bodies_say_what_they_carry():
     progress = parse_body(body(**PROGRESS))
-    assert progress.progress and not progress.exit and progress.trainer_status is None
+    assert progress.progress and progress.trainer_status is None
     failed = parse_body(body(**EXIT))
-    assert failed.exit and not failed.progress  # nulls are not progress
+    assert failed.report["exit"]["message"] == "boom" and not failed.progress  # nulls: none
     kubeflow = parse_body(body(**KUBEFLOW))
     assert kubeflow.progress and kubeflow.trainer_status.metrics["current_step"] == 3
     cleared = parse_body(body(acceleratePodReport={"progress": None, "lastOutputTime": None,
                                                    "attempt": 1}))
-    assert not cleared.progress and not cleared.exit
+    assert not cleared.progress and "exit" not in cleared.report
 
 
-# ---- the caller ----------------------------------------------------------------------------
-def review(**changes):
-    status = {"authenticated": True, "audiences": [REPORT_AUDIENCE],
-              "user": {"username": "system:serviceaccount:ml:default", "extra": {
-                  "authentication.kubernetes.io/pod-name": ["train-0"],
-                  "authentication.kubernetes.io/pod-uid": ["uid-0"]}}}
-    status.update(changes)
-    return status
+def test_a_body_nested_past_the_parser_is_refused_not_an_error():
+    for raw in (b"[" * 60_000, b'{"acceleratePodReport": ' + b"[" * 60_000):
+        with pytest.raises(Refused) as refused:
+            parse_body(raw)
+        assert refused.value.code == 400
 
 
-def test_a_pod_bound_token_of_the_endpoints_audience_names_its_pod():
-    assert read_caller(review()) == Caller("ml", "train-0", "uid-0")
+def test_whatever_a_pod_sends_its_report_keeps_only_what_the_operator_reads_small_and_printable():
+    escapes = "\x1b[2J\x1b]0;owned\x07\u202eevil\r"
+    message = "Traceback\n" + "x" * 40_000 + escapes + "\nRuntimeError: boom\tend"
+    report = parse_body(body(acceleratePodReport={
+        "attempt": 0, "injected": "y" * 10_000,
+        "progress": {"step": 3, "loss": 10 ** 400, "note": "z" * 5000,
+                     "metrics": {f"m{i}\x1b[31m": i for i in range(100)}},
+        "versions": {"torch": "2.9\x1b[2J", **{f"lib{i}": "1.0" for i in range(40)}},
+        "exit": {"attempt": 0, "exitCode": 137, "message": message,
+                 "rootCause": escapes + "r" * 5000, "signal": "SIG" * 100, "reason": "Hacked",
+                 "rank": 1, "extra": "e" * 1000}})).report
+    ended = report["exit"]
+    assert ended["message"].endswith("\nRuntimeError: boom end")
+    assert len(ended["message"]) == MAX_MESSAGE_CHARS and ended["message"].startswith("[...]")
+    assert ended["rootCause"].startswith("[2J]0;ownedevil")
+    assert len(ended["rootCause"]) == MAX_MESSAGE_CHARS and len(ended["signal"]) == MAX_FIELD_CHARS
+    assert set(ended) == {"attempt", "exitCode", "message", "rootCause", "signal", "rank"}
+    assert set(report) == {"attempt", "progress", "exit", "versions"}
+    assert len(report["versions"]) == 16 and report["versions"]["torch"] == "2.9[2J"
+    assert report["progress"]["step"] == 3 and "loss" not in report["progress"]
+    assert len(report["progress"]["metrics"]) == 16
+    texts = [ended["message"], ended["rootCause"], ended["signal"], *report["progress"]["metrics"],
+             *report["versions"], *report["versions"].values()]
+    assert not any(ord(c) < 32 and c != "\n" or c in "\x7f\x9b\u202e" for t in texts for c in t)
+    assert len(json.dumps(report).encode()) < 2 * MAX_MESSAGE_CHARS + 1024
 
 
-@pytest.mark.parametrize("status", [
-    {}, None, review(authenticated=False),
-    review(audiences=["https://kubernetes.default.svc.cluster.local"]),  # the API server's
-    review(user={"username": "system:serviceaccount:ml:default", "extra": {}}),  # no pod
-    review(user={"username": "alice", "extra": review()["user"]["extra"]}),
+@pytest.mark.parametrize("text, limit, keep_end, cleaned", [
+    ("plain\nlines", 100, False, "plain\nlines"),
+    ("\x1b[31mred\x1b[0m\ttab\r\n", 100, False, "[31mred[0m tab\n"),
+    ("\x9b2J\u2066x\ud800", 100, False, "2Jx"),
+    ("abcdefghij", 8, False, "abc[...]"),
+    ("abcdefghij", 8, True, "[...]hij"),
 ])
-def test_any_other_token_names_no_one(status):
-    assert read_caller(status) is None
+def test_text_is_cut_to_its_cap_and_loses_its_control_characters(text, limit, keep_end,
+                                                                 cleaned):
+    assert printable_text(text, limit, keep_end) == cleaned
 
 
 # ---- who may write what --------------------------------------------------------------------
-def allowed(caller, document, pods=PODS, group=0, namespace="ml"):
-    return authorize(caller, namespace, "train", JOB_UID, group, pods,
-                     parse_body(body(**document)))
+def allowed(caller, document, pods=PODS, group=0, namespace="ml", nodes=2):
+    pod = job_pod(caller, namespace, "train", JobGroup(JOB_UID, group, nodes, pods))
+    may_write(pod, parse_body(body(**document)), "train")
+    return pod
 
 
 def refused(*args, **kwargs) -> str:
@@ -117,34 +149,62 @@ def refused(*args, **kwargs) -> str:
     return str(caught.value)
 
 
+def caller(namespace: str, name: str, uid: str) -> Caller:
+    return Caller(namespace, name, uid, expires=0.0)
+
+
 def test_pod_0_may_send_progress_and_any_pod_of_the_current_group_a_failed_launch():
-    assert allowed(Caller("ml", "train-0", "uid-0"), PROGRESS).name == "train-0"
-    assert allowed(Caller("ml", "train-0", "uid-0"), KUBEFLOW).name == "train-0"
-    assert allowed(Caller("ml", "train-1", "uid-1"), EXIT).name == "train-1"
+    assert allowed(caller("ml", "train-0", "uid-0"), PROGRESS).name == "train-0"
+    assert allowed(caller("ml", "train-0", "uid-0"), KUBEFLOW).name == "train-0"
+    assert allowed(caller("ml", "train-1", "uid-1"), EXIT).name == "train-1"
 
 
 def test_progress_from_another_pod_than_0_is_forbidden():
-    assert "only from pod 0" in refused(Caller("ml", "train-1", "uid-1"), PROGRESS)
-    assert "only from pod 0" in refused(Caller("ml", "train-1", "uid-1"), KUBEFLOW)
+    assert "only from pod 0" in refused(caller("ml", "train-1", "uid-1"), PROGRESS)
+    assert "only from pod 0" in refused(caller("ml", "train-1", "uid-1"), KUBEFLOW)
 
 
-def test_a_pod_of_another_job_another_namespace_or_an_old_uid_is_forbidden():
-    assert "no pod of job ml/train" in refused(Caller("ml", "other-0", "uid-other"), PROGRESS)
-    assert "namespace team-b" in refused(Caller("team-b", "train-0", "uid-0"), PROGRESS)
+def test_a_pod_of_another_job_or_an_old_uid_is_forbidden():
+    nobody = "no live pod of AccelerateJob ml/train"
+    assert nobody in refused(caller("ml", "other-0", "uid-other"), PROGRESS)
     # train-0 deleted and created again: a token bound to the old one names the old uid
-    assert "no pod of" in refused(Caller("ml", "train-0", "uid-0-before"), PROGRESS)
+    assert nobody in refused(caller("ml", "train-0", "uid-0-before"), PROGRESS)
     # the uid of train-0 with the name of another pod: never both from one token, still no
-    assert "no pod of" in refused(Caller("ml", "train-1", "uid-0"), PROGRESS)
+    assert nobody in refused(caller("ml", "train-1", "uid-0"), PROGRESS)
+
+
+def test_an_impostor_with_the_jobs_labels_and_owner_is_not_the_jobs_pod():
+    """A namespace member's pod with the job's labels and a controller ownerReference to the
+    job (anyone who may create pods may write both) under a name the operator does not give,
+    or an index past the job's nodes."""
+    impostors = [(JOB_UID, PodState(name="train-impostor", index=0, attempt=0, phase="Running",
+                                    uid="uid-x")),
+                 (JOB_UID, PodState(name="train-5", index=5, attempt=0, phase="Running",
+                                    uid="uid-5"))]
+    assert "no live pod" in refused(caller("ml", "train-impostor", "uid-x"), EXIT,
+                                    PODS + impostors)
+    assert "no live pod" in refused(caller("ml", "train-5", "uid-5"), EXIT, PODS + impostors)
+
+
+def test_a_caller_of_another_namespace_learns_nothing_of_the_jobs_there():
+    stranger = caller("team-b", "train-0", "uid-0")
+    with pytest.raises(Refused) as missing:
+        job_pod(stranger, "ml", "nope", None)
+    exists = refused(stranger, PROGRESS)
+    assert (missing.value.code, str(missing.value).replace("nope", "train")) == (403, exists)
+    with pytest.raises(Refused) as own:
+        job_pod(caller("ml", "train-0", "uid-0"), "ml", "nope", None)
+    assert own.value.code == 404  # in its own namespace, a missing job is said
 
 
 def test_a_pod_going_away_or_of_an_earlier_group_is_forbidden():
     ending = [(JOB_UID, pod(0, "uid-0", deleting=True))]
-    assert "no longer live" in refused(Caller("ml", "train-0", "uid-0"), PROGRESS, ending)
-    assert "not of the current group" in refused(Caller("ml", "train-1", "uid-1"), EXIT,
+    assert "no longer live" in refused(caller("ml", "train-0", "uid-0"), PROGRESS, ending)
+    assert "not of the current group" in refused(caller("ml", "train-1", "uid-1"), EXIT,
                                                  group=1)
 
 
-# ---- rates and the TokenReview cache ---------------------------------------------------------
+# ---- rates ---------------------------------------------------------------------------------
 def test_a_caller_gets_its_burst_then_one_request_per_second_and_others_are_not_slowed():
     limiter = RateLimiter(rate=1.0, burst=3)
     assert [limiter.take("a", 0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
@@ -160,19 +220,6 @@ def test_the_limiter_keeps_a_bounded_number_of_callers():
         limiter.take(key, 0.0)
     assert limiter.take("a", 0.0) == 0.0  # forgotten: a full bucket again
     assert limiter.take("c", 0.0) > 0
-
-
-def test_reviews_are_cached_for_their_ttl_refusals_shorter_and_the_cache_is_bounded():
-    cache = ReviewCache(ttl=60, negative_ttl=10, max_entries=2)
-    cache.put("good", Caller("ml", "train-0", "uid-0"), now=0)
-    cache.put("bad", None, now=0)
-    assert cache.get("good", 59) == (True, Caller("ml", "train-0", "uid-0"))
-    assert cache.get("bad", 9) == (True, None)
-    assert cache.get("bad", 10) == (False, None)
-    assert cache.get("good", 60) == (False, None)
-    for digest in ("x", "y", "z"):
-        cache.put(digest, None, now=100)
-    assert len(cache) == 2
 
 
 # ---- the reports kept --------------------------------------------------------------------
@@ -217,3 +264,28 @@ def test_reports_go_with_their_pod_and_their_job():
     assert store.text("uid-1") is None and len(store) == 1
     store.forget_pod(("ml", "other"), "uid-other")
     assert len(store) == 0
+
+
+# ---- when the pass sees a report -----------------------------------------------------------
+def report(**fields) -> str:
+    return json.dumps({"attempt": 0, "lastOutputTime": "2026-01-01T00:00:00Z", **fields})
+
+
+STEP_3 = report(progress={"step": 3}, progressTime="2026-01-01T00:00:00Z")
+FAILED = report(exit={"attempt": 0, "exitCode": 1, "message": "boom"})
+
+
+@pytest.mark.parametrize("before, after, when", [
+    (None, report(), None),  # a first sign of life: the stall check's timer reads it
+    (report(), report(lastOutputTime="2026-01-01T00:00:09Z"), None),
+    (report(), STEP_3, PASS_NOW),  # the attempt's first step ends its startup
+    (None, STEP_3, PASS_NOW),
+    (STEP_3, report(progress={"step": 4}, progressTime="2026-01-01T00:00:08Z"), PASS_WHEN_DUE),
+    (STEP_3, STEP_3.replace('00:00Z"}', '00:09Z"}'), None),  # the same step, alive
+    (STEP_3, report(progress={"step": 3}, versions={"torch": "2.9.0"}), PASS_WHEN_DUE),
+    (STEP_3, FAILED, PASS_NOW),  # a failed launch: restart in place, or count it
+    (FAILED, report(attempt=1), PASS_NOW),  # withdrawn: another attempt runs
+    (STEP_3, report(attempt=1, progress={"step": 3}), PASS_NOW),
+])
+def test_a_report_runs_the_pass_at_once_only_when_it_changes_a_decision(before, after, when):
+    assert pass_for_report(before, after) == when

@@ -107,18 +107,24 @@ def test_settings_default_to_the_charts_shape_in_the_operators_namespace():
     assert (settings.port, settings.namespace) == (8443, "ops")
     assert settings.secret == "accelerate-operator-report-tls"
     assert settings.names[2] == "accelerate-operator.ops.svc"
+    assert settings.progress_write_seconds == 10.0
     chart = read_report_settings({"ACCELERATE_OPERATOR_REPORT_URL": "https://rel.team.svc:9443",
                                   "ACCELERATE_OPERATOR_REPORT_PORT": "0",
                                   "ACCELERATE_OPERATOR_POD_NAMESPACE": "team",
-                                  "ACCELERATE_OPERATOR_REPORT_SECRET": "rel-tls"})
+                                  "ACCELERATE_OPERATOR_REPORT_SECRET": "rel-tls",
+                                  "ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS": "1.5"})
     assert (chart.port, chart.secret, chart.endpoint.base_url) == (0, "rel-tls",
                                                                   "https://rel.team.svc:9443")
+    assert chart.progress_write_seconds == 1.5
 
 
 @pytest.mark.parametrize("env, words", [
     ({"ACCELERATE_OPERATOR_REPORT_URL": "http://op.ns.svc:8443"}, "REPORT_URL"),
     ({"ACCELERATE_OPERATOR_REPORT_URL": "https://op.ns.svc:8443/x"}, "REPORT_URL"),
     ({"ACCELERATE_OPERATOR_REPORT_PORT": "eighty"}, "REPORT_PORT"),
+    ({"ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS": "0"}, "PROGRESS_WRITE_SECONDS='0': give"),
+    ({"ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS": "10s"}, "PROGRESS_WRITE_SECONDS='10s'"),
+    ({"ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS": "nan"}, "above 0"),
 ])
 def test_bad_settings_name_the_variable(env, words):
     with pytest.raises(ValueError, match=words):

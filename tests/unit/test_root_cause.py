@@ -101,3 +101,16 @@ def test_an_oom_kill_without_a_record_still_says_out_of_memory():
 
 def test_the_report_leaves_out_what_is_not_known():
     assert cause("import_error").report().keys() == {"rootCause", "rank"}
+
+
+def test_a_rank_that_lost_its_peer_says_so_as_a_symptom_not_a_cause():
+    """Pod 0 of a 2-pod job whose rank 1 died: its own launcher sees only rank 0, which failed
+    on gloo's closed connection (the captured failure, as pod 0 records it)."""
+    survivor = next(f for f in record("exception_in_rank_1")["failures"] if f["rank"] == 0)
+    found = root_cause.from_launch({"failures": [{**survivor, "signal": None}]})
+    assert (found.rank, found.reason) == (0, root_cause.PEER_LOST)
+    assert found.text.startswith("rank 0 lost a peer (another rank, or its pod, failed first): "
+                                 "RuntimeError: ")
+    # killed for memory itself: that is the cause, whatever its error said
+    assert root_cause.from_launch({"failures": [survivor]}, oom_kills=1).reason == \
+        root_cause.OOM_KILLED

@@ -378,3 +378,32 @@ def test_the_termination_message_puts_the_root_cause_first(tmp_path):
     log.write_text("")
     write_termination_message(termination_text(RootCause("KeyError: 'labels'"), "the tail"), log)
     assert log.read_text().splitlines() == ["KeyError: 'labels'", "", "the tail"]
+
+
+def test_a_launch_that_only_lost_a_peer_lets_the_other_pods_report_first(tmp_path, monkeypatch):
+    """In a job of several pods, a launch that failed because a peer went away waits before it
+    reports (the pod whose rank died goes first), and is no news once the operator moved on; in
+    a job of one pod, or for a failure of its own, nothing waits."""
+    from accelerate_trainer import root_cause as causes
+    from accelerate_trainer import supervise as module
+
+    monkeypatch.setattr(module, "PEER_SETTLE_SECONDS", 0.6)
+    attempt_file = tmp_path / "attempt"
+    attempt_file.write_text("0")
+    lost = causes.RootCause("rank 0 lost a peer", 0, None, causes.PEER_LOST)
+
+    def supervisor(nodes: str, cause) -> module.Supervisor:
+        made = module.Supervisor(module.Launch(["x"], {"NUM_NODES": nodes}), 0,
+                                 module.Attempts(str(attempt_file)))
+        made.cause = cause
+        return made
+
+    started = time.monotonic()
+    assert supervisor("2", lost).settle(0) is None
+    assert time.monotonic() - started >= 0.6  # waited the settle time
+    started = time.monotonic()
+    assert supervisor("1", lost).settle(0) is None
+    assert supervisor("2", causes.RootCause("ValueError: boom", 1)).settle(0) is None
+    assert time.monotonic() - started < 0.1
+    attempt_file.write_text("1")  # the operator restarted the group meanwhile
+    assert supervisor("2", lost).settle(0) == 1

@@ -98,10 +98,37 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # first failing rank's own error line and the traceback lines above it, python's own line for a
 # script it could not open, "out of memory: ..." with the limit, or "the rendezvous did not
 # complete ..."), "rank" (that rank's global rank), "signal" ("SIGKILL"... when a signal ended
-# it), "reason" (EXIT_REASONS: OOMKilled, RendezvousTimeout, RendezvousFailed), "oomKills" (OOM
+# it), "reason" (EXIT_REASONS: OOMKilled, RendezvousTimeout, RendezvousFailed, PeerLost: the
+# rank failed only because another rank went away under it), "oomKills" (OOM
 # kills the container's cgroup counted during the launch) and "memoryLimitBytes" (its limit).
+# What the operator keeps of a report it takes: these fields only (of `progress`, step,
+# total_steps, epoch, loss, samples_per_second, eta_seconds and up to 16 `metrics`; up to 16
+# `versions`), numbers finite, `exit.message` cut to its last MAX_MESSAGE_CHARS characters and
+# `exit.rootCause` to its first, every other string to MAX_FIELD_CHARS, control characters but
+# the newline dropped (accelerate_operator.report_checks).
 EXIT_ROOT_CAUSE_FIELDS = ("rootCause", "rank", "signal", "reason", "oomKills", "memoryLimitBytes")
-EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed")
+EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed", "PeerLost")
+MAX_MESSAGE_CHARS = 2048
+MAX_FIELD_CHARS = 128
+# Control characters (C0 but newline and tab, DEL, C1), bidirectional overrides and lone
+# surrogates: a terminal would act on them, or they would print other text than they hold.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable_text(value: str, limit: int, keep_end: bool = False) -> str:
+    """`value` as the job keeps text a pod wrote: UNPRINTABLE dropped, a tab a space, at most
+    `limit` characters: its start, or with `keep_end` its end (a log's last lines say most),
+    marked `[...]` where cut."""
+    text = UNPRINTABLE.sub("", value.replace("\t", " "))
+    if len(text) <= limit:
+        return text
+    mark = "[...]"
+    return mark + text[-(limit - len(mark)):] if keep_end else text[:limit - len(mark)] + mark
+
+
+# The trainer's own budget for one report (supervise.encode cuts its metrics to fit); the
+# endpoint does not check it: its caps above and MAX_BODY_BYTES are what holds.
+MAX_REPORT_BYTES = 4096
 # ---- in-place restarts: the attempt a pod's processes run, set by the operator ----
 # The operator writes RUN_ATTEMPT_ANNOTATION on every pod of the group (the creation's attempt
 # first); the downward API mounts it at REPORT_DIR/RUN_ATTEMPT_FILE, where the supervisor sees a
@@ -121,9 +148,11 @@ RUN_ATTEMPT_FILE = "attempt"
 # ENV_KUBEFLOW_URL/TOKEN/CA pointing at the same endpoint), and/or our extension
 # {REPORT_BODY_KEY: <the report object above>}. Answers: 200 taken; 400 malformed; 401 no or
 # bad token; 403 a token of a pod that may not write this (not a live pod of the job, progress
-# not from pod 0, an exit not from the current attempt); 404 no such job; 413 too large; 429
-# too often (Retry-After); 503 not the active replica (Retry-After). The pod retries 429/503
-# and connection errors; an `exit` report is retried until answered 200.
+# not from pod 0, an exit not from the current attempt; a pod of another namespace, whether the
+# job exists or not); 404 no such job (in the pod's own namespace); 408 the body came too
+# slowly; 413 too large; 429 too often (Retry-After); 503 not the active replica, or the
+# cluster's keys not readable yet (Retry-After). Any answer but 200 closes the connection. The
+# pod retries 429/503 and connection errors; an `exit` report is retried until answered 200.
 ENV_REPORT_URL = "ACCELERATE_REPORT_URL"
 REPORT_AUDIENCE = "accelerate-operator.io/report"
 REPORT_CA_KEY = "report-ca.crt"

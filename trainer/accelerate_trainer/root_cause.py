@@ -7,6 +7,11 @@ Which rank failed first: torch's rule (ChildFailedError.get_first_failure, the s
 timestamp), on the microsecond time the hook writes where there is one, and leaving out ranks
 ended by SIGTERM: torchrun's agent stops the survivors of a failed rank with it, so they are
 never the cause while another rank failed on its own.
+
+A rank whose own error is a lost peer (gloo's "Connection closed by peer", NCCL's remote error)
+failed because another rank went away, often in another pod (killed for memory, by a signal):
+that is a symptom, reported with reason PeerLost, so that the pod whose rank died is the one the
+job's failure opens with (supervise.py lets it report first).
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ FRAMES = 2  # traceback frames kept above the error line: the failing call and i
 LIBRARY_PATHS = ("/site-packages/", "/dist-packages/", "/lib/python3")
 MAX_CHARS = 1000
 # Why, when it is known (the report's `reason`; names as Kubernetes and torch say them).
-OOM_KILLED, RENDEZVOUS_TIMEOUT, RENDEZVOUS_FAILED = EXIT_REASONS
+OOM_KILLED, RENDEZVOUS_TIMEOUT, RENDEZVOUS_FAILED, PEER_LOST = EXIT_REASONS
+# What a rank's error says when a peer went away under it (gloo over TCP, NCCL, the TCP store).
+PEER_LOST_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                   "remote process exited", "ncclRemoteError")
 # torch.distributed.elastic.rendezvous' errors (c10d), in the order they are looked for. A static
 # rendezvous is a TCPStore that waits for its peers up to the timeout: pod 0's store raises
 # DistStoreError ("waiting for clients"), another pod's client DistNetworkError (connecting);
@@ -135,6 +143,9 @@ def from_launch(record: Mapping[str, Any] | None, *, oom_kills: int = 0,
             code = failure.get("exitCode")
             text = (f"rank {rank} was killed by {signal}" if signal
                     else f"rank {rank} exited with code {code} and wrote no error")
+        elif any(sign in text.partition("\n")[0] for sign in PEER_LOST_SIGNS):
+            return RootCause(f"rank {rank} lost a peer (another rank, or its pod, failed first): "
+                             f"{text}"[:MAX_CHARS], rank, signal, PEER_LOST)
         return RootCause(text, rank, signal, None, None, None)
     return _launcher_error(record, rendezvous_timeout)
 

@@ -75,6 +75,7 @@ from .contract import (
     ENV_JOB_ATTEMPT,
     ENV_JOB_NAME,
     ENV_NODE_RANK,
+    ENV_NUM_NODES,
     ENV_REPORT_URL,
     MAX_BODY_BYTES,
     PROGRESS_LINE,
@@ -117,6 +118,10 @@ _PREFIX = PROGRESS_PREFIX.encode()
 # ends (the pod then fails, and the operator restarts the whole group as for any failed pod).
 ATTEMPT_POLL_SECONDS = 0.2
 HOLD_SECONDS = 60.0
+# A launch that failed only because a peer went away (root_cause.PEER_LOST) says so this much
+# later, in a job of several pods: the pod whose rank died (killed for memory, by a signal)
+# reports within a second or two, so the job's failure opens with it, not with this symptom.
+PEER_SETTLE_SECONDS = 5.0
 # A failed launch's message: its last lines on stderr.
 TAIL_BYTES, TAIL_LINES, TAIL_CHARS = 8192, 12, 1500
 STDERR = 2
@@ -530,6 +535,21 @@ class Supervisor:
                                       oom_kills=cgroup_memory.kills_between(self.memory, after),
                                       memory_limit=limit, rendezvous_timeout=timeout)
 
+    def settle(self, attempt: int) -> int | None:
+        """After a launch that failed only because a peer went away, in a job of several pods:
+        wait PEER_SETTLE_SECONDS before saying so (the constant's comment). A newer attempt the
+        operator asks for meanwhile is returned: this failure is then no news."""
+        lost = self.cause is not None and self.cause.reason == root_cause.PEER_LOST
+        if not lost or int(self.launch.env.get(ENV_NUM_NODES) or 1) < 2:
+            return None
+        deadline = time.monotonic() + PEER_SETTLE_SECONDS
+        while time.monotonic() < deadline and not self.stopping:
+            newer = self.attempts.newer(attempt) if self.attempts is not None else None
+            if newer is not None:
+                return newer
+            time.sleep(ATTEMPT_POLL_SECONDS)
+        return None
+
     def hold(self, attempt: int, code: int) -> int | None:
         """After a failed launch: report it, then wait for the operator's next attempt (None:
         it did not come within HOLD_SECONDS, or the pod is being stopped)."""
@@ -552,6 +572,7 @@ class Supervisor:
             first = False
             if code:
                 self.cause = self.explain()
+                code = None if self.settle(attempt) is not None else code
             if code is None:  # the operator moved on while this attempt ran
                 stop_orphans()
                 attempt = self.attempts.read() or attempt + 1  # type: ignore[union-attr]

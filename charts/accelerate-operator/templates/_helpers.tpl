@@ -68,54 +68,49 @@ there: the one Secret the operator reads, its report endpoint's TLS, is in its o
 (templates/report-endpoint.yaml).
 */}}
 {{- define "accelerate-operator.namespacedRules" -}}
+# The jobs: watched (kopf writes nothing to them: no finalizer, annotation or diff-base), read
+# by name (the deletion grace check), deleted after spec.runPolicy.ttlSecondsAfterFinished.
 - apiGroups: ["accelerate-operator.io"]
   resources: ["acceleratejobs"]
-  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "delete"]
+# Their status: one merge patch per pass.
 - apiGroups: ["accelerate-operator.io"]
   resources: ["acceleratejobs/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 # Children (pods, the Workload) name their job as owner with blockOwnerDeletion: where the
 # OwnerReferencesPermissionEnforcement admission plugin is on, that needs update on the owner's
 # finalizers.
 - apiGroups: ["accelerate-operator.io"]
   resources: ["acceleratejobs/finalizers"]
   verbs: ["update"]
-# patch: the annotation accelerate-operator.io/run-attempt, which asks a job's pods to launch
-# again in place (spec.runPolicy.restartInPlace).
+# The group's pods: watched (the report endpoint checks each caller against this cache),
+# created, deleted at a restart; patch: the annotation accelerate-operator.io/run-attempt, which
+# asks a job's pods to launch again in place (spec.runPolicy.restartInPlace).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# The head of pod 0's log (the trainer's versions) and the logs archived before a restart.
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
+# The job's headless Service (the pods' DNS names), created once.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create"]
-# patch: the report endpoint's CA bundle (key report-ca.crt) in each job's ConfigMap, when the
-# operator renews its CA.
+# The job's ConfigMap (the accelerate YAML) and its archived logs, created once; patch: the
+# report endpoint's CA bundle (key report-ca.crt) in each job's ConfigMap, when the operator
+# renews its CA. RBAC cannot narrow patch to names made at run time.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# One event per transition (core/v1, what kubectl describe lists; kopf posts none).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 # The PodDisruptionBudget of a job with spec.runPolicy.podDisruptionBudget (owned by the job).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-{{- if include "accelerate-operator.legacyReportRoles" . }}
-# Only while a job's Role `<job>-report` of an operator before the report endpoint exists (an
-# upgrade from it): that operator, still running during the upgrade's rollout, creates each
-# job's Role and RoleBinding again on every pass and takes the 409 for "already there". Without
-# `create` the answer is 403, and it fails the job. This operator never uses it; the next helm
-# upgrade after those jobs are deleted drops it.
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
-  verbs: ["create"]
-{{- end }}
 # kopf's peering between the replicas: the KopfPeering of each watched namespace (created at
 # start-up if missing), its keep-alive records patched, watched to pause or resume.
 - apiGroups: ["kopf.dev"]
@@ -141,11 +136,13 @@ ResourceFlavors and WorkloadPriorityClasses; nothing otherwise (the operator wat
 collections by path: it needs neither CRDs nor namespaces listed).
 */}}
 {{- define "accelerate-operator.clusterRules" -}}
-# The report endpoint checks each pod's token (audience accelerate-operator.io/report) with a
-# TokenReview, which is cluster-scoped.
-- apiGroups: ["authentication.k8s.io"]
-  resources: ["tokenreviews"]
-  verbs: ["create"]
+# The report endpoint checks each pod's token (audience accelerate-operator.io/report) itself,
+# against the public keys the API server publishes for its service-account issuer (OIDC
+# discovery): no TokenReview, no call per token. Kubernetes grants these to every service account
+# (ClusterRoleBinding system:service-account-issuer-discovery); named here for clusters that
+# removed that binding.
+- nonResourceURLs: ["/.well-known/openid-configuration", "/openid/v1/jwks"]
+  verbs: ["get"]
 # The node of a pod that runs but is not Ready, or outlived its deletion's grace period: whether
 # the node is lost (spec.runPolicy.nodeLostTimeoutSeconds). Read by name, never listed.
 - apiGroups: [""]
@@ -164,16 +161,4 @@ collections by path: it needs neither CRDs nor namespaces listed).
   resources: ["resourceflavors", "workloadpriorityclasses"]
   verbs: ["get"]
 {{- end }}
-{{- end }}
-
-{{/*
-"true" when the cluster holds a Role of a job made by an operator before the report endpoint
-(label accelerate-operator.io/job-name, name `<job>-report`), else empty. `lookup` reads the
-cluster at install or upgrade time; helm template and --dry-run see none.
-*/}}
-{{- define "accelerate-operator.legacyReportRoles" -}}
-{{- $roles := lookup "rbac.authorization.k8s.io/v1" "Role" "" "" -}}
-{{- range ($roles.items | default list) -}}
-{{- if and (hasKey (.metadata.labels | default dict) "accelerate-operator.io/job-name") (hasSuffix "-report" .metadata.name) -}}true{{- break -}}{{- end -}}
-{{- end -}}
 {{- end }}

@@ -1,7 +1,7 @@
 """The one module that talks to the API server, for the passes and everything around them (the
 index audit, peering, the report endpoint): create-if-absent, delete, patches, events, reads,
-paged lists, TokenReviews, all through the official `kubernetes` client. Watching is kopf's; this
-module never watches. Everything else is pure and testable without a cluster.
+paged lists, the token issuer's keys, all through the official `kubernetes` client. Watching is
+kopf's; this module never watches. Everything else is pure and testable without a cluster.
 
 The client is synchronous: each call runs on a small thread pool of its own, as many threads as
 the client keeps connections, so the event loop never waits on the network. What the client
@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from accelerate_trainer.contract import REPORT_AUDIENCE, RUN_ATTEMPT_ANNOTATION
+from accelerate_trainer.contract import RUN_ATTEMPT_ANNOTATION
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
@@ -43,13 +43,15 @@ from .errors import ConfigMapMissing, expected, refusal, verb
 from .paths import (
     APPLY,
     COLLECTIONS,
+    JWKS,
     LIST_PAGE,
     MERGE,
     METADATA_ONLY,
+    OPENID_CONFIGURATION,
+    OPENID_KEYS,
     OWNED,
     PEERING_GROUP,
     PEERING_VERSION,
-    TOKEN_REVIEWS,
     workloads,
 )
 from .transport import CONNECTIONS, T, client_configuration, ignore_gone, read_whole
@@ -325,12 +327,10 @@ class Kube:
                                        query={"fieldManager": FIELD_MANAGER}))
 
     # ---- the report endpoint (report_server.py, report_keeper.py, report_presence.py) ------
-    async def review_token(self, token: str) -> dict[str, Any]:
-        """The API server's TokenReview of `token` for REPORT_AUDIENCE: its status."""
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                  "spec": {"token": token, "audiences": [REPORT_AUDIENCE]}}
-        answer = await self.request("POST", TOKEN_REVIEWS, review)
-        return (answer or {}).get("status") or {}
+    async def read_issuer(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The service-account issuer's OIDC discovery document and keys (report_tokens.py)."""
+        configuration = await self.request("GET", OPENID_CONFIGURATION)
+        return configuration or {}, await self.request("GET", OPENID_KEYS, accept=JWKS) or {}
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Secret, its data decoded, or None when there is none."""

@@ -17,7 +17,10 @@ COLLECTIONS = {"ConfigMap": "/api/v1/namespaces/{}/configmaps",
                "Event": "/api/v1/namespaces/{}/events",
                "Secret": "/api/v1/namespaces/{}/secrets"}
 JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{{}}/{PLURAL}"
-TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+# OIDC discovery of the service-account issuer, which every service account may read (the
+# default ClusterRoleBinding system:service-account-issuer-discovery; the chart grants it too).
+OPENID_CONFIGURATION = "/.well-known/openid-configuration"
+OPENID_KEYS = "/openid/v1/jwks"
 PEERING_GROUP, PEERING_VERSION = "kopf.dev", "v1"
 
 # The kinds a job owns, as kopf watches them (group, plural: kopf's resource) and as the index
@@ -33,6 +36,7 @@ OWNED = {
 }
 
 MERGE = "application/merge-patch+json"
+JWKS = "application/jwk-set+json, application/json"
 APPLY = "application/apply-patch+yaml"
 # Lists come in pages: the audit's listing of 10,000 pods is never one 80 MiB response.
 LIST_PAGE = 500

@@ -1,6 +1,8 @@
 """Pod `<job>-<index>`: the user's template plus hostname, the topology env, the config mount,
 the shipped code (spec.code) with a writable workspace, restricted-profile security defaults
-the template does not override, and a termination grace period long enough for a checkpoint."""
+the template does not override (no service-account token for the API server unless the template
+sets automountServiceAccountToken), and a termination grace period long enough for a
+checkpoint."""
 
 from __future__ import annotations
 
@@ -131,15 +133,7 @@ def build_pod(job: JobSpec, index: int, attempt: int, run_attempt: int | None = 
     spec = template.get("spec", {})
     metadata = template.get("metadata") or {}
 
-    spec["hostname"] = pod_name(job.name, index)
-    spec["subdomain"] = service_name(job.name)
-    spec["restartPolicy"] = "Never"
-    spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
-    spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
-    for container in spec["containers"]:
-        container["securityContext"] = _with_defaults(
-            container.get("securityContext"), _container_security_defaults(container)
-        )
+    _set_pod_defaults(job, index, spec)
     trainer = spec["containers"][0]
     _set_trainer_env(job, index, run_attempt, spec, trainer)
     _add_volumes(job, spec, trainer)
@@ -160,6 +154,23 @@ def build_pod(job: JobSpec, index: int, attempt: int, run_attempt: int | None = 
         },
         "spec": spec,
     }
+
+
+def _set_pod_defaults(job: JobSpec, index: int, spec: dict[str, Any]) -> None:
+    """The pod's name in the job's Service, a restart policy of Never, and what the template
+    does not set itself: a grace period, the restricted security profile, no API token."""
+    spec["hostname"] = pod_name(job.name, index)
+    spec["subdomain"] = service_name(job.name)
+    spec["restartPolicy"] = "Never"
+    # No API credential unless the template asks for one (docs/writing-a-job.md): the pod
+    # reports with its own token for the operator's endpoint alone.
+    spec.setdefault("automountServiceAccountToken", False)
+    spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
+    spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
+    for container in spec["containers"]:
+        container["securityContext"] = _with_defaults(
+            container.get("securityContext"), _container_security_defaults(container)
+        )
 
 
 def _add_volumes(job: JobSpec, spec: dict[str, Any], trainer: dict[str, Any]) -> None:
@@ -215,7 +226,7 @@ def _add_report_channel(job: JobSpec, index: int, spec: dict[str, Any],
     """The pod reports to the operator's endpoint (accelerate_trainer.supervise): its URL, and a
     volume on the trainer container only with a token bound to this pod whose audience is the
     endpoint's (REPORT_AUDIENCE: the API server refuses it, so the container gets no API
-    credential from us; automountServiceAccountToken stays as the template sets it), the CA that
+    credential from us; build_pod turns the API token off unless the template asks), the CA that
     signed the endpoint's certificate (from the job's ConfigMap) and, with in-place restarts,
     the attempt the operator wants run (the downward API, refreshed by the kubelet within about
     0.2 s of the operator's write). Pod 0 also points transformers' KubeflowCallback there."""
