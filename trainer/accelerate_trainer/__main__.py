@@ -37,10 +37,11 @@ from .contract import (
     CONFIG_ERROR_EXIT_CODE,
     ENV_CHECKPOINT_DIR,
     ENV_CONFIG_FILE,
+    ENV_GRADIENT_ACCUMULATION,
     REQUIREMENTS_EXIT_CODE,
     format_trainer_info_line,
 )
-from .deepspeed_checks import parse_deepspeed_json
+from .deepspeed_checks import check_accumulation_from_env, parse_deepspeed_json
 from .error_files import launch_env as hook_env
 from .fast_exit import ENV_FAST_EXIT
 from .ignored import check_in_pod, probe_hardware
@@ -106,6 +107,9 @@ def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None,
                    master_port=topology.master_port, deepspeed_json=deepspeed_json,
                    deepspeed_source=deepspeed_source, fsdp_names=schema.fsdp)
     dtype = distributed_type(config)
+    if topology.gradient_accumulation is not None and dtype == "DEEPSPEED":
+        check_accumulation_from_env(deepspeed_json, topology.gradient_accumulation,
+                                    ENV_GRADIENT_ACCUMULATION, deepspeed_source)
     if str(config.get("mixed_precision")).lower() == "fp8" and (
             is_cpu_job(config) or visible_gpus == 0):
         raise ConfigError(
@@ -242,8 +246,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         fast_exit_python=fast_exit_python(environ), rendezvous_timeout=timeout,
     )
     log.info(
-        "node %d/%d, %d process(es) per node, world size %d: %s",
+        "node %d/%d, %d process(es) per node, world size %d%s: %s",
         topology.node_rank, topology.num_nodes, topology.nproc_per_node, topology.world_size,
+        "" if topology.gradient_accumulation is None else
+        f", gradient accumulation {topology.gradient_accumulation} ({ENV_GRADIENT_ACCUMULATION})",
         " ".join(plan.argv),
     )
     env = {**environ, **plan.env, **launch_env}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import distributed_type, is_cpu_job
+from .contract import ENV_GRADIENT_ACCUMULATION
 from .deepspeed_cpu import build_expectation_env
 from .topology import Topology
 
@@ -72,6 +73,13 @@ def build_launch_plan(
         argv.append("--same_network")
     if distributed_type(config) == "DEEPSPEED" and topology.num_nodes > 1:
         argv += ["--deepspeed_multinode_launcher", "standard"]
+    if topology.gradient_accumulation is not None:
+        # Every rank's Accelerator takes it over the script's value. accelerate's DeepSpeed
+        # launcher would set the variable again from the YAML's deepspeed_config, where the
+        # command line wins.
+        env[ENV_GRADIENT_ACCUMULATION] = str(topology.gradient_accumulation)
+        if distributed_type(config) == "DEEPSPEED":
+            argv += ["--gradient_accumulation_steps", str(topology.gradient_accumulation)]
     # Each rank can check that accelerate set up what was launched (deepspeed_cpu.py).
     env.update(build_expectation_env(distributed_type(config), topology.world_size))
     if resume_from:
