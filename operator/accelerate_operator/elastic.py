@@ -24,6 +24,7 @@ from math import gcd
 from typing import Any
 
 from accelerate_trainer.contract import ENV_GRADIENT_ACCUMULATION
+from accelerate_trainer.deepspeed_checks import FILE_KEY as DEEPSPEED_FILE_KEY
 from accelerate_trainer.errors import ConfigError
 
 from .api import JobSpec, SpecError
@@ -187,15 +188,18 @@ def _skipped(job: JobSpec, placed: int, target: int) -> str:
 
 
 # ---- what cannot keep the math, refused before any pod starts ------------------------------
-def check_elastic(job: JobSpec, config: Mapping[str, Any]) -> None:
+def check_elastic(job: JobSpec, config: Mapping[str, Any],
+                  deepspeed_json: Mapping[str, Any] | None = None,
+                  deepspeed_source: str = "the DeepSpeed config") -> None:
     """Raises SpecError or ConfigError, naming the key and what to change, when an elastic job
     cannot run at each of its sizes with the same global batch and resume from a checkpoint
-    written at another. `job` has its topology resolved; `config` is its accelerate YAML."""
+    written at another. `job` has its topology resolved; `config` is its accelerate YAML and
+    `deepspeed_json` the DeepSpeed JSON it names, where it is shipped with the config."""
     if job.elastic is None:
         return
     check_sizes(job.num_nodes, job.elastic.min_nodes, job.elastic.gradient_accumulation_steps)
     check_not_queued(job.queue_name)
-    check_backend(config)
+    check_backend(config, deepspeed_json, deepspeed_source)
 
 
 def check_sizes(num_nodes: int, min_nodes: int, accumulation: int) -> None:
@@ -227,25 +231,42 @@ def check_not_queued(queue_name: str | None) -> None:
             "run the job outside Kueue")
 
 
-def check_backend(config: Mapping[str, Any]) -> None:
+def check_backend(config: Mapping[str, Any], deepspeed_json: Mapping[str, Any] | None = None,
+                  deepspeed_source: str = "the DeepSpeed config") -> None:
     """Only backends whose checkpoints load at another data-parallel size (docs/elastic.md)."""
     dtype = str(config.get("distributed_type", "NO"))
     if dtype == "FSDP":
         _check_fsdp_state_dict(config.get("fsdp_config") or {})
     elif dtype == "DEEPSPEED":
-        raise ConfigError(
-            "distributed_type DEEPSPEED with spec.elastic: DeepSpeed 0.19 loads a ZeRO "
-            "checkpoint (stage 1, 2 or 3) only at the data-parallel size that wrote it "
-            "(\"Automatic adjustment of ZeRO's optimizer state partitioning with a new world "
-            "size is not currently supported\"); its universal checkpoint format loads at any "
-            "size, but the trainer does not convert to it yet. Remove spec.elastic, or train "
-            "with MULTI_GPU (DDP) or FSDP")
+        _check_deepspeed(config.get("deepspeed_config") or {}, deepspeed_json, deepspeed_source)
     elif dtype not in REPLICATED_TYPES:
         raise ConfigError(
             f"distributed_type {dtype} with spec.elastic: its model layout is tied to the world "
             "size (tensor, pipeline or device-mesh parallel), so a checkpoint cannot move to "
             "another number of nodes; remove spec.elastic, or use MULTI_GPU (DDP) or FSDP")
     _check_parallelism(config.get("parallelism_config") or {})
+
+
+def _check_deepspeed(block: Mapping[str, Any], ds_json: Mapping[str, Any] | None,
+                     source: str) -> None:
+    """DeepSpeed loads a ZeRO checkpoint at another data-parallel size only as a universal
+    checkpoint: the trainer converts it and adds checkpoint.load_universal to a copy of the JSON
+    (accelerate_trainer.deepspeed_universal), so there must be a JSON; and the accumulation in it
+    must be "auto", or DeepSpeed's number wins over the one for the size."""
+    if not block.get(DEEPSPEED_FILE_KEY):
+        raise ConfigError(
+            "distributed_type DEEPSPEED with spec.elastic needs deepspeed_config."
+            "deepspeed_config_file (a DeepSpeed JSON): at another size the trainer loads the "
+            "checkpoint as DeepSpeed's universal checkpoint, which the JSON must ask for "
+            "(checkpoint.load_universal, which the trainer adds), and the YAML's own "
+            "deepspeed_config keys cannot; move them into a JSON")
+    steps = (ds_json or {}).get("gradient_accumulation_steps")
+    if ds_json is not None and steps != "auto":
+        shown = "left out (accelerate then uses 1)" if steps is None else f"{steps!r}"
+        raise ConfigError(
+            f"{source}: gradient_accumulation_steps is {shown}; an elastic job needs \"auto\" "
+            "there, so that the accumulation for the size the group runs at "
+            "(from spec.elastic.gradientAccumulationSteps) decides it")
 
 
 def _check_fsdp_state_dict(block: Mapping[str, Any]) -> None:

@@ -4,6 +4,8 @@ reduced group are told."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from accelerate_operator.api import Elastic, SpecError, parse_job
 from accelerate_operator.elastic import (
@@ -214,7 +216,7 @@ def test_an_elastic_job_queued_by_kueue_is_refused_naming_the_label():
 
 @pytest.mark.parametrize(("config", "match"), [
     ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2}},
-     "DeepSpeed 0.19 loads a ZeRO checkpoint .* only at the data-parallel size"),
+     "DEEPSPEED with spec.elastic needs deepspeed_config.deepspeed_config_file"),
     ({"distributed_type": "MEGATRON_LM"}, "distributed_type MEGATRON_LM with spec.elastic"),
     ({"distributed_type": "XLA"}, "distributed_type XLA with spec.elastic"),
     ({"distributed_type": "FSDP", "fsdp_config": {"fsdp_state_dict_type": "LOCAL_STATE_DICT"}},
@@ -241,6 +243,36 @@ def test_backends_whose_checkpoints_cannot_change_size_are_refused(config, match
 ])
 def test_backends_whose_checkpoints_load_at_any_size_pass(config):
     check_backend(config)
+
+
+DS_CONFIG = {"distributed_type": "DEEPSPEED",
+             "deepspeed_config": {"deepspeed_config_file": "ds.json"}}
+
+
+@pytest.mark.parametrize(("steps", "shown"), [(2, "2"), (None, "left out")])
+def test_a_deepspeed_json_whose_accumulation_would_win_is_refused(steps, shown):
+    ds_json = {"zero_optimization": {"stage": 3}}
+    if steps is not None:
+        ds_json["gradient_accumulation_steps"] = steps
+    with pytest.raises(ConfigError,
+                       match=f"gradient_accumulation_steps is {shown}.*needs \"auto\""):
+        check_backend(DS_CONFIG, ds_json)
+
+
+def test_deepspeed_with_a_json_that_leaves_the_accumulation_to_the_size_passes():
+    check_backend(DS_CONFIG, {"gradient_accumulation_steps": "auto",
+                              "zero_optimization": {"stage": 3}})
+    check_backend(DS_CONFIG, None)  # a JSON in a pod volume: the trainer checks it there
+
+
+def test_the_shipped_deepspeed_json_is_checked_when_the_job_is_rendered():
+    body = (JobBuilder().elastic(1, 2).config(**DS_CONFIG)
+            .spec(accelerateConfigFiles={"ds.json": json.dumps({
+                "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2,
+                "zero_optimization": {"stage": 2}})}).build())
+    with pytest.raises(ConfigError, match=r"deepspeed_config_file 'ds.json': "
+                                          r"gradient_accumulation_steps is 2; an elastic job"):
+        prepare_config(parse_job(body), None)
 
 
 def test_the_refusal_fails_the_job_before_any_pod_and_a_good_job_renders_without_a_size():

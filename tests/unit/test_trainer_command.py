@@ -452,3 +452,19 @@ def test_deepspeeds_launcher_takes_our_accumulation_over_the_yamls():
                            drop_flag=True)
     assert env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "1"
 
+
+
+def test_a_universal_checkpoints_json_replaces_the_yamls_for_accelerate():
+    """deepspeed_universal.py's copy of the JSON (with checkpoint.load_universal) reaches
+    accelerate over the deepspeed_config_file the YAML names."""
+    yaml_path = Path(__file__).parent / "deepspeed_on_cpu" / "accelerate.yaml"
+    universal = "/ckpt/.accelerate-trainer/deepspeed-universal.json"
+    plan = build_launch_plan(
+        Topology(master_addr="job-0.job", master_port=29500, node_rank=0, num_nodes=1,
+                 nproc_per_node=2, world_size=2, config_file=str(yaml_path)),
+        parse_accelerate_yaml(yaml_path.read_text()), ["train.py"],
+        deepspeed_config_file=universal)
+    assert plan.argv[-3:] == ("--deepspeed_config_file", universal, "train.py")
+    args, defaults, _ = accelerate_args(plan)
+    assert defaults.deepspeed_config["deepspeed_config_file"] == "ds_zero3.json"
+    assert args.deepspeed_config_file == universal

@@ -15,7 +15,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -42,6 +44,7 @@ from .contract import (
     format_trainer_info_line,
 )
 from .deepspeed_checks import check_accumulation_from_env, parse_deepspeed_json
+from .deepspeed_universal import prepare_universal_resume
 from .error_files import launch_env as hook_env
 from .fast_exit import ENV_FAST_EXIT
 from .ignored import check_in_pod, probe_hardware
@@ -191,6 +194,23 @@ def fast_exit_python(environ: Mapping[str, str]) -> str | None:
     return sys.executable
 
 
+def deepspeed_resume(topology: Topology, config: Mapping, resume_from: Path | None,
+                     deepspeed_json: Mapping | None, checkpoint_dir: str | None) -> str | None:
+    """The DeepSpeed JSON to launch with when the checkpoint was written by another number of
+    ranks (an elastic job that changed size): pod 0 converts it to DeepSpeed's universal form
+    first (deepspeed_universal.py). None: the launch as configured."""
+    if resume_from is None or distributed_type(config) != "DEEPSPEED":
+        return None
+    started = time.monotonic()
+    path = prepare_universal_resume(resume_from, dp_size=topology.world_size,
+                                    node_rank=topology.node_rank, ds_json=deepspeed_json,
+                                    workdir=checkpoint_dir or resume_from.parent)
+    if path is not None:
+        log.info("%s loads as a DeepSpeed universal checkpoint at world size %d (%s, %.1fs)",
+                 resume_from, topology.world_size, path, time.monotonic() - started)
+    return str(path) if path else None
+
+
 def fail(message: str, exit_code: int) -> int:
     log.error("%s", message)
     write_termination_message(message)
@@ -235,6 +255,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     resume_from = find_resume_checkpoint(checkpoint_dir) if checkpoint_dir else None
     if resume_from:
         log.info("resuming from %s", resume_from)
+    try:
+        universal_json = deepspeed_resume(topology, config, resume_from, deepspeed_json,
+                                          checkpoint_dir)
+    except ConfigError as error:
+        return fail(f"invalid configuration: {error}", CONFIG_ERROR_EXIT_CODE)
+    except subprocess.CalledProcessError as error:
+        return fail(f"DeepSpeed's converter could not make {resume_from} a universal checkpoint "
+                    f"(exit {error.returncode}; its output is above)", 1)
 
     try:
         wait_for_master(topology, timeout=timeout)
@@ -244,6 +272,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     plan = build_launch_plan(
         topology, config, script, resume_from=str(resume_from) if resume_from else None,
         fast_exit_python=fast_exit_python(environ), rendezvous_timeout=timeout,
+        deepspeed_config_file=universal_json,
     )
     log.info(
         "node %d/%d, %d process(es) per node, world size %d%s: %s",

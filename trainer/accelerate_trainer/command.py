@@ -35,9 +35,11 @@ def build_launch_plan(
     resume_from: str | None = None,
     fast_exit_python: str | None = None,
     rendezvous_timeout: int = DEFAULT_RENDEZVOUS_TIMEOUT,
+    deepspeed_config_file: str | None = None,
 ) -> LaunchPlan:
     """Every topology flag is passed explicitly: accelerate reads none of MASTER_ADDR, RANK or
-    PET_* for itself, and a value on the command line wins over the YAML.
+    PET_* for itself, and a value on the command line wins over the YAML. `deepspeed_config_file`
+    replaces the YAML's DeepSpeed JSON (a copy that loads a universal checkpoint).
 
     With fast_exit_python (an interpreter that has accelerate and this package), the launcher
     and every rank run under fast_exit, which ends each process as soon as its program has
@@ -80,6 +82,10 @@ def build_launch_plan(
         env[ENV_GRADIENT_ACCUMULATION] = str(topology.gradient_accumulation)
         if distributed_type(config) == "DEEPSPEED":
             argv += ["--gradient_accumulation_steps", str(topology.gradient_accumulation)]
+    if deepspeed_config_file:
+        # The JSON to load a universal checkpoint with (deepspeed_universal.py): the command
+        # line wins over the YAML's deepspeed_config_file.
+        argv += ["--deepspeed_config_file", deepspeed_config_file]
     # Each rank can check that accelerate set up what was launched (deepspeed_cpu.py).
     env.update(build_expectation_env(distributed_type(config), topology.world_size))
     if resume_from:

@@ -160,7 +160,7 @@ def _render(
         # A CPU job uses no GPU, and on one machine accelerate refuses fewer than two ids: the
         # key goes, with the warning above saying so.
         del rendered["gpu_ids"]
-    check_elastic(job, rendered)
+    check_elastic(job, rendered, deepspeed_json, deepspeed_source)
     rendered["num_machines"] = job.num_nodes
     rendered["num_processes"] = job.world_size
     rendered["main_process_port"] = job.master_port
