@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import deepspeed_cpu, supervise
 from .checkpoints import find_resume_checkpoint
-from .command import build_launch_plan
+from .command import LaunchPlan, build_launch_plan
 from .config import (
     OTHER_ACCELERATORS,
     ConfigError,
@@ -194,6 +194,29 @@ def fast_exit_python(environ: Mapping[str, str]) -> str | None:
     return sys.executable
 
 
+def resume_point(topology: Topology, config: Mapping, environ: Mapping[str, str],
+                 deepspeed_json: Mapping | None) -> tuple[Path | None, str | None]:
+    """The newest complete checkpoint, and the DeepSpeed JSON to load it with where it must load
+    as a universal checkpoint (`deepspeed_resume`; None: the configured one)."""
+    checkpoint_dir = environ.get(ENV_CHECKPOINT_DIR)
+    resume_from = find_resume_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    if resume_from:
+        log.info("resuming from %s", resume_from)
+    return resume_from, deepspeed_resume(topology, config, resume_from, deepspeed_json,
+                                         checkpoint_dir)
+
+
+def log_launch(topology: Topology, plan: LaunchPlan) -> None:
+    accumulation = topology.gradient_accumulation
+    log.info(
+        "node %d/%d, %d process(es) per node, world size %d%s: %s",
+        topology.node_rank, topology.num_nodes, topology.nproc_per_node, topology.world_size,
+        "" if accumulation is None else
+        f", gradient accumulation {accumulation} ({ENV_GRADIENT_ACCUMULATION})",
+        " ".join(plan.argv),
+    )
+
+
 def deepspeed_resume(topology: Topology, config: Mapping, resume_from: Path | None,
                      deepspeed_json: Mapping | None, checkpoint_dir: str | None) -> str | None:
     """The DeepSpeed JSON to launch with when the checkpoint was written by another number of
@@ -251,13 +274,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except RequirementsError as error:
         return fail(f"requirements: {error}", REQUIREMENTS_EXIT_CODE)
 
-    checkpoint_dir = environ.get(ENV_CHECKPOINT_DIR)
-    resume_from = find_resume_checkpoint(checkpoint_dir) if checkpoint_dir else None
-    if resume_from:
-        log.info("resuming from %s", resume_from)
     try:
-        universal_json = deepspeed_resume(topology, config, resume_from, deepspeed_json,
-                                          checkpoint_dir)
+        resume_from, universal_json = resume_point(topology, config, environ, deepspeed_json)
     except ConfigError as error:
         return fail(f"invalid configuration: {error}", CONFIG_ERROR_EXIT_CODE)
     except subprocess.CalledProcessError as error:
@@ -274,13 +292,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         fast_exit_python=fast_exit_python(environ), rendezvous_timeout=timeout,
         deepspeed_config_file=universal_json,
     )
-    log.info(
-        "node %d/%d, %d process(es) per node, world size %d%s: %s",
-        topology.node_rank, topology.num_nodes, topology.nproc_per_node, topology.world_size,
-        "" if topology.gradient_accumulation is None else
-        f", gradient accumulation {topology.gradient_accumulation} ({ENV_GRADIENT_ACCUMULATION})",
-        " ".join(plan.argv),
-    )
+    log_launch(topology, plan)
     env = {**environ, **plan.env, **launch_env}
     env.update(hook_env(env))  # each process explains its own failure (error_files.py)
     return launch(plan.argv, env, topology.node_rank)

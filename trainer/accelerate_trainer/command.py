@@ -75,17 +75,9 @@ def build_launch_plan(
         argv.append("--same_network")
     if distributed_type(config) == "DEEPSPEED" and topology.num_nodes > 1:
         argv += ["--deepspeed_multinode_launcher", "standard"]
-    if topology.gradient_accumulation is not None:
-        # Every rank's Accelerator takes it over the script's value. accelerate's DeepSpeed
-        # launcher would set the variable again from the YAML's deepspeed_config, where the
-        # command line wins.
-        env[ENV_GRADIENT_ACCUMULATION] = str(topology.gradient_accumulation)
-        if distributed_type(config) == "DEEPSPEED":
-            argv += ["--gradient_accumulation_steps", str(topology.gradient_accumulation)]
-    if deepspeed_config_file:
-        # The JSON to load a universal checkpoint with (deepspeed_universal.py): the command
-        # line wins over the YAML's deepspeed_config_file.
-        argv += ["--deepspeed_config_file", deepspeed_config_file]
+    flags, elastic_env = _resize_flags(topology, config, deepspeed_config_file)
+    argv += flags
+    env.update(elastic_env)
     # Each rank can check that accelerate set up what was launched (deepspeed_cpu.py).
     env.update(build_expectation_env(distributed_type(config), topology.world_size))
     if resume_from:
@@ -98,3 +90,23 @@ def build_launch_plan(
         script = script[1:]
     argv += list(script)
     return LaunchPlan(argv=tuple(argv), env=env)
+
+
+def _resize_flags(topology: Topology, config: Mapping[str, Any],
+                  deepspeed_config_file: str | None) -> tuple[list[str], dict[str, str]]:
+    """What a group at another size than its checkpoint's needs: the gradient accumulation the
+    operator asks for, and the DeepSpeed JSON that loads a universal checkpoint."""
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    if topology.gradient_accumulation is not None:
+        # Every rank's Accelerator takes it over the script's value. accelerate's DeepSpeed
+        # launcher would set the variable again from the YAML's deepspeed_config, where the
+        # command line wins.
+        env[ENV_GRADIENT_ACCUMULATION] = str(topology.gradient_accumulation)
+        if distributed_type(config) == "DEEPSPEED":
+            argv += ["--gradient_accumulation_steps", str(topology.gradient_accumulation)]
+    if deepspeed_config_file:
+        # deepspeed_universal.py's copy of the JSON: the command line wins over the YAML's.
+        argv += ["--deepspeed_config_file", deepspeed_config_file]
+    return argv, env
+
