@@ -47,9 +47,10 @@ cluster-down: ## Stop the local cluster (keeps the built binaries)
 	hack/local-cluster.sh down
 
 .PHONY: lint
-lint: ## ruff, the layering contracts, helm lint, actionlint, the drift and version checks, the docs site (strict)
+lint: ## ruff, the layering contracts, the code's shape, helm lint, actionlint, the drift and version checks, the docs site (strict)
 	$(PY) -m ruff check operator trainer tests examples bench hack devtools
 	$(VENV)/bin/lint-imports
+	$(PY) -m devtools.code_shape --check
 	$(MAKE) --no-print-directory verify
 	$(MAKE) --no-print-directory docs
 	tools=$$(hack/install-tools.sh | tail -n1); \
@@ -58,13 +59,15 @@ lint: ## ruff, the layering contracts, helm lint, actionlint, the drift and vers
 	else echo "lint: actionlint skipped (hack/install-tools.sh needs Go to build it)" >&2; fi
 
 .PHONY: manifests
-manifests: ## Regenerate the chart's CRD from crds/ and the docs' reference pages (docs/reference/)
+manifests: ## Regenerate the chart's CRD and the CLI's printer columns from crds/, and the docs' reference pages (docs/reference/)
 	hack/sync-chart-crd.sh
+	$(PY) hack/printer_columns.py
 	$(PY) hack/docs_reference.py
 
 .PHONY: verify
 verify: ## Fail when generated files drift from their sources, a values key is undocumented, the chart's version differs from pyproject.toml's, or CHANGELOG.md is out of form
 	hack/sync-chart-crd.sh --check
+	$(PY) hack/printer_columns.py --check
 	$(PY) hack/docs_reference.py --check
 	hack/check-version.sh >/dev/null
 	$(PY) hack/check-changelog.py

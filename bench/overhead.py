@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 
 from accelerate_operator.api import parse_job
 from accelerate_operator.naming import master_address
-from accelerate_operator.observed import read_pod_state
+from accelerate_operator.pod_state import read_pod_state
 from accelerate_operator.resources.configmap import build_configmap, render_accelerate_config
 from accelerate_operator.resources.pods import build_pod
 from accelerate_operator.resources.service import build_service

@@ -64,7 +64,7 @@ echo ">> applying Kueue ($image)" >&2
 "$KUBECTL" apply --server-side -f "$ROOT/hack/kueue-acceleratejob-rbac.yaml" >&2
 
 # The version Kueue serves: v1beta2 from v0.15 (the only one from v0.20), else v1beta1 (as the
-# operator chooses, kueue.py choose_kueue_version).
+# operator chooses, kueue/workload.py choose_kueue_version).
 if "$KUBECTL" get --raw /apis/kueue.x-k8s.io | grep -q '"version":"v1beta2"'; then
   api=kueue.x-k8s.io/v1beta2
 else

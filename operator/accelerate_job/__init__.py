@@ -2,7 +2,7 @@
 `accelerate-job` CLI (also `kubectl accelerate`), both on one request layer (request.py).
 
 Imports only the operator's pure modules (names, constants, builders' helpers): never the
-operator's kube.py, its informers or its reconciler (.importlinter)."""
+operator's kube/, its informers or its reconciler (.importlinter)."""
 
 from .client import AccelerateJobClient
 from .code import CodeArchive, CodeError, CodeTooLarge, pack_code

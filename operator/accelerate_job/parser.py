@@ -110,17 +110,25 @@ def _add_submit_code(submit: argparse.ArgumentParser) -> None:
 
 
 def _add_reading(commands: Any, parent: argparse.ArgumentParser) -> None:
+    for add in (_add_get, _add_list, _add_describe, _add_status, _add_top):
+        add(commands, parent)
+
+
+def _add_get(commands: Any, parent: argparse.ArgumentParser) -> None:
     get = commands.add_parser(
         "get", parents=[parent], help="a table of jobs, or the jobs as name/json/yaml/jsonpath",
-        description="Like `kubectl get ajob`: every job of the namespace, or the NAMEs, or those "
-        "-l selects. -o json|yaml print the objects as the API server has them (a List for "
-        "several), -o name prints acceleratejob.accelerate-operator.io/NAME, -o wide adds "
-        "columns, -o jsonpath=TEMPLATE prints a kubectl JSONPath template.")
+        description="The table `kubectl get ajob` prints (the CRD's printer columns): every job "
+        "of the namespace, or the NAMEs, or those -l selects. -o wide adds the columns kubectl's "
+        "wide adds; -o json|yaml print the objects as the API server has them (a List for "
+        "several), -o name prints acceleratejob.accelerate-operator.io/NAME, -o "
+        "jsonpath=TEMPLATE prints a kubectl JSONPath template.")
     _names(get, "jobs to show (default: every job)")
     _selector(get)
     get.add_argument("-w", "--watch", action="store_true",
                      help="keep the table live (as `top` does)")
 
+
+def _add_list(commands: Any, parent: argparse.ArgumentParser) -> None:
     listing = commands.add_parser(
         "list", parents=[parent], help="the jobs of a namespace (-o json|yaml: summaries)",
         description="The table of `get`. Its -o json and yaml print one summary per job "
@@ -129,6 +137,8 @@ def _add_reading(commands: Any, parent: argparse.ArgumentParser) -> None:
     listing.add_argument("-w", "--watch", action="store_true",
                          help="keep the table live, as `top` does")
 
+
+def _add_describe(commands: Any, parent: argparse.ArgumentParser) -> None:
     describe = commands.add_parser(
         "describe", parents=[parent], help="a job's story: conditions, events, pods, failure",
         description="What happened to a job: its phase and progress, conditions, goodput, the "
@@ -136,15 +146,19 @@ def _add_reading(commands: Any, parent: argparse.ArgumentParser) -> None:
     _names(describe, "jobs to describe (default: every job, or those -l selects)")
     _selector(describe)
 
+
+def _add_status(commands: Any, parent: argparse.ArgumentParser) -> None:
     status = commands.add_parser("status", parents=[parent],
                                  help="phase, nodes, restarts and progress of a job")
     status.add_argument("name", metavar="NAME")
     status.add_argument("-w", "--watch", action="store_true",
                         help="keep a live progress bar until the job finishes (a watch on the "
                              "job: it changes as the status does); -o json: one line per "
-                             "change, yaml: one document each; -o wide adds the table's wide "
+                             "change, yaml: one document each; -o wide adds the table's other "
                              "columns")
 
+
+def _add_top(commands: Any, parent: argparse.ArgumentParser) -> None:
     commands.add_parser(
         "top", parents=[parent], help="every job's phase, progress and ETA, live (Ctrl-C)",
         description="Like `kubectl get ajob -w`, but one table kept up to date in place, with "

@@ -1,5 +1,6 @@
-"""What the CLI prints: job summaries, the status block with its progress bar, the tables of
-`list` and `top`, and objects as YAML or JSON. Pure: jobs in, text or `rich` renderables out
+"""What the CLI prints: job summaries, the status block with its progress bar, the table of
+`get`, `list` and `top` (the columns of `kubectl get ajob`, table.py), and objects as YAML or
+JSON. Pure: jobs in, text or `rich` renderables out
 (rich draws the tables and the live bar, and leaves colours out when the output is no terminal);
 nothing here writes to a terminal."""
 
@@ -8,16 +9,17 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import yaml
 from accelerate_operator.progress import format_duration
-from accelerate_operator.timefmt import naive_utc, parse_time
 from rich.console import Console, Group, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
+
+from . import table
 
 BAR_WIDTH = 30
 
@@ -120,20 +122,8 @@ def render_status(job: Mapping[str, Any]) -> str:
     return "\n".join(f"{label:<14}{value}" for label, value in status_rows(job))
 
 
-def _age(timestamp: str | None, now: datetime) -> str:
-    if not timestamp:
-        return "-"
-    created = parse_time(timestamp)
-    if created is None:
-        return "-"
-    return format_duration(int((naive_utc(now) - created).total_seconds()))
-
-
 PHASE_STYLES = {"Pending": "dim", "Queued": "cyan", "Running": "green", "Restarting": "yellow",
                 "Suspended": "magenta", "Succeeded": "bold green", "Failed": "bold red"}
-COLUMNS = ("NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE")
-# `-o wide` adds what `kubectl get ajob -o wide` adds, and the attempt.
-WIDE_COLUMNS = ("TOPOLOGY", "PORT", "COUNTED", "ATTEMPT", "QUEUE", "ACCELERATE")
 
 
 def _bar(progress: Mapping[str, Any], width: int) -> RenderableType:
@@ -144,50 +134,42 @@ def _bar(progress: Mapping[str, Any], width: int) -> RenderableType:
                        width=width)
 
 
-def render_wide_status(job: Mapping[str, Any]) -> str:
-    """`status -o wide`: the status block, then what `-o wide` adds to the table, one a line."""
-    wide = [f"{(column.title() + ':'):<14}{value}"
-            for column, value in zip(WIDE_COLUMNS, _wide_cells(job), strict=True)]
+def render_wide_status(job: Mapping[str, Any], now: datetime | None = None) -> str:
+    """`status -o wide`: the status block, then the table's columns it does not show, one a
+    line (the CRD's printer columns, those of `-o wide` included)."""
+    shown = {"PHASE", "READY", "RESTARTS", "GOODPUT", "PROGRESS", "ETA", "AGE"}
+    now = now or datetime.now(timezone.utc)
+    cells = zip(table.header(wide=True)[1:], table.row(job, now, wide=True)[1:], strict=True)
+    wide = [f"{(name.title() + ':'):<14}{value or '-'}" for name, value in cells
+            if name not in shown]
     return "\n".join([render_status(job), *wide])
-
-
-def _wide_cells(job: Mapping[str, Any]) -> list[str]:
-    status = job.get("status") or {}
-    topology = status.get("topology") or {}
-    versions = (status.get("trainer") or {}).get("versions") or {}
-    values = (topology.get("summary"), topology.get("masterPort"), status.get("restartsCounted"),
-              status.get("attempt"), (status.get("queue") or {}).get("name"),
-              versions.get("accelerate"))
-    return ["-" if value is None else str(value) for value in values]
 
 
 def _row(job: Mapping[str, Any], now: datetime, bars: bool, namespaces: bool,
          wide: bool) -> list[RenderableType]:
-    s = summarize(job)
-    progress = s["progress"] or {}
-    cells: list[RenderableType] = [s["namespace"] or "-"] if namespaces else []
-    cells += [s["name"], Text(s["phase"], style=PHASE_STYLES.get(s["phase"], "")),
-              s["readyNodes"] or "-", str(s["restarts"])]
+    cells: list[RenderableType] = list(table.row(job, now, wide, namespaces))
+    names = table.header(wide, namespaces)
+    phase = names.index("PHASE")
+    cells[phase] = Text(str(cells[phase]), style=PHASE_STYLES.get(str(cells[phase]), ""))
     if bars:
-        cells.append(_bar(progress, 20))
-    cells += [progress.get("summary") or "-", progress.get("eta") or "-",
-              _age(job["metadata"].get("creationTimestamp"), now)]
-    return cells + (_wide_cells(job) if wide else [])
+        cells.insert(names.index("PROGRESS") + 1,
+                     _bar((job.get("status") or {}).get("progress") or {}, 20))
+    return cells
 
 
 def jobs_table(jobs: Sequence[Mapping[str, Any]], now: datetime, *, bars: bool = False,
                namespaces: bool = False, wide: bool = False) -> Table:
-    """The jobs as `kubectl get ajob` shows them; with `bars`, a progress bar beside PROGRESS
-    (`top`); with `namespaces`, a NAMESPACE column first (`-A`); with `wide`, WIDE_COLUMNS."""
-    table = Table(box=None, pad_edge=False, padding=(0, 3, 0, 0), header_style="bold")
-    columns = (("NAMESPACE",) if namespaces else ()) + COLUMNS + (WIDE_COLUMNS if wide else ())
-    for column in columns:
-        table.add_column(column, no_wrap=True)
+    """The jobs as `kubectl get ajob` shows them (table.py); with `bars`, a progress bar beside
+    PROGRESS (`top`); with `namespaces`, a NAMESPACE column first (`-A`); with `wide`, the
+    columns of `-o wide`."""
+    grid = Table(box=None, pad_edge=False, padding=(0, 3, 0, 0), header_style="bold")
+    for column in table.header(wide, namespaces):
+        grid.add_column(column, no_wrap=True)
         if bars and column == "PROGRESS":
-            table.add_column("", no_wrap=True)
+            grid.add_column("", no_wrap=True)
     for job in jobs:
-        table.add_row(*_row(job, now, bars, namespaces, wide))
-    return table
+        grid.add_row(*_row(job, now, bars, namespaces, wide))
+    return grid
 
 
 def status_view(job: Mapping[str, Any]) -> RenderableType:

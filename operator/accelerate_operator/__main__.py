@@ -66,17 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, logging.getLogger().level))
     import kopf
 
-    from . import handlers  # registers the handlers with kopf
+    from . import handlers  # noqa: F401 - registers the handlers with kopf
 
-    handlers.RUNTIME.namespaces = list(namespaces)
-    handlers.RUNTIME.identity = replica_identity()
-
+    identity = replica_identity()
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,
         standalone=args.peering is None,
         peering_name=args.peering,
-        identity=handlers.RUNTIME.identity,
+        identity=identity,
+        # What the handlers need to know of this run: kopf's operator memo (handlers.py).
+        memo=kopf.Memo(namespaces=list(namespaces), identity=identity),
         priority=args.priority if args.priority is not None else replica_priority(),
         liveness_endpoint=(f"http://0.0.0.0:{args.liveness_port}/healthz"
                            if args.liveness_port else None),

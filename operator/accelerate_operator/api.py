@@ -63,7 +63,7 @@ class RunPolicy:
     # the group on a healthy node), not the pods (supervise.py, group.py).
     restart_in_place: bool = True
     # How long the group's pods may take to start (scheduling, image pulls, init containers)
-    # before the job fails, reason WaitingTimeoutExceeded (starting.py); 0: wait forever.
+    # before the job fails, reason WaitingTimeoutExceeded (startup.py); 0: wait forever.
     waiting_timeout_seconds: int = 900
 
 
@@ -130,7 +130,7 @@ class JobSpec:
     code: Code | None = None
     # Values of the accelerate config that accelerate would drop harmlessly (a TPU-only key on
     # a GPU job...), found when the config is rendered (resources/configmap.prepare_config);
-    # decision.py names them in a Warning event and the ConfigWarnings condition.
+    # lifecycle.py names them in a Warning event and the ConfigWarnings condition.
     config_warnings: tuple[str, ...] = ()
     elastic: Elastic | None = None
     # The Kueue LocalQueue of a queued job (label kueue.x-k8s.io/queue-name), None otherwise.

@@ -1,7 +1,7 @@
 """How the API server explains a refusal: the message out of an ApiException's JSON body.
 
 Pure (reads the exception's fields, imports nothing of the kubernetes package); shared by the
-operator's kube.py and the accelerate_job client's request layer, which both report it."""
+operator's kube/ and the accelerate_job client's request layer, which both report it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A failure's root cause, said first: what the kernel, Kubernetes or the failing rank itself
 recorded, not the launcher's summary around it. Pure: a Pod manifest or the trainer's report
-(contract.REPORT_ANNOTATION's `exit`) in, one line out.
+(the `exit` of contract.REPORT_BODY_KEY's report) in, one line out.
 
 - The kubelet marks a container the kernel killed for memory `OOMKilled`; the limit it hit is the
   container's own `resources.limits.memory`, read from the same pod.

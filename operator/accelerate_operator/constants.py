@@ -25,7 +25,7 @@ PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
 CREATED = "Created"
 # A group that made no progress within spec.runPolicy.stallTimeoutSeconds (restarted).
 STALLED = "Stalled"
-# A pod of the current attempt cannot start: the scheduler's or the kubelet's reason (starting.py).
+# A pod of the current attempt cannot start: the scheduler's or the kubelet's reason (startup.py).
 WAITING = "Waiting"
 FINISHED_PHASES = frozenset({SUCCEEDED, FAILED})
 # In the order status.conditions lists them.

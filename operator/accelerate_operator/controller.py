@@ -7,115 +7,55 @@ event to a job's pass, as a controller-runtime reader expects:
          "requeue after" for what time alone changes, backoff for a pass that failed)
       -> reconcile (reads kopf's indexes) -> Reconciler.reconcile (reconciler.py)
 
-Every write for a job happens inside its pass. The job's in-memory state is one JobState
-(state.py), dropped in one place, `forget`. No kopf import here, so it is tested without an
-operator running.
+Every write for a job happens inside its pass; what comes from elsewhere, a pod's report (the
+report endpoint's `take_report`) or a renewed CA bundle (`use_report_endpoint`), only queues the
+job's pass. The job's in-memory state is one JobState (state.py), dropped in one place,
+`forget`. No kopf import here, so it is tested without an operator running.
 
-Two of the small pieces kopf lacks live here, each on its public API (the work queue and
-following kopf's peering are the others: workqueue.py, peering.py):
-- **The deletion grace check.** When a job is deleted, the garbage collector deletes its
-  children, and their DELETED events (on other watches than the job's) can come more than a
-  second before the job's own: a pass run on them would recreate the children of a job that is
-  gone. So a pass that a deletion asked for runs DELETION_GRACE_SECONDS later, and only once
-  the API server confirms that the job still exists.
-- **The index audit.** After a watch's resourceVersion expired (410), or when a standby resumes,
-  kopf lists again, but an object deleted while it was not watching stays in its indexes for
-  good (nothing ever reports its deletion). A pass planning from such a ghost pod would wait
-  for it forever. So the owned collections are listed AUDIT_DELAY_SECONDS after kopf re-lists
-  (its listing events carry type None) and every AUDIT_SECONDS anyway; indexed objects the
-  listing lacks are ghosts: the passes no longer see them, and their jobs are reconciled."""
+One of the small pieces kopf lacks lives here, on its public API (the work queue, the index
+audit and following kopf's peering are the others: workqueue.py, audit.py, peering.py): **the
+deletion grace check.** When a job is deleted, the garbage collector deletes its children, and
+their DELETED events (on other watches than the job's) can come more than a second before the
+job's own: a pass run on them would recreate the children of a job that is gone. So a pass that
+a deletion asked for runs DELETION_GRACE_SECONDS later, and only once the API server confirms
+that the job still exists."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, Protocol
 
-from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
-
 from .apierrors import server_message
+from .audit import Audit, Index
 from .constants import KIND, PENDING
+from .indexes import JobKey, owning_job
 from .kube import ApiException, Kube, NamespaceTerminating
-from .kueue import KUEUE_GROUP, KUEUE_VERSION, QueueContext
+from .kueue.workload import KueueView
 from .metrics import observe_pass
-from .observed import PodState, group_attempt, read_pod_state, read_process_exit
-from .reconciler import Reconciler
-from .report_store import ReportStore
+from .naming import configmap_name
+from .pod_state import PodState, with_report
+from .report_checks import Caller, Refused, ReportBody, authorize
+from .report_store import BadReport, ReportStore
+from .resources.pods import DEFAULT_REPORT_ENDPOINT, ReportEndpoint
 from .state import JobState, JobStates
-from .status import Event
+from .status import Event, group_attempt
 from .timefmt import utcnow
 from .workqueue import WorkQueue
 
 log = logging.getLogger("accelerate_operator")
 
 DELETION_GRACE_SECONDS = 1.0
-AUDIT_SECONDS = 300.0
-AUDIT_DELAY_SECONDS = 5.0
 # A job whose namespace is being deleted runs no pass for this long (nothing can be created
 # there: the namespace controller deletes the pods and children before the jobs, and each of
 # their deletions would otherwise run a pass that is refused again).
 TERMINATING_NAMESPACE_SECONDS = 60.0
-# kubectl apply keeps a full copy of the object in this annotation; nothing here reads it.
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-
-# What each owned kind is watched with (server-side, settings.watching.label_selectors) and
-# listed with by the audit. The logs archived at a restart are never recreated: not followed.
-POD_SELECTOR = JOB_NAME_LABEL
-SERVICE_SELECTOR = JOB_NAME_LABEL
-CONFIGMAP_SELECTOR = f"{JOB_NAME_LABEL},!{ATTEMPT_LABEL}"
-WORKLOAD_SELECTOR = JOB_NAME_LABEL
-PDB_SELECTOR = JOB_NAME_LABEL
 # Children whose creation or change the pass does not read: only their deletion (or a listing)
 # runs it.
 _CREATED_ONLY = ("ConfigMap", "Service", "PodDisruptionBudget")
-
-JobKey = tuple[str, str]  # (namespace, job name)
-
-
-class Index(Protocol):
-    """What a pass reads of a kopf.Index: the values indexed under a key."""
-
-    def get(self, key: Hashable, default: Any = None) -> Iterable[Any] | None: ...
-
-
-# ---- what the indexes keep of each object (pure; handlers.py's index functions) -------------
-def lean_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """managedFields are most of an object's metadata, and nothing here reads them."""
-    lean = {key: value for key, value in metadata.items() if key != "managedFields"}
-    annotations = lean.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        lean["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    return lean
-
-
-def lean_job(body: Mapping[str, Any]) -> dict[str, Any]:
-    return {"metadata": lean_metadata(body["metadata"]), "spec": body.get("spec") or {},
-            "status": body.get("status") or {}}
-
-
-def owning_job(metadata: Mapping[str, Any]) -> JobKey | None:
-    """The job an object belongs to, by its job-name label."""
-    name = (metadata.get("labels") or {}).get(JOB_NAME_LABEL)
-    return (metadata.get("namespace") or "", name) if name else None
-
-
-def owner_uid(metadata: Mapping[str, Any]) -> str | None:
-    return next((ref.get("uid") for ref in metadata.get("ownerReferences") or []
-                 if ref.get("kind") == KIND), None)
-
-
-def lean_workload(body: Mapping[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": body.get("apiVersion") or f"{KUEUE_GROUP}/{KUEUE_VERSION}",
-            "metadata": lean_metadata(body["metadata"]),
-            "spec": {"active": (body.get("spec") or {}).get("active", True)},
-            "status": body.get("status") or {}}
-
-
-def pod_entry(body: Mapping[str, Any]) -> tuple[str | None, PodState]:
-    return owner_uid(body["metadata"]), read_pod_state(body)
 
 
 # A pass that keeps failing (an admission webhook whose service is down, a quota controller
@@ -146,7 +86,7 @@ def job_key(kind: str, metadata: Mapping[str, Any]) -> JobKey | None:
 
 def event_matters(kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
     """Whether an event (not a deletion) must run its job's pass, from the event alone.
-    - A job: created, listed, or its spec changed since a pass last planned from it (its
+    - A job: created, listed, or its spec changed since a pass last decided from it (its
       generation is not the status's observedGeneration), as controller-runtime's
       GenerationChangedPredicate: the echo of our own status write runs none.
     - A pod: unless it is ADDED just as it was created (unscheduled, no condition): its creator,
@@ -185,21 +125,35 @@ def is_deletion(kind: str, event_type: str | None, metadata: Mapping[str, Any]) 
                              or bool(metadata.get("deletionTimestamp")))
 
 
+class Reconciler(Protocol):
+    """A job's pass (reconciler.Reconciler), over what the indexes show of the job."""
+
+    async def reconcile(self, state: JobState, body: Mapping[str, Any],
+                        pods: Iterable[PodState], children: Iterable[tuple[str, str]] = (),
+                        kueue: KueueView | None = None, *, configmap_ca: str | None = None,
+                        endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT,
+                        report_ca: str | None = None) -> float | None: ...
+
+
 class Controller:
-    def __init__(self, kube: Kube, kueue: bool = False,
+    """`reconciler` runs a job's pass (reconciler.Reconciler, given by handlers.py: the
+    controller only decides when)."""
+
+    def __init__(self, kube: Kube, reconciler: Reconciler, kueue: bool = False,
                  clock: Callable[[], float] = time.monotonic):
         self.kube = kube
         self.kueue = kueue
         self.clock = clock
-        self.reconciler = Reconciler(kube, clock)
+        self.reconciler = reconciler
         self.states = JobStates(clock)
         self.queue = WorkQueue(self.reconcile, clock=clock)
-        # The pods' latest reports, taken by the report endpoint (report_server.py).
+        # The pods' latest reports, taken by the report endpoint (take_report).
         self.reports = ReportStore()
         self.indexes: dict[str, Index] = {}
-        self._ghosts: set[tuple[str, str, str]] = set()  # (kind, namespace, name)
-        self._audit_due: asyncio.TimerHandle | None = None
-        self._tasks: list[asyncio.Task] = []
+        self.audit = Audit(lambda kind: self.kube.list_owned(kind), self.queue.add)
+        # Where the pods report, and the CA bundle they must trust (None: not known yet).
+        self.endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT
+        self.report_ca: Callable[[], str | None] = lambda: None
 
     # ---- events (from handlers.py) ------------------------------------------------------------
     def on_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -210,7 +164,7 @@ class Controller:
         key = job_key(kind, metadata)
         if key is None:
             return
-        self._seen(kind, event_type, metadata)
+        self.audit.seen(kind, event_type, metadata)
         if kind == "Pod" and event_type == "DELETED":
             self.reports.forget_pod(key, metadata.get("uid") or "")
         if kind == KIND and event_type == "DELETED":
@@ -238,6 +192,39 @@ class Controller:
         self.queue.forget(key)
         self.reports.forget_job(key)
 
+    # ---- from the report endpoint (report_server.py) ------------------------------------------
+    @property
+    def paused(self) -> bool:
+        """Another replica is the active one (peering.py): it takes the reports."""
+        return self.queue.paused
+
+    def take_report(self, key: JobKey, caller: Caller, body: ReportBody, now: datetime) -> None:
+        """A report the endpoint authenticated (`caller`, the pod its token is bound to) and
+        parsed: kept as the pod's latest, and the job's pass queued. Refused 404 for a job not
+        indexed, 403 for a pod that may not write it (report_checks.authorize), 400 for a
+        trainerStatus that contradicts itself."""
+        group = self.current_group(key)
+        if group is None:
+            raise Refused(404, f"no AccelerateJob {key[0]}/{key[1]}")
+        pod = authorize(caller, key[0], key[1], group[0], group[1], self.pod_entries(key), body)
+        try:
+            if body.report is not None:
+                self.reports.take_report(key, pod.uid, body.report)
+            if body.trainer_status is not None:
+                self.reports.take_trainer_status(key, pod.uid, body.trainer_status, now)
+        except BadReport as error:
+            raise Refused(400, f"trainerStatus: {error}") from None
+        self.queue.add(key)
+
+    def use_report_endpoint(self, endpoint: ReportEndpoint,
+                            report_ca: Callable[[], str | None]) -> None:
+        """Where the pods report from now on, and the CA bundle they must trust (read at each
+        pass). Every job's pass runs: each brings its ConfigMap up to the bundle (decide.py);
+        call it again when the bundle changes."""
+        self.endpoint, self.report_ca = endpoint, report_ca
+        for key in list(self.indexes.get("job_bodies") or ()):
+            self.queue.add(key)
+
     # ---- what a pass reads ------------------------------------------------------------------
     def _values(self, index: str, key: JobKey) -> list[Any]:
         found = self.indexes[index].get(key) if index in self.indexes else None
@@ -248,10 +235,11 @@ class Controller:
         return bodies[0] if bodies else None
 
     def pods_of(self, key: JobKey, uid: str) -> list[PodState]:
-        """The job's pods. A pod of an earlier job of the same name (deleted, its pods still
-        terminating) is no pod of this one: the pass sees it as a stale pod on its way out, so
-        the new group waits for the name without counting the deletion as a failure."""
-        pods = [self._with_report(state) if owner == uid
+        """The job's pods, each with its latest report. A pod of an earlier job of the same
+        name (deleted, its pods still terminating) is no pod of this one: the pass sees it as a
+        stale pod on its way out, so the new group waits for the name without counting the
+        deletion as a failure."""
+        pods = [with_report(state, self.reports.text(state.uid)) if owner == uid
                 else replace(state, attempt=-1, deleting=True)
                 for owner, state in self.pod_entries(key)]
         self.reports.keep_only(key, [p.uid for p in pods if p.attempt != -1])
@@ -260,15 +248,7 @@ class Controller:
     def pod_entries(self, key: JobKey) -> list[tuple[str | None, PodState]]:
         """(owner uid, pod) of every pod indexed under the job's key, ghosts left out."""
         return [(owner, state) for owner, state in self._values("job_pods", key)
-                if ("Pod", key[0], state.name) not in self._ghosts]
-
-    def _with_report(self, pod: PodState) -> PodState:
-        """The pod with what it last reported to the endpoint (the passes read no report from
-        the pod object)."""
-        text = self.reports.text(pod.uid)
-        if text is None:
-            return pod
-        return replace(pod, report=text, exit=read_process_exit(text, pod.name))
+                if not self.audit.hides("Pod", key[0], state.name)]
 
     def current_group(self, key: JobKey) -> tuple[str, int] | None:
         """(job uid, the attempt of its current pods) as the latest status says, our own last
@@ -282,21 +262,28 @@ class Controller:
             status = state.latest_status(status)
         return uid, group_attempt(status)
 
-    def children_of(self, key: JobKey) -> set[tuple[str, str]]:
-        return {(kind, name) for kind, index in (("ConfigMap", "job_configmaps"),
-                                                 ("Service", "job_services"),
-                                                 ("PodDisruptionBudget", "job_pdbs"))
-                for name in self._values(index, key) if (kind, key[0], name) not in self._ghosts}
+    def children_of(self, key: JobKey) -> tuple[set[tuple[str, str]], str | None]:
+        """(kind, name) of the job's ConfigMaps, Services and PDB, and the digest of the report
+        CA bundle its rendered ConfigMap holds (None: not indexed)."""
+        children, ca = set(), None
+        for kind, index in (("ConfigMap", "job_configmaps"), ("Service", "job_services"),
+                            ("PodDisruptionBudget", "job_pdbs")):
+            for value in self._values(index, key):
+                name = value[0] if kind == "ConfigMap" else value
+                if not self.audit.hides(kind, key[0], name):
+                    children.add((kind, name))
+                    if name == configmap_name(key[1]) and kind == "ConfigMap":
+                        ca = value[1]
+        return children, ca
 
-    def queue_of(self, key: JobKey, uid: str) -> QueueContext | None:
+    def kueue_of(self, key: JobKey, uid: str) -> KueueView | None:
         """The job's Workload, None when the Kueue integration is off."""
         if not self.kueue:
             return None
         owned = [workload for owner, workload in self._values("job_workloads", key)
-                 if owner == uid and ("Workload", key[0], workload["metadata"]["name"])
-                 not in self._ghosts]
-        return QueueContext(workload=owned[0] if owned else None,
-                            version=self.kube.kueue_version)
+                 if owner == uid and not self.audit.hides("Workload", key[0],
+                                                          workload["metadata"]["name"])]
+        return KueueView(workload=owned[0] if owned else None, version=self.kube.kueue_version)
 
     def job_bodies(self) -> list[Any]:
         """Every job as kopf's index shows it (metadata and status), for the jobs{phase} and
@@ -317,9 +304,9 @@ class Controller:
             return None
         uid = body["metadata"]["uid"]
         state = self.states.get(key, uid)
-        waiting = state.terminating_until - self.clock()
-        if waiting > 0:
-            return waiting  # the namespace is being deleted: nothing can be created there
+        paused_for = state.terminating_until - self.clock()
+        if paused_for > 0:
+            return paused_for  # the namespace is being deleted: nothing can be created there
         if state.check_exists:
             state.check_exists = False
             if not await self.kube.job_exists(key[0], key[1], uid):
@@ -335,10 +322,11 @@ class Controller:
         """The Reconciler's pass. One that fails is retried by the queue with backoff; the
         job's events say so once failures persist (failing_pass_event)."""
         uid = body["metadata"]["uid"]
+        children, ca = self.children_of(key)
         try:
-            after = await self.reconciler.reconcile(state, body, self.pods_of(key, uid),
-                                                    self.children_of(key),
-                                                    self.queue_of(key, uid))
+            return await self.reconciler.reconcile(
+                state, body, self.pods_of(key, uid), children, self.kueue_of(key, uid),
+                configmap_ca=ca, endpoint=self.endpoint, report_ca=self.report_ca())
         except NamespaceTerminating:
             log.info("namespace %s is being deleted: job %s waits", key[0], key[1])
             state.terminating_until = self.clock() + TERMINATING_NAMESPACE_SECONDS
@@ -349,98 +337,15 @@ class Controller:
             if event is not None:
                 await self.kube.post_event(body, event, utcnow())
             raise
-        return after
-
-    # ---- the index audit ----------------------------------------------------------------------
-    def _seen(self, kind: str, event_type: str | None, metadata: Mapping[str, Any]) -> None:
-        """An event proves the object is no ghost; a listing event (type None) means kopf has
-        listed again: audit soon."""
-        if self._ghosts:
-            self._ghosts.discard((kind, metadata.get("namespace") or "", metadata["name"]))
-        if event_type is None and self._audit_due is None and self._tasks:
-            self._audit_due = asyncio.get_running_loop().call_later(
-                AUDIT_DELAY_SECONDS, self._start_audit)
-
-    def _indexed(self, kind: str, index: str) -> dict[tuple[str, str], JobKey]:
-        """(namespace, name) -> job key of every object of a kind the indexes show."""
-        found: dict[tuple[str, str], JobKey] = {}
-        source = self.indexes.get(index)
-        for key in list(source or ()):
-            for value in source.get(key) or ():
-                if kind == "Pod":
-                    name = value[1].name
-                elif kind == "Workload":
-                    name = value[1]["metadata"]["name"]
-                else:
-                    name = value
-                found[(key[0], name)] = key
-        return found
-
-    def _audited_kinds(self) -> list[tuple[str, str, str, str]]:
-        kinds = [("Pod", "job_pods", "/api/v1/pods", POD_SELECTOR),
-                 ("Service", "job_services", "/api/v1/services", SERVICE_SELECTOR),
-                 ("ConfigMap", "job_configmaps", "/api/v1/configmaps", CONFIGMAP_SELECTOR),
-                 ("PodDisruptionBudget", "job_pdbs", "/apis/policy/v1/poddisruptionbudgets",
-                  PDB_SELECTOR)]
-        if self.kueue and "job_workloads" in self.indexes:
-            kinds.append(("Workload", "job_workloads",
-                          f"/apis/{self.kube.kueue_group}/{self.kube.kueue_version}/workloads",
-                          WORKLOAD_SELECTOR))
-        return kinds
-
-    async def audit(self) -> int:
-        """List the owned collections once; every indexed object the lists lack becomes a ghost
-        the passes no longer see, and its job is reconciled. Returns the ghosts found."""
-        kinds = self._audited_kinds()
-        found = 0
-        for kind, index, path, selector in kinds:
-            before = self._indexed(kind, index)  # what was indexed before the list started
-            if not before:
-                continue
-            listed = {item async for item in self.kube.list_names(path, selector)}
-            for (namespace, name), key in before.items():
-                if (namespace, name) not in listed and (kind, namespace, name) not in self._ghosts:
-                    log.info("%s %s/%s is gone but still indexed (deleted while unwatched): "
-                             "no pass sees it any more", kind, namespace, name)
-                    self._ghosts.add((kind, namespace, name))
-                    self.queue.add(key)
-                    found += 1
-        # Ghosts whose index entry has gone (their name indexed again as a new object clears
-        # them in _seen) are forgotten.
-        self._ghosts &= {(kind, ns, name) for kind, index, *_ in kinds
-                         for (ns, name) in self._indexed(kind, index)}
-        return found
-
-    def _start_audit(self) -> None:
-        self._audit_due = None
-        self._tasks.append(asyncio.create_task(self._audit_once(), name="index audit"))
-
-    async def _audit_once(self) -> None:
-        try:
-            await self.audit()
-        except Exception as error:  # the next audit tries again
-            log.warning("index audit failed: %r", error)
-        finally:
-            self._tasks = [t for t in self._tasks if not t.done()]
-
-    async def _audit_every(self, seconds: float) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            await self._audit_once()
 
     # ---- the whole run ----------------------------------------------------------------------
     def start(self, indexes: Mapping[str, Index]) -> None:
         """kopf's indexes (as its start-up handler receives them), then the workers."""
         self.indexes = dict(indexes)
         self.queue.start()
-        self._tasks = [asyncio.create_task(self._audit_every(AUDIT_SECONDS),
-                                           name="index audit every 5 minutes")]
+        self.audit.start(self.indexes)
 
     async def stop(self) -> None:
-        if self._audit_due is not None:
-            self._audit_due.cancel()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.audit.stop()
         await self.queue.stop()
         await self.kube.close()

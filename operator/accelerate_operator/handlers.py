@@ -8,8 +8,9 @@ queue runs the job's pass.
   name).
 - Event handlers (`@kopf.on.event`): hand the event to the controller; kopf's `when=` filter is
   the controller's one rule of which events matter (controller.hands_over).
-- Start-up: settings, and the controller started with the indexes; cleanup stops it; the probe
-  answers kopf's liveness endpoint (`--liveness`).
+- Start-up: settings, and the controller started with the indexes, kept in kopf's operator
+  memo (no state of this module's own); cleanup stops it; the probe answers kopf's liveness
+  endpoint (`--liveness`).
 
 Only event and index handlers: kopf writes nothing to a job (no finalizer, which would block
 deleting jobs while the operator is down; no annotation, no diff-base) and posts no events of
@@ -28,25 +29,12 @@ import kopf
 
 from . import metrics
 from .constants import GROUP, PLURAL
-from .controller import (
-    CONFIGMAP_SELECTOR,
-    PDB_SELECTOR,
-    POD_SELECTOR,
-    SERVICE_SELECTOR,
-    WORKLOAD_SELECTOR,
-    Controller,
-    hands_over,
-    lean_job,
-    lean_workload,
-    owner_uid,
-    owning_job,
-    pod_entry,
-)
-from .kube import Kube
-from .kube_reports import ReportKube
+from .controller import Controller, hands_over
+from .indexes import configmap_entry, job_entry, owning_job, pod_entry, workload_entry
+from .kube import OWNED, Kube
 from .kueue import KUEUE_GROUP
-from .observed import Reporting
 from .peering import PeeringFollower
+from .reconciler import Reconciler
 from .report_keeper import CertKeeper
 from .report_presence import Presence
 from .report_server import ReportServer
@@ -76,23 +64,6 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         return None
-
-
-class _Runtime:
-    """The one controller of this process, created at start-up (kopf's login comes first),
-    and what __main__ told kopf: the namespaces watched and this replica's peering identity."""
-
-    controller: Controller | None = None
-    namespaces: list[str] = []  # none: every namespace
-    identity: str | None = None
-    metrics_served = False
-    follower: asyncio.Task | None = None
-    reports: asyncio.Task | None = None  # the report endpoint's start, then its TLS keeper
-    report_server: ReportServer | None = None
-    presence: Presence | None = None
-
-
-RUNTIME = _Runtime()
 
 
 def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
@@ -125,19 +96,16 @@ def _configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.scanning.disabled = True  # no CRD or namespace watching, and no RBAC for it
     settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
     settings.watching.chunk_size = LIST_CHUNK
-    selectors = settings.watching.label_selectors
-    selectors["v1", "pods"] = POD_SELECTOR
-    selectors["v1", "services"] = SERVICE_SELECTOR
-    selectors["v1", "configmaps"] = CONFIGMAP_SELECTOR
-    selectors[KUEUE_GROUP, "workloads"] = WORKLOAD_SELECTOR
-    selectors["policy", "poddisruptionbudgets"] = PDB_SELECTOR
+    for group, plural, _, selector in OWNED.values():  # filtered on the server
+        settings.watching.label_selectors[group, plural] = selector
 
 
-async def _follow_peering(settings: kopf.OperatorSettings, controller: Controller,
-                          presence: Presence) -> None:
+async def _follow_peering(settings: kopf.OperatorSettings, memo: kopf.Memo,
+                          controller: Controller, presence: Presence) -> asyncio.Task:
     """With peering on, no pass runs until the peering object shows this replica active; the
     report Service sends to it only then (report_presence.py)."""
-    kube, name, namespaces = controller.kube, settings.peering.name, RUNTIME.namespaces
+    kube, name = controller.kube, settings.peering.name
+    namespaces = memo.get("namespaces") or []
     await kube.ensure_peering(name, namespaces)
     controller.queue.paused = True
 
@@ -146,38 +114,38 @@ async def _follow_peering(settings: kopf.OperatorSettings, controller: Controlle
         presence.set(active=not paused)
 
     follower = PeeringFollower(lambda: kube.read_peering(name, namespaces),
-                               RUNTIME.identity or "", settings.peering.priority,
+                               memo.get("identity") or "", settings.peering.priority,
                                on_change=on_change)
-    RUNTIME.follower = asyncio.create_task(follower.run(), name="peering follower")
+    return asyncio.create_task(follower.run(), name="peering follower")
 
 
 @kopf.on.startup(id="configure")
-async def configure(settings: kopf.OperatorSettings, **indexes: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes: Any) -> None:
+    """The controller, started with kopf's indexes, kept in kopf's operator memo (every
+    handler's `memo` is a copy of it), with everything that serves beside it."""
     # Bad report endpoint settings stop the start-up here, naming the variable (ValueError).
     reporting = read_report_settings(os.environ, _account_namespace())
     _configure_kopf(settings)
-    controller = Controller(await asyncio.to_thread(Kube), kueue=KUEUE_ENABLED)
+    kube = await asyncio.to_thread(Kube)
+    controller = Controller(kube, Reconciler(kube), kueue=KUEUE_ENABLED)
     if KUEUE_ENABLED:
         # v1beta2 where served (Kueue >= 0.15; v0.20 serves nothing else), else v1beta1; kopf
         # watches the preferred version itself, and the pure code reads both shapes.
         version = await controller.kube.discover_kueue_version()
         log.info("Kueue integration on: Workloads %s", version or "not served (Kueue absent)")
-    presence = RUNTIME.presence = Presence(ReportKube(controller.kube), reporting.namespace,
-                                           reporting.pod)
+    presence = memo.presence = Presence(controller.kube, reporting.namespace, reporting.pod)
     if settings.peering.mandatory and not settings.peering.standalone:
-        await _follow_peering(settings, controller, presence)
+        memo.follower = await _follow_peering(settings, memo, controller, presence)
     presence.set(active=not controller.queue.paused)  # a label left by a restart goes
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
-    RUNTIME.controller = controller
-    controller.reconciler.reporting = Reporting(reporting.endpoint)
-    RUNTIME.reports = asyncio.create_task(_serve_reports(controller, reporting, presence),
-                                          name="report endpoint")
+    memo.controller = controller
+    memo.reports = asyncio.create_task(_serve_reports(memo, controller, reporting, presence),
+                                       name="report endpoint")
     port = os.environ.get("ACCELERATE_OPERATOR_METRICS_PORT")
-    if port and not RUNTIME.metrics_served:
+    if port:
         metrics.count_jobs_from(controller.job_bodies)
-        metrics.start_metrics_server(int(port))
-        RUNTIME.metrics_served = True  # one server per process, across kopf runs in tests
+        metrics.start_metrics_server(int(port))  # once per process, across kopf runs in tests
 
 
 def _account_namespace() -> str | None:
@@ -188,56 +156,53 @@ def _account_namespace() -> str | None:
         return None
 
 
-async def _serve_reports(controller: Controller, settings: ReportSettings,
+async def _serve_reports(memo: kopf.Memo, controller: Controller, settings: ReportSettings,
                          presence: Presence) -> None:
     """The report endpoint (report_server.py) with its TLS (report_keeper.py). A start that
     fails (the Secret cannot be read or written yet) is tried again; the passes run meanwhile,
-    and the pods retry their reports."""
-    api = ReportKube(controller.kube)
-    keeper = CertKeeper(api, settings.namespace, settings.secret, list(settings.names),
-                        RUNTIME.namespaces, CONFIGMAP_SELECTOR)
+    and the pods retry their reports. Once it serves, every job's pass brings its ConfigMap the
+    CA bundle, and again whenever the bundle is renewed."""
+    keeper = CertKeeper(controller.kube, settings.namespace, settings.secret,
+                        list(settings.names))
     while True:
         try:
             context = await keeper.start()
-            server = ReportServer(lambda: RUNTIME.controller, api)
+            server = ReportServer(lambda: controller, controller.kube)
             port = await server.start("0.0.0.0", settings.port, context)
             break
         except Exception as error:  # noqa: BLE001 - logged, tried again
             log.error("the report endpoint cannot start (tried again in %.0f s): %r",
                       REPORT_RETRY_SECONDS, error)
             await asyncio.sleep(REPORT_RETRY_SECONDS)
-    RUNTIME.report_server = server
+    memo.report_server = server
     presence.set(serving=True)
-    controller.reconciler.reporting = Reporting(settings.endpoint, lambda: keeper.bundle)
+    keeper.on_new_bundle = lambda: controller.use_report_endpoint(settings.endpoint,
+                                                                  lambda: keeper.bundle)
+    keeper.on_new_bundle()
     log.info("report endpoint on port %d, reached by the pods at %s", port,
              settings.endpoint.base_url)
     await keeper.run()
 
 
 @kopf.on.cleanup(id="stop")
-async def stop(**_: Any) -> None:
-    if RUNTIME.reports is not None:
-        RUNTIME.reports.cancel()
-        RUNTIME.reports = None
-    if RUNTIME.presence is not None:
-        RUNTIME.presence.stop()
-        RUNTIME.presence = None
-    if RUNTIME.report_server is not None:
-        await RUNTIME.report_server.stop()
-        RUNTIME.report_server = None
-    if RUNTIME.follower is not None:
-        RUNTIME.follower.cancel()
-        RUNTIME.follower = None
-    if RUNTIME.controller is not None:
-        await RUNTIME.controller.stop()
-        RUNTIME.controller = None
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    for name in ("reports", "follower"):
+        task = memo.get(name)
+        if task is not None:
+            task.cancel()
+    if memo.get("presence") is not None:
+        memo.presence.stop()
+    if memo.get("report_server") is not None:
+        await memo.report_server.stop()
+    if memo.get("controller") is not None:
+        await memo.controller.stop()
 
 
 @kopf.on.probe(id="jobs")
-async def probe(**_: Any) -> dict[str, Any]:
+async def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """kopf's liveness endpoint answers only while its event loop does; this adds what the
     operator holds."""
-    controller = RUNTIME.controller
+    controller = memo.get("controller")
     if controller is None:
         return {"started": False}
     return {"jobs": len(controller.states), "queued": len(controller.queue),
@@ -251,10 +216,16 @@ def _hands_over(kind: str):
     return when
 
 
+def _hand(kind: str, event_type: str | None, body: kopf.Body, memo: kopf.Memo) -> None:
+    controller = memo.get("controller")
+    if controller is not None:
+        controller.on_event(kind, event_type, body)
+
+
 # ---- indexes: what a pass reads, by (namespace, job name) ---------------------------------------
 @kopf.index(GROUP, PLURAL, id="job_bodies")
 async def job_bodies(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict:
-    return {(namespace or "", name): lean_job(body)}
+    return {(namespace or "", name): job_entry(body)}
 
 
 @kopf.index("v1", "pods", id="job_pods")
@@ -270,9 +241,9 @@ async def job_services(meta: Mapping[str, Any], name: str, **_: Any) -> dict | N
 
 
 @kopf.index("v1", "configmaps", id="job_configmaps")
-async def job_configmaps(meta: Mapping[str, Any], name: str, **_: Any) -> dict | None:
+async def job_configmaps(body: kopf.Body, meta: Mapping[str, Any], **_: Any) -> dict | None:
     key = owning_job(meta)
-    return {key: name} if key else None
+    return {key: configmap_entry(body)} if key else None
 
 
 @kopf.index("policy", "poddisruptionbudgets", id="job_pdbs")
@@ -285,45 +256,42 @@ if KUEUE_ENABLED:
     @kopf.index(KUEUE_GROUP, "workloads", id="job_workloads")
     async def job_workloads(body: kopf.Body, meta: Mapping[str, Any], **_: Any) -> dict | None:
         key = owning_job(meta)
-        return {key: (owner_uid(meta), lean_workload(body))} if key else None
+        return {key: workload_entry(body)} if key else None
 
     @kopf.on.event(KUEUE_GROUP, "workloads", id="workload_events",
                    when=_hands_over("Workload"))
-    async def workload_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
-        if RUNTIME.controller is not None:
-            RUNTIME.controller.on_event("Workload", type, body)
+    async def workload_events(type: str | None, body: kopf.Body, memo: kopf.Memo,  # noqa: A002
+                              **_: Any) -> None:
+        _hand("Workload", type, body, memo)
 
 
 # ---- events: handed to the controller, filtered by its one rule (_hands_over) --------------------
 @kopf.on.event(GROUP, PLURAL, id="job_events", when=_hands_over("AccelerateJob"))
-async def job_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
-    if RUNTIME.controller is not None:
-        RUNTIME.controller.on_event("AccelerateJob", type, body)
+async def job_events(type: str | None, body: kopf.Body, memo: kopf.Memo,  # noqa: A002
+                     **_: Any) -> None:
+    _hand("AccelerateJob", type, body, memo)
 
 
-@kopf.on.event("v1", "pods", id="pod_events",
-               when=_hands_over("Pod"))
-async def pod_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
-    if RUNTIME.controller is not None:
-        RUNTIME.controller.on_event("Pod", type, body)
+@kopf.on.event("v1", "pods", id="pod_events", when=_hands_over("Pod"))
+async def pod_events(type: str | None, body: kopf.Body, memo: kopf.Memo,  # noqa: A002
+                     **_: Any) -> None:
+    _hand("Pod", type, body, memo)
 
 
-@kopf.on.event("v1", "services", id="service_events",
-               when=_hands_over("Service"))
-async def service_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
-    if RUNTIME.controller is not None:
-        RUNTIME.controller.on_event("Service", type, body)
+@kopf.on.event("v1", "services", id="service_events", when=_hands_over("Service"))
+async def service_events(type: str | None, body: kopf.Body, memo: kopf.Memo,  # noqa: A002
+                         **_: Any) -> None:
+    _hand("Service", type, body, memo)
 
 
 @kopf.on.event("policy", "poddisruptionbudgets", id="pdb_events",
                when=_hands_over("PodDisruptionBudget"))
-async def pdb_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
-    if RUNTIME.controller is not None:
-        RUNTIME.controller.on_event("PodDisruptionBudget", type, body)
+async def pdb_events(type: str | None, body: kopf.Body, memo: kopf.Memo,  # noqa: A002
+                     **_: Any) -> None:
+    _hand("PodDisruptionBudget", type, body, memo)
 
 
-@kopf.on.event("v1", "configmaps", id="configmap_events",
-               when=_hands_over("ConfigMap"))
-async def configmap_events(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002
-    if RUNTIME.controller is not None:
-        RUNTIME.controller.on_event("ConfigMap", type, body)
+@kopf.on.event("v1", "configmaps", id="configmap_events", when=_hands_over("ConfigMap"))
+async def configmap_events(type: str | None, body: kopf.Body, memo: kopf.Memo,  # noqa: A002
+                           **_: Any) -> None:
+    _hand("ConfigMap", type, body, memo)

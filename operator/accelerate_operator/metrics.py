@@ -11,8 +11,8 @@ Where the runtime calls what (the operator's runtime wires these; nothing here s
         when the env is set (the chart sets it from metrics.port);
     count_jobs_from(lambda: the jobs held (metadata and status))                 once, at start-up;
     observe_pass(seconds)                                                        after each pass;
-    record_status_change(old, merged(old, patch), created_at, now)               after each
-        accepted status patch;
+    record_status_change(old, merge_patch(old, patch), created_at, now)          after each
+        accepted status patch (status.merge_patch);
     record_api_error(verb, code)                                                 where an API call
         fails.
 
@@ -60,9 +60,9 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         prefix = "accelerate_operator_"
         # jobs{phase} is counted when scraped, from the source the runtime registers (its job
-        # store or index), else from the counts it last set: no timer keeps it fresh.
-        self.phase_counts: dict[str, int] = dict.fromkeys(PHASES, 0)
+        # index): no timer keeps it fresh.
         self.jobs_source: Callable[[], Iterable[Mapping[str, Any]]] | None = None
+        self.served_on: int | None = None  # the port /metrics is served on
         self.registry.register(_JobsByPhase(self))
         self.registry.register(_JobGoodput(self))
         self.restarts = Counter(f"{prefix}restarts", "Whole-group restarts, by the failure "
@@ -95,8 +95,7 @@ class _JobsByPhase:
         family = GaugeMetricFamily("accelerate_operator_jobs", "AccelerateJobs by phase",
                                    labels=["phase"])
         source = self.metrics.jobs_source
-        counts = (count_phases(job.get("status") for job in source()) if source is not None
-                  else self.metrics.phase_counts)
+        counts = count_phases(job.get("status") for job in (source() if source else ()))
         for phase in PHASES:
             family.add_metric([phase], counts.get(phase, 0))
         yield family
@@ -198,20 +197,6 @@ def compute_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] 
                         seconds if first_step else None)
 
 
-def merged(status: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> dict[str, Any]:
-    """`status` with a JSON merge patch (RFC 7386, as the operator writes status) applied: the
-    `new` that record_status_change wants. Pure."""
-    result = dict(status or {})
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = merged(result[key], value)
-        else:
-            result[key] = value
-    return result
-
-
 def record_status_change(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
                          created_at: datetime, now: datetime,
                          metrics: Metrics = METRICS) -> StatusChange:
@@ -237,11 +222,6 @@ def count_phases(statuses: Iterable[Mapping[str, Any] | None]) -> dict[str, int]
     return counts
 
 
-def set_jobs_by_phase(counts: Mapping[str, int], metrics: Metrics = METRICS) -> None:
-    """Set jobs{phase} from counts (count_phases); for a runtime without a store to read."""
-    metrics.phase_counts = {phase: counts.get(phase, 0) for phase in PHASES}
-
-
 def count_jobs_from(source: Callable[[], Iterable[Mapping[str, Any]]],
                     metrics: Metrics = METRICS) -> None:
     """Count jobs{phase} and the per-job goodput at each scrape from `source()`: the jobs the
@@ -262,6 +242,10 @@ def record_api_error(verb: str, code: int | None, metrics: Metrics = METRICS) ->
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0",  # noqa: S104 (scraped from the pod IP)
-                         metrics: Metrics = METRICS):
-    """Serve /metrics on `port` from a daemon thread; returns (server, thread)."""
+                         metrics: Metrics = METRICS) -> tuple[Any, Any] | None:
+    """Serve /metrics on `port` from a daemon thread, once per registry: (server, thread), or
+    None when it is served already (kopf run again in the same process, as the tests do)."""
+    if metrics.served_on is not None:
+        return None
+    metrics.served_on = port
     return start_http_server(port, addr=addr, registry=metrics.registry)

@@ -1,8 +1,8 @@
 """Turn pod 0's report to the operator's endpoint (report_server.py: the object
 accelerate_trainer.supervise sends from rank 0's `ACCELERATE_PROGRESS {json}` lines, or a
-KEP-2779 trainerStatus made into one) into the job's status.progress, and the trainer's
-`ACCELERATE_TRAINER_INFO {json}` line (the library versions it runs with, at the head of pod 0's
-log) into status.trainer.
+KEP-2779 trainerStatus made into one) into the job's status.progress, and the library versions
+the report carries (the trainer read them at its start) into status.trainer. No pod log is read
+while a job runs: the report is the one channel from the trainer.
 
 Pure: text and a clock in, dicts out. Everything here comes from the user's program, through a
 pod: a report that is malformed or too big is ignored (the status stays as it was), never an
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from accelerate_trainer.contract import MAX_BODY_BYTES, TRAINER_INFO_LINE
+from accelerate_trainer.contract import MAX_BODY_BYTES
 
 from .timefmt import format_time, parse_time
 
@@ -47,6 +47,8 @@ class PushedReport:
     # Restarted in place: the last step of the attempt before, and when pod 0 saw it.
     previous_step: int | None = None
     previous_time: datetime | None = None
+    # The library versions the trainer runs with (read_versions), None when the report has none.
+    versions: Mapping[str, str] | None = None
 
     @property
     def step(self) -> int | None:
@@ -67,12 +69,14 @@ def parse_report(text: str | None) -> PushedReport | None:
     if not isinstance(progress, dict) or _count(progress.get("step")) is None:
         progress = None
     last_output = parse_time(value.get("lastOutputTime"))
-    if progress is None and last_output is None:
+    versions = read_versions(value.get("versions"))
+    if progress is None and last_output is None and versions is None:
         return None
     stamp = value.get("progressTime") if progress is not None else None
     previous = value.get("previous") if isinstance(value.get("previous"), dict) else {}
     return PushedReport(progress, last_output, parse_time(stamp), _count(value.get("attempt")),
-                        _count(previous.get("step")), parse_time(previous.get("progressTime")))
+                        _count(previous.get("step")), parse_time(previous.get("progressTime")),
+                        versions)
 
 
 # status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),
@@ -152,37 +156,27 @@ def progress_changed(current: Mapping[str, Any] | None, new: Mapping[str, Any]) 
     return strip(current) != strip(new)
 
 
-# A version string is short; anything longer is not one (the log is the user's output).
+# A version string is short; anything longer is not one (the report is the pod's own writing).
 MAX_VERSION_LENGTH = 64
 MAX_VERSIONS = 16
 
 
-def parse_trainer_info(log_text: str) -> dict[str, str] | None:
-    """The versions of the last valid trainer info line in `log_text` ({"accelerate": "1.15.0",
-    ...}), or None when there is none (an image older than this operator)."""
-    for match in reversed(list(TRAINER_INFO_LINE.finditer(log_text))):
-        try:
-            info = json.loads(match.group(1))
-        except ValueError:
-            continue
-        versions = info.get("versions") if isinstance(info, dict) else None
-        if isinstance(versions, dict):
-            return {str(name)[:MAX_VERSION_LENGTH]: value
-                    for name, value in list(versions.items())[:MAX_VERSIONS]
-                    if isinstance(value, str) and 0 < len(value) <= MAX_VERSION_LENGTH}
-    return None
+def read_versions(value: Any) -> dict[str, str] | None:
+    """A report's `versions` ({"accelerate": "1.15.0", ...}), at most MAX_VERSIONS short ones;
+    None when it has none."""
+    if not isinstance(value, dict):
+        return None
+    versions = {str(name)[:MAX_VERSION_LENGTH]: version
+                for name, version in list(value.items())[:MAX_VERSIONS]
+                if isinstance(version, str) and 0 < len(version) <= MAX_VERSION_LENGTH}
+    return versions or None
 
 
-def build_trainer_status(versions: Mapping[str, str] | None, attempt: int,
-                         image: str | None) -> dict[str, Any]:
-    """status.trainer for one attempt: the trainer image and the versions its pod 0 reported
-    (a merge patch: `versions` None removes an earlier attempt's)."""
-    status: dict[str, Any] = {"attempt": attempt, "image": image}
-    if versions:
-        status["versions"] = dict(versions)
-        status["message"] = None
-    else:
-        status["versions"] = None
-        status["message"] = ("the trainer reported no versions (its image predates this "
-                             "operator, or its log was cut)")
-    return status
+def build_trainer_status(versions: Mapping[str, str], attempt: int, image: str | None,
+                         current: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """status.trainer for the group of `attempt`: the trainer image and the versions its pod 0
+    reported, as a merge patch over `current` (an earlier group's versions it lacks go)."""
+    before = (current or {}).get("versions") or {}
+    return {"attempt": attempt, "image": image,
+            "versions": {**{name: None for name in before if name not in versions},
+                         **versions}}

@@ -17,7 +17,7 @@ from typing import Any
 from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_AUDIENCE, REPORT_BODY_KEY
 from accelerate_trainer.kubeflow_status import BadReport, TrainerStatus, trainer_status
 
-from .observed import PodState, read_process_exit
+from .pod_state import PodState, read_process_exit
 from .progress import parse_report
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
@@ -81,7 +81,7 @@ def parse_body(body: bytes) -> ReportBody:
 
 
 def check_report(report: Any) -> dict[str, Any]:
-    """The pod's report as the passes read it (progress.parse_report, observed
+    """The pod's report as the passes read it (progress.parse_report, pod_state
     .read_process_exit): an object whose `exit`, `progress` and `lastOutputTime`, where not
     null, are what those read; anything else is refused. A report with all three null (a pod
     whose failed launch was replaced by a new attempt) clears the last one."""

@@ -1,8 +1,9 @@
 """Keeps the report endpoint's TLS: the Secret in the operator's namespace (created if absent,
 so every replica shares one; a replica that loses the race reads the winner's), renewed before
 anything in it expires (report_tls.renew), the server's SSL context loaded from it, and its CA
-bundle written into every job's ConfigMap (contract.REPORT_CA_KEY), whence the kubelet copies
-it into the pods' report volume."""
+bundle (`bundle`) for the jobs' ConfigMaps: each job's own pass writes it there
+(decide.ca_patch), whence the kubelet copies it into the pods' report volume. A new bundle is
+announced (`on_new_bundle`): the controller runs every job's pass."""
 
 from __future__ import annotations
 
@@ -14,9 +15,7 @@ import ssl
 import tempfile
 from collections.abc import Callable
 
-from accelerate_trainer.contract import REPORT_CA_KEY
-
-from .kube_reports import ReportKube
+from .kube import Kube
 from .report_tls import Material, next_check, renew
 
 log = logging.getLogger("accelerate_operator")
@@ -47,11 +46,11 @@ def load_chain(context: ssl.SSLContext, material: Material) -> None:
 
 
 class CertKeeper:
-    def __init__(self, kube: ReportKube, namespace: str, secret: str, names: list[str],
-                 namespaces: list[str], configmap_selector: str,
+    def __init__(self, kube: Kube, namespace: str, secret: str, names: list[str],
+                 on_new_bundle: Callable[[], None] = lambda: None,
                  now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)):
         self.kube, self.namespace, self.secret, self.names = kube, namespace, secret, names
-        self.namespaces, self.selector, self.now = namespaces, configmap_selector, now
+        self.on_new_bundle, self.now = on_new_bundle, now
         self.material: Material | None = None
         self.context: ssl.SSLContext | None = None
 
@@ -83,33 +82,18 @@ class CertKeeper:
         self.context = server_context(self.material)
         return self.context
 
-    async def sync_configmaps(self) -> int:
-        """Write the CA bundle into every job ConfigMap that holds another; returns how many."""
-        bundle, changed = self.bundle, 0
-        async for item in self.kube.configmaps(self.namespaces, self.selector):
-            if bundle and (item.get("data") or {}).get(REPORT_CA_KEY) != bundle:
-                metadata = item["metadata"]
-                await self.kube.patch_configmap(metadata["namespace"], metadata["name"],
-                                                {REPORT_CA_KEY: bundle})
-                changed += 1
-        return changed
-
     async def _once(self) -> None:
         material = await self.ensure()
         if material != self.material:
             self.material = material
             if self.context is not None:
                 load_chain(self.context, material)
-            log.info("report endpoint TLS reloaded; %d job ConfigMaps given the new CA bundle",
-                     await self.sync_configmaps())
+            log.info("report endpoint TLS reloaded: every job's pass brings its ConfigMap the "
+                     "new CA bundle")
+            self.on_new_bundle()
 
     async def run(self) -> None:
-        """Bring the jobs' ConfigMaps up to the bundle once, then renew when due, and read the
-        Secret again every RELOAD_SECONDS."""
-        try:
-            await self.sync_configmaps()
-        except Exception as error:  # noqa: BLE001 - the next change syncs again
-            log.warning("writing the CA bundle into the jobs' ConfigMaps failed: %r", error)
+        """Renew when due, and read the Secret again every RELOAD_SECONDS."""
         while True:
             wait = RELOAD_SECONDS
             if self.material is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .kube_reports import ReportKube
+from .kube import Kube
 
 log = logging.getLogger("accelerate_operator")
 
@@ -22,7 +22,7 @@ class Presence:
     serves, in order, retrying a failed write. Without a pod name (the operator not in a pod)
     it labels nothing."""
 
-    def __init__(self, api: ReportKube, namespace: str, pod: str | None):
+    def __init__(self, api: Kube, namespace: str, pod: str | None):
         self.api, self.namespace, self.pod = api, namespace, pod
         self.active = self.serving = False
         self.wanted: bool | None = None

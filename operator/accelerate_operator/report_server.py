@@ -22,16 +22,15 @@ import ssl
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from accelerate_trainer.contract import MAX_BODY_BYTES
 from aiohttp import web
 
-from .controller import Controller
-from .kube_reports import ReportKube
+from .kube import Kube
 from .naming import report_path
-from .report_checks import Caller, Refused, authorize, parse_body, read_caller
-from .report_store import BadReport, RateLimiter, ReviewCache
+from .report_checks import Caller, Refused, ReportBody, parse_body, read_caller
+from .report_store import RateLimiter, ReviewCache
 from .timefmt import utcnow
 
 log = logging.getLogger("accelerate_operator")
@@ -46,8 +45,17 @@ REVIEW_TTL, REVIEW_NEGATIVE_TTL = 60.0, 10.0
 NOT_ACTIVE_RETRY_SECONDS = 5
 
 
+class ReportTaker(Protocol):
+    """Who the reports go to: the controller (controller.py), through one method."""
+
+    paused: bool
+
+    def take_report(self, key: tuple[str, str], caller: Caller, body: ReportBody,
+                    now: datetime) -> None: ...
+
+
 class ReportServer:
-    def __init__(self, controller: Callable[[], Controller | None], kube: ReportKube,
+    def __init__(self, controller: Callable[[], ReportTaker | None], kube: Kube,
                  clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], datetime] = utcnow):
         self.controller, self.kube, self.clock, self.now = controller, kube, clock, now
@@ -78,7 +86,7 @@ class ReportServer:
     async def take(self, namespace: str, name: str, authorization: str, raw: bytes) -> None:
         """One report, taken or Refused."""
         controller = self.controller()
-        if controller is None or controller.queue.paused:
+        if controller is None or controller.paused:
             raise Refused(503, "this replica is not the active one", NOT_ACTIVE_RETRY_SECONDS)
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -89,21 +97,7 @@ class ReportServer:
             raise Refused(429, "too many reports from this pod", wait)
         body = parse_body(raw)
         caller = await self.caller(digest, token.strip())
-        key = (namespace, name)
-        group = controller.current_group(key)
-        if group is None:
-            raise Refused(404, f"no AccelerateJob {namespace}/{name}")
-        pod = authorize(caller, namespace, name, group[0], group[1],
-                        controller.pod_entries(key), body)
-        try:
-            if body.report is not None:
-                controller.reports.take_report(key, pod.uid, body.report)
-            if body.trainer_status is not None:
-                controller.reports.take_trainer_status(key, pod.uid, body.trainer_status,
-                                                       self.now())
-        except BadReport as error:
-            raise Refused(400, f"trainerStatus: {error}") from None
-        controller.queue.add(key)
+        controller.take_report((namespace, name), caller, body, self.now())
 
     async def caller(self, digest: str, token: str) -> Caller:
         """The pod a token is bound to, by a TokenReview (cached); Refused 401 or 429."""

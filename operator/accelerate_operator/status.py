@@ -1,4 +1,6 @@
-"""Writing status: the conditions, phase, node counts and events a pass builds (StatusBuilder)."""
+"""Writing status: the conditions, phase, node counts and events a pass builds (StatusBuilder),
+and the few facts read back from a status (attempt_of, group_attempt) or merged into one
+(merge_patch). The one status write of a pass is decide.py's. Pure."""
 
 from __future__ import annotations
 
@@ -13,18 +15,20 @@ from .constants import (
     CONDITION_TYPES,
     CREATED,
     FAILED,
+    FIELD_MANAGER,
+    GROUP,
+    KIND,
     PENDING,
     QUEUED,
     RESTARTING,
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
+    VERSION,
     WAITING,
 )
-from .goodput import Moment, update_goodput
-from .observed import Observed, PodState, group_attempt
-from .progress import build_progress_status, build_trainer_status, progress_changed
-from .timefmt import format_time, parse_time
+from .pod_state import PodState
+from .timefmt import format_time
 
 # True while the job's accelerate config holds values accelerate would drop harmlessly (the
 # render's JobSpec.config_warnings); listed after the phase conditions. Set on the pass that
@@ -38,6 +42,21 @@ class Event:
     type: str  # Normal or Warning
     reason: str
     message: str
+
+
+def build_event(metadata: Mapping[str, Any], event: Event, now: datetime) -> dict[str, Any]:
+    """A core/v1 Event about the job (what `kubectl describe` lists); the API server names it
+    (generateName), as client-go's recorder has it named."""
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{metadata['name']}.", "namespace": metadata["namespace"]},
+        "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                           "name": metadata["name"], "namespace": metadata["namespace"],
+                           "uid": metadata.get("uid")},
+        "type": event.type, "reason": event.reason, "message": event.message[:1024],
+        "firstTimestamp": format_time(now), "lastTimestamp": format_time(now), "count": 1,
+        "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+    }
 
 
 class StatusBuilder:
@@ -127,49 +146,26 @@ class StatusBuilder:
         return None
 
 
-# Status keys from what pod 0 reported (observe.py), and the goodput they move: written only when
-# this pass writes, never put back from an older copy, and not compared with the planned status.
-READER_KEYS = ("progress", "trainer", "goodput")
+def attempt_of(status: Mapping[str, Any]) -> int:
+    """status.attempt: the attempt the training processes run."""
+    return int(status.get("attempt") or 0)
 
 
-def build_status_write(seen: Observed, planned: Mapping[str, Any], now: datetime
-                  ) -> dict[str, Any] | None:
-    """The one status write of this pass: the planned status when it changed, plus pod 0's
-    progress and versions when this pass has new ones; None when there is nothing new."""
-    status = _changed(seen.status, planned)
-    readings: dict[str, Any] = {}
-    if seen.progress_report is not None:
-        current = seen.status.get("progress") or {}
-        new = build_progress_status(seen.progress_report, now)
-        if progress_changed(current, new):
-            # A merge patch keeps keys it does not name: null out those the new report lacks.
-            readings["progress"] = {**{key: None for key in current if key not in new}, **new}
-    if seen.trainer_info_read:
-        containers = (seen.job.template.get("spec") or {}).get("containers") or [{}]
-        readings["trainer"] = build_trainer_status(
-            seen.trainer_versions, group_attempt(seen.status), containers[0].get("image"))
-    if status is None and not readings:
-        return None
-    return {**(status or {}), **readings,
-            "goodput": _goodput(seen, planned, (readings.get("progress") or {}).get("step"), now)}
+def group_attempt(status: Mapping[str, Any]) -> int:
+    """The attempt the group's pods were created for (their label): status.groupAttempt, left
+    out while it is status.attempt (in-place restarts move only status.attempt)."""
+    return int(status.get("groupAttempt", status.get("attempt")) or 0)
 
 
-def _goodput(seen: Observed, planned: Mapping[str, Any], step: int | None,
-             now: datetime) -> dict[str, Any]:
-    """status.goodput, moved by this pass (goodput.py); written only with a status write that
-    happens anyway, so it costs no request of its own."""
-    created = parse_time(seen.body["metadata"].get("creationTimestamp")) or now
-    moment = Moment(now, created, seen.status.get("phase"), planned.get("phase"),
-                    int(seen.status.get("attempt") or 0), int(planned.get("attempt") or 0), step,
-                    seen.progress_time if step is not None else None,
-                    seen.previous_step, seen.previous_time)
-    return update_goodput(seen.status.get("goodput"), moment)
-
-
-def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The status to write, or None when it says nothing new. status.progress and
-    status.trainer are not the planner's (only what pod 0 reports writes them), so they are
-    neither written nor compared."""
-    public = {k: v for k, v in new.items() if k not in READER_KEYS}
-    previous = {k: v for k, v in old.items() if k not in READER_KEYS}
-    return public if public != previous else None
+def merge_patch(document: Mapping[str, Any] | None, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`document` with a JSON merge patch (RFC 7386, as the operator writes status) applied:
+    null removes a key, an object merges into an object, anything else replaces."""
+    result = dict(document or {})
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merge_patch(result[key], value)
+        else:
+            result[key] = value
+    return result

@@ -19,7 +19,7 @@ def utcnow() -> datetime:
 
 
 def naive_utc(moment: datetime) -> datetime:
-    """UTC without tzinfo, as parse_time and the planner's clock give it."""
+    """UTC without tzinfo, as parse_time and a pass's clock give it."""
     if moment.tzinfo is None:
         return moment
     return (moment - moment.utcoffset()).replace(tzinfo=None)

@@ -9,9 +9,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from accelerate_operator.kube import ConfigMapMissing, NamespaceTerminating, Rejected
-from accelerate_operator.kueue import ADMISSION_CONDITIONS, ADMISSION_MANAGER
-from accelerate_operator.observed import PodState, read_pod_state
+from accelerate_operator.pod_state import PodState, read_pod_state
 from accelerate_operator.resources.configmap import ConfigSource
+
+# Kueue's own field manager for the admission, and the conditions it sets: how a test stands in
+# for Kueue's scheduler (the operator never writes under it).
+ADMISSION_MANAGER = "kueue-admission"
+ADMISSION_CONDITIONS = ("QuotaReserved", "BlockedOnPreemptionGates", "Evicted", "Admitted",
+                        "Preempted", "Requeued", "DeactivationTarget", "Finished", "PodsReady")
 
 
 class FakeKube:
@@ -61,8 +66,8 @@ class FakeKube:
 
     async def read_pod_log(self, namespace: str, name: str, tail_lines: int | None,
                            previous: bool = False, container: str | None = None,
-                           limit_bytes: int | None = None, timestamps: bool = False) -> str:
-        self.calls.append(("log", name) if limit_bytes is None else ("log-head", name))
+                           timestamps: bool = False) -> str:
+        self.calls.append(("log", name))
         text = self.logs.get(name, "")
         if tail_lines is not None:  # as the kubelet: only the last lines
             text = "".join(text.splitlines(keepends=True)[-tail_lines:])
@@ -74,6 +79,12 @@ class FakeKube:
         if key not in data:
             raise ConfigMapMissing(f"ConfigMap {name!r} with key {key!r} does not exist")
         return ConfigSource(name=name, key=key, text=data[key], files=dict(data))
+
+    async def patch_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        self.calls.append(("patch", "ConfigMap", name))
+        configmap = self.objects.get(("ConfigMap", name))
+        if configmap is not None:
+            configmap.setdefault("data", {}).update(data)
 
     async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         self.calls.append(("patch", "Workload", name))

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 from accelerate_operator.constants import API_VERSION, KIND
-from accelerate_operator.observed import PodState
+from accelerate_operator.pod_state import PodState
 
 from devtools.images import TRAINER_CPU_IMAGE
 

@@ -84,3 +84,11 @@ def workload_crd(group: str, versions: tuple[str, ...]) -> dict[str, Any]:
                          for i, v in enumerate(versions)],
         },
     }
+
+
+def read_priority_class(workload: dict[str, Any]) -> str | None:
+    """The WorkloadPriorityClass a Workload names, as Kueue reads it: v1beta1
+    spec.priorityClassName (+ priorityClassSource), v1beta2 spec.priorityClassRef.name."""
+    spec = workload.get("spec") or {}
+    ref = spec.get("priorityClassRef") or {}
+    return ref.get("name") or spec.get("priorityClassName") or None

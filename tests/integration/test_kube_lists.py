@@ -32,7 +32,7 @@ def test_the_audit_lists_names_from_metadata_only_pages(kubeconfig, namespace, m
     objects.append(configmap("not-ours", namespace, {"app": "other"}))
     kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in objects),
             kubeconfig=kubeconfig)
-    monkeypatch.setattr("accelerate_operator.kube.LIST_PAGE", 2)  # three pages
+    monkeypatch.setattr("accelerate_operator.kube.client.LIST_PAGE", 2)  # three pages
     path = f"/api/v1/namespaces/{namespace}/configmaps"
 
     async def scenario():

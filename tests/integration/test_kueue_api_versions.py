@@ -22,17 +22,16 @@ import kubernetes
 import pytest
 from accelerate_operator.api import parse_job
 from accelerate_operator.kube import Kube
-from accelerate_operator.kueue import (
+from accelerate_operator.kueue.writes import (
     build_active_patch,
     build_condition_apply,
     build_quota_release,
-    read_priority_class,
+    build_workload,
 )
-from accelerate_operator.resources.workload import build_workload
 
 from devtools.cluster import kubectl, kubectl_json
 from tests.helpers.jobs import JobBuilder
-from tests.helpers.kueue_crds import workload_crd
+from tests.helpers.kueue_crds import read_priority_class, workload_crd
 
 pytestmark = pytest.mark.cluster
 

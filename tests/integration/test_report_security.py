@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from accelerate_operator.observe import PROGRESS_WRITE_SECONDS
+from accelerate_operator.decide import PROGRESS_WRITE_SECONDS
 from accelerate_operator.report_server import CALLER_BURST, CALLER_RATE
 from accelerate_operator.report_tls import renew
 from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_BODY_KEY

@@ -7,12 +7,15 @@ from __future__ import annotations
 import accelerate_trainer.__main__ as trainer_main
 import pytest
 from accelerate_job import session
+from accelerate_trainer import termination
 
 
 @pytest.fixture
 def termination_log(tmp_path, monkeypatch):
+    """The file the kubelet makes for a container's last word, where the trainer writes it."""
     path = tmp_path / "termination-log"
-    monkeypatch.setattr(trainer_main, "TERMINATION_LOG", path)
+    path.write_text("")
+    monkeypatch.setattr(termination, "TERMINATION_LOG", path)
     return path
 
 

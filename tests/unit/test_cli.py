@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from types import SimpleNamespace
 
 import kubernetes
@@ -19,6 +20,7 @@ from accelerate_job import (
     cli,
     render,
     submit,
+    table,
 )
 from kubernetes.client.rest import ApiException
 
@@ -304,7 +306,7 @@ def test_top_prints_the_table_with_bars_after_each_change_when_not_a_terminal(fa
     for command in (["top"], ["list", "-w"]):
         code, out, _ = run(*command)
         first, second, third = out.split("\n\n")
-        assert first.splitlines()[0].split() == list(render.COLUMNS)
+        assert first.splitlines()[0].split() == table.header()
         assert "━" in first and "12/40 (30%)" in first and "1m20s" in first
         assert [line.split()[:2] for line in third.splitlines()[1:]] == [
             ["bert", "Queued"], ["llm", "Succeeded"]]
@@ -321,12 +323,26 @@ def test_status_view_draws_a_bar_and_colours_the_phase():
     assert "━" in progress_line and "12/40 (30%)  epoch 0" in progress_line
 
 
-def test_list_is_a_table_like_kubectl_get(fake):
+def cells(text: str) -> list[dict[str, str]]:
+    """A table as kubectl prints it (left-aligned columns), read back by its header's places."""
+    header, *lines = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    names = header.split()
+    return [{name: line[start:end].strip() for name, start, end
+             in zip(names, starts, [*starts[1:], None], strict=True)} for line in lines]
+
+
+def test_list_is_the_table_kubectl_get_prints(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
     code, out, _ = run("list")
-    header, row = out.splitlines()
-    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE"]
-    assert row.split()[:7] == ["llm", "Running", "2/2", "1", "12/40", "(30%)", "1m20s"]
+    assert out.splitlines()[0].split() == [
+        "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "READY", "RESTARTS", "COUNTED",
+        "GOODPUT", "PROGRESS", "ETA", "AGE"] == table.header()
+    (row,) = cells(out)
+    assert {k: row[k] for k in ("NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA")} == {
+        "NAME": "llm", "PHASE": "Running", "READY": "2/2", "RESTARTS": "1",
+        "PROGRESS": "12/40 (30%)", "ETA": "1m20s"}
+    assert row["QUEUE"] == row["REASON"] == ""  # what the job's status lacks: kubectl's blank
 
 
 def in_namespace(body, namespace, name=None):
@@ -341,20 +357,22 @@ def test_list_all_namespaces_puts_the_namespace_first_as_kubectl_does(fake):
     code, out, _ = run("list", "-A")
     header, *rows = out.splitlines()
     assert code == 0 and client.all_namespaces is True
-    assert header.split() == ["NAMESPACE", *render.COLUMNS]
+    assert header.split() == ["NAMESPACE", *table.header()]
     assert [row.split()[:3] for row in rows] == [["team-b", "bert", "Queued"],
                                                  ["team-a", "llm", "Running"]]
     assert run("list", "--all-namespaces")[1] == out
 
 
-def test_list_wide_adds_topology_port_counted_attempt_queue_and_accelerate(fake):
+def test_list_wide_adds_the_columns_kubectl_wide_adds(fake):
     fake(FakeClient([job(progress=PROGRESS, restartsCounted=0,
                          topology={"summary": "2x2", "masterPort": 29500},
                          trainer={"versions": {"accelerate": "1.15.0"}})]))
     code, out, _ = run("list", "-o", "wide")
-    header, row = out.splitlines()
-    assert header.split() == [*render.COLUMNS, *render.WIDE_COLUMNS]
-    assert row.split()[-6:] == ["2x2", "29500", "0", "1", "-", "1.15.0"]
+    assert out.splitlines()[0].split() == table.header(wide=True)
+    assert set(table.header(wide=True)) - set(table.header()) == {"PORT", "ACCELERATE"}
+    (row,) = cells(out)
+    assert [row[k] for k in ("TOPOLOGY", "PORT", "COUNTED", "QUEUE", "ACCELERATE")] == [
+        "2x2", "29500", "0", "", "1.15.0"]
 
 
 def test_list_and_status_print_yaml_for_scripts(fake):

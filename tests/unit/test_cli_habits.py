@@ -193,7 +193,8 @@ def test_get_prints_one_job_or_every_job_as_kubectl_does(fake):
     fake(Client(ajob("a"), ajob("b", "Succeeded")))
     code, out, _ = run("get")
     assert code == 0 and out.splitlines()[0].split() == [
-        "NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE"]
+        "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "READY", "RESTARTS", "COUNTED",
+        "GOODPUT", "PROGRESS", "ETA", "AGE"]
     assert [line.split()[:2] for line in out.splitlines()[1:]] == [["a", "Running"],
                                                                    ["b", "Succeeded"]]
     assert run("get", "b", "-o", "name") == (
@@ -325,11 +326,12 @@ def test_describe_of_a_job_with_nothing_yet_says_none(fake):
                                                "up)\nEvents:\n  <none>")
 
 
-def test_status_wide_adds_the_columns_get_wide_adds(fake):
+def test_status_wide_adds_the_table_columns_its_block_does_not_show(fake):
     fake(Client(ajob("a", topology={"summary": "2x4", "masterPort": 29500},
                      queue={"name": "team-q"})))
     code, out, _ = run("status", "a", "-o", "wide")
     lines = out.splitlines()
     assert code == 0 and lines[0] == "Name:         a (namespace team)"
-    assert lines[-6:] == ["Topology:     2x4", "Port:         29500", "Counted:      -",
-                          "Attempt:      -", "Queue:        team-q", "Accelerate:   -"]
+    assert lines[-6:] == ["Reason:       -", "Queue:        team-q", "Topology:     2x4",
+                          "Port:         29500", "Counted:      -", "Accelerate:   -"]
+    assert any(line.startswith("Restarts:") for line in lines)  # the attempt is said there

@@ -8,11 +8,12 @@ from datetime import datetime
 import pytest
 import yaml
 from accelerate_operator.api import SpecError, parse_job
-from accelerate_operator.decision import plan_reconcile
+from accelerate_operator.lifecycle import JobError, run_lifecycle
 from accelerate_operator.resources.configmap import ConfigSource, prepare_config
 from accelerate_trainer.config import ConfigError, check_job_fits
 from accelerate_trainer.deepspeed_checks import check_deepspeed, parse_deepspeed_json
-from accelerate_trainer.fsdp_checks import check_fsdp, names_from_accelerate
+from accelerate_trainer.fsdp_checks import check_fsdp
+from accelerate_trainer.schema import load as load_schema
 
 from tests.helpers.jobs import JobBuilder
 
@@ -71,12 +72,12 @@ def test_configmap_topology_waits_for_the_configmap_then_is_recorded_in_status()
     body["spec"]["accelerateConfigFrom"] = {"configMapKeyRef": {"name": "cm", "key": "a.yaml"}}
     job = parse_job(body)
     assert not job.topology_resolved
-    plan = plan_reconcile(job, {}, [], NOW, config_error="ConfigMap 'cm' missing")
+    plan = run_lifecycle(job, {}, [], NOW, error=JobError("ConfigMap 'cm' missing"))
     assert "topology" not in plan.status  # nothing known yet: nothing shown
 
     text = "distributed_type: MULTI_CPU\nuse_cpu: true\nnum_machines: 2\nnum_processes: 4\n"
     job, _ = prepare_config(job, ConfigSource("cm", "a.yaml", text))
-    plan = plan_reconcile(job, {}, [], NOW)
+    plan = run_lifecycle(job, {}, [], NOW)
     assert plan.status["topology"] == {"numNodes": 2, "numProcPerNode": 2, "worldSize": 4,
                                        "masterPort": 29500, "summary": "2x2"}
     assert plan.create == (0, 1)
@@ -248,14 +249,14 @@ def fsdp(**block):
 ])
 def test_fsdp_keys_are_checked_against_the_installed_accelerate(block, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_fsdp(fsdp(**block), names_from_accelerate())
+        check_fsdp(fsdp(**block), load_schema().fsdp)
 
 
 def test_fsdp_names_accept_accelerates_numbers_and_any_case():
     check_fsdp(fsdp(fsdp_sharding_strategy=1, fsdp_state_dict_type="sharded_state_dict",
                     fsdp_auto_wrap_policy="TRANSFORMER_BASED_WRAP",
                     fsdp_transformer_layer_cls_to_wrap="LlamaDecoderLayer"),
-               names_from_accelerate())
+               load_schema().fsdp)
 
 
 def test_fsdp_block_of_another_distributed_type_is_ignored_as_accelerate_does():

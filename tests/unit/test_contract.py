@@ -7,7 +7,7 @@ import io
 from datetime import datetime
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.decision import plan_reconcile
+from accelerate_operator.lifecycle import run_lifecycle
 from accelerate_operator.progress import build_progress_status, parse_report
 from accelerate_operator.resources.configmap import build_configmap
 from accelerate_operator.resources.pods import build_pod
@@ -69,7 +69,7 @@ def test_a_report_names_its_attempt_and_a_relaunch_drops_the_last_attempts_progr
 
 def test_the_trainer_config_exit_code_fails_the_job_at_once():
     job = parse_job(JobBuilder("llm").nodes(1).build())
-    plan = plan_reconcile(job, {"phase": "Running", "attempt": 0}, [
+    plan = run_lifecycle(job, {"phase": "Running", "attempt": 0}, [
         pod("llm", 0, "Failed", exit_code=contract.CONFIG_ERROR_EXIT_CODE)], datetime(2026, 1, 1))
     assert plan.status["phase"] == "Failed" and plan.status["restarts"] == 0
 
@@ -84,7 +84,7 @@ def test_a_failed_launchs_root_cause_the_trainer_reports_is_one_the_operator_rea
     import json
     from pathlib import Path
 
-    from accelerate_operator.observed import read_process_exit
+    from accelerate_operator.pod_state import read_process_exit
     from accelerate_trainer.root_cause import from_launch
 
     captured = Path(__file__).parent / "launch_failures" / "sigkill_rank_1" / "launch-report.json"

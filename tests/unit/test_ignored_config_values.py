@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from accelerate_operator.api import parse_job
-from accelerate_operator.decision import plan_reconcile
-from accelerate_operator.observed import Observed
-from accelerate_operator.plan import plan_pass
+from accelerate_operator.decide import decide
+from accelerate_operator.lifecycle import run_lifecycle
 from accelerate_operator.resources.configmap import ConfigSource, prepare_config
 from accelerate_operator.status import CONFIG_WARNINGS
 from accelerate_trainer import __main__ as trainer_main
@@ -30,6 +29,7 @@ from accelerate_trainer.ignored import (
 
 from devtools.examples import EXAMPLES_DIR, load_example
 from tests.helpers.jobs import JobBuilder, pod
+from tests.helpers.passes import snapshot
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 CPU = {"distributed_type": "MULTI_CPU", "use_cpu": True}
@@ -193,7 +193,7 @@ def test_every_example_renders_without_refusal_or_warning(path):
 
 def test_config_warnings_give_one_warning_event_and_a_condition_that_stays():
     job, _ = render(cpu_job(downcast_bf16=True))
-    first = plan_reconcile(job, {}, [], NOW)
+    first = run_lifecycle(job, {}, [], NOW)
     events = [(e.type, e.reason) for e in first.events]
     assert ("Warning", "IgnoredConfigValues") in events
     condition = next(c for c in first.status["conditions"] if c["type"] == CONFIG_WARNINGS)
@@ -201,7 +201,7 @@ def test_config_warnings_give_one_warning_event_and_a_condition_that_stays():
     assert condition["message"].startswith(
         "1 accelerate config value(s) would be ignored; training goes on: downcast_bf16 True")
     # Later passes do not render the config again: the condition stays, no second event.
-    later = plan_reconcile(parse_job(cpu_job(downcast_bf16=True)), first.status,
+    later = run_lifecycle(parse_job(cpu_job(downcast_bf16=True)), first.status,
                            [pod("j", 0), pod("j", 1)], NOW)
     assert CONFIG_WARNINGS not in [e.reason for e in later.events]
     assert [c for c in later.status["conditions"] if c["type"] == CONFIG_WARNINGS] == [condition]
@@ -209,24 +209,22 @@ def test_config_warnings_give_one_warning_event_and_a_condition_that_stays():
 
 
 def test_a_config_without_dropped_values_has_no_config_warnings_condition():
-    plan = plan_reconcile(render(cpu_job())[0], {}, [], NOW)
+    plan = run_lifecycle(render(cpu_job())[0], {}, [], NOW)
     assert CONFIG_WARNINGS not in {c["type"] for c in plan.status["conditions"]}
     assert "IgnoredConfigValues" not in {e.reason for e in plan.events}
 
 
-def test_plan_pass_carries_the_renders_warnings_into_the_status_and_events():
+def test_decide_carries_the_renders_warnings_into_the_status_and_events():
     body = cpu_job(tpu_zone="us-central1-a")
-    actions = plan_pass(Observed(body=body, job=parse_job(body), status={}, pods=(),
-                                 children=frozenset()), NOW)
+    actions = decide(snapshot(body, NOW))
     assert len(actions.pods) == 2
-    assert "IgnoredConfigValues" in {e.reason for e in actions.plan.events}
+    assert "IgnoredConfigValues" in {e.reason for e in actions.outcome.events}
     assert CONFIG_WARNINGS in {c["type"] for c in actions.status["conditions"]}
 
 
 def test_a_refused_config_fails_the_job_without_pods_naming_the_key():
     body = cpu_job(mixed_precision="fp16")
-    actions = plan_pass(Observed(body=body, job=parse_job(body), status={}, pods=(),
-                                 children=frozenset()), NOW)
+    actions = decide(snapshot(body, NOW))
     assert actions.status["phase"] == "Failed" and not actions.pods and not actions.children
     failed = next(c for c in actions.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidConfig"
@@ -323,8 +321,7 @@ def trainer_env(config_file: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def pod_main(tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_main, "TERMINATION_LOG", tmp_path / "termination-log")
+def pod_main(tmp_path, monkeypatch, termination_log):
     monkeypatch.setattr(trainer_main.os, "execvpe", lambda *args: None)
     monkeypatch.setattr(trainer_main, "wait_for_master", lambda *a, **k: None)
 

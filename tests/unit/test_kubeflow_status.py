@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 
 import pytest
 from accelerate_operator.progress import build_progress_status
-from accelerate_trainer.contract import format_progress_line
+from accelerate_operator.report_checks import Refused, parse_body
+from accelerate_trainer.contract import MAX_BODY_BYTES, format_progress_line
 from accelerate_trainer.kubeflow_status import (
-    MAX_BODY,
     BadReport,
     KubeflowProgress,
     TrainerStatus,
-    parse_trainer_status,
+    trainer_status,
 )
 
 from tests.helpers.reports import pushed_progress
@@ -24,6 +24,12 @@ from tests.helpers.reports import pushed_progress
 
 def body(**status) -> bytes:
     return json.dumps({"trainerStatus": status}).encode()
+
+
+def parse_trainer_status(raw: bytes) -> TrainerStatus:
+    """A POST body's trainerStatus as the report endpoint reads it (report_checks.parse_body
+    checks the body, then kubeflow_status.trainer_status the object)."""
+    return trainer_status(json.loads(raw)["trainerStatus"])
 
 
 def metrics(**values) -> list[dict[str, str]]:
@@ -43,8 +49,16 @@ def test_a_step_report_as_transformers_sends_it_is_parsed():
 @pytest.mark.parametrize(("raw", "reason"), [
     (b"{not json", "not JSON"),
     (b"\xff\xfe", "not JSON"),
-    (b"[]", "no trainerStatus"),
-    (json.dumps({"trainerStatus": 5}).encode(), "no trainerStatus"),
+    (b"[]", "not an object with 'trainerStatus'"),
+    (json.dumps({"trainerStatus": 5}).encode(), "trainerStatus is not an object"),
+    (b" " * (MAX_BODY_BYTES + 1), "over"),
+])
+def test_bad_bodies_are_refused_by_the_endpoint_with_the_reason(raw, reason):
+    with pytest.raises(Refused, match=reason):
+        parse_body(raw)
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
     (body(progressPercentage=101), "outside 0-100"),
     (body(progressPercentage=-1), "outside 0-100"),
     (body(progressPercentage="NaN"), "finite"),
@@ -60,11 +74,12 @@ def test_a_step_report_as_transformers_sends_it_is_parsed():
     (body(metrics=metrics(current_step=1.5)), "step count"),
     (body(metrics=metrics(total_steps=10**13)), "step count"),
     (body(metrics=[{"name": f"m{i}", "value": "1"} for i in range(33)]), "at most 32"),
-    (b" " * (MAX_BODY + 1), "over"),
 ])
-def test_bad_bodies_are_refused_with_the_reason(raw, reason):
+def test_bad_trainer_statuses_are_refused_with_the_reason(raw, reason):
     with pytest.raises(BadReport, match=reason.replace("{", r"\{").replace("}", r"\}")):
         parse_trainer_status(raw)
+    with pytest.raises(Refused, match=reason.replace("{", r"\{").replace("}", r"\}")):
+        parse_body(raw)  # the endpoint's 400 says the same
 
 
 def test_a_whole_run_becomes_lines_from_0_to_total_with_eta_0_at_the_end():

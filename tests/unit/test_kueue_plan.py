@@ -11,23 +11,21 @@ from datetime import datetime
 
 import pytest
 from accelerate_operator.api import parse_job
-from accelerate_operator.kueue import (
-    KueueVersionError,
-    QueueContext,
+from accelerate_operator.kueue import KueueVersionError, KueueView, choose_kueue_version
+from accelerate_operator.kueue.placement import Placement, with_placement
+from accelerate_operator.kueue.workload import (
     TopologyError,
-    build_quota_release,
-    choose_kueue_version,
-    read_priority_class,
     read_topology_assignment,
     read_workload,
 )
+from accelerate_operator.kueue.writes import build_quota_release, build_workload
 from accelerate_operator.reconciler import Reconciler
 from accelerate_operator.resources.pods import build_pod
-from accelerate_operator.resources.workload import build_workload, with_flavors
 from accelerate_operator.state import JobState
 
 from tests.helpers.fake_kube import FakeKube
 from tests.helpers.jobs import JobBuilder
+from tests.helpers.kueue_crds import read_priority_class
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 STAMP = "2026-01-01T12:00:00Z"
@@ -129,7 +127,7 @@ def test_the_workload_has_one_pod_set_of_all_nodes_with_the_pods_resources_and_p
         },
     }
     assert pod_spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    assert read_priority_class(workload) == "high"
+    assert read_priority_class(workload) == "high"  # as Kueue reads it
 
 
 def test_a_v1beta2_workload_names_its_priority_class_by_reference():
@@ -154,7 +152,8 @@ def test_a_suspended_job_gets_an_inactive_workload_without_priority_fields():
 def test_admitted_flavors_join_the_pods_node_selector_and_tolerations():
     pod = build_pod(parse_job(queued_job()), 1, 0)
     pod["spec"]["nodeSelector"] = {"zone": "a"}
-    placed = with_flavors(pod, GPU_FLAVOR["nodeLabels"], GPU_FLAVOR["tolerations"])
+    placed = with_placement(pod, Placement(GPU_FLAVOR["nodeLabels"],
+                                           tuple(GPU_FLAVOR["tolerations"])), 1)
     assert placed["spec"]["nodeSelector"] == {"zone": "a", "cloud.example.com/gpu": "a100"}
     assert placed["spec"]["tolerations"] == GPU_FLAVOR["tolerations"]
     assert "tolerations" not in pod["spec"]  # the input is not changed
@@ -232,8 +231,8 @@ class Queue:
     def reconcile(self) -> float | None:
         """One pass; returns when it asks to be run again (None: on the next event)."""
         workloads = [o for (kind, _), o in self.kube.objects.items() if kind == "Workload"]
-        context = QueueContext(workload=copy.deepcopy(workloads[0]) if workloads else None,
-                               version=choose_kueue_version(self.release.api_group()))
+        context = KueueView(workload=copy.deepcopy(workloads[0]) if workloads else None,
+                            version=choose_kueue_version(self.release.api_group()))
         again = asyncio.run(self.reconciler.reconcile(self.state, self.body, self.kube.pods(),
                                                       self.kube.children(), context))
         for status in self.kube.statuses:

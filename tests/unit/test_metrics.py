@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from accelerate_operator.api import parse_job
-from accelerate_operator.decision import plan_reconcile
+from accelerate_operator.lifecycle import run_lifecycle
 from accelerate_operator.metrics import (
     PHASES,
     Metrics,
@@ -18,14 +18,13 @@ from accelerate_operator.metrics import (
     compute_status_change,
     count_jobs_from,
     count_phases,
-    merged,
     observe_pass,
     record_api_error,
     record_status_change,
     restart_reason,
-    set_jobs_by_phase,
     start_metrics_server,
 )
+from accelerate_operator.status import merge_patch
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.jobs import JobBuilder, pod
@@ -47,9 +46,9 @@ def sample(metrics: Metrics, name: str, **labels) -> float | None:
 def restarted_for(failed_pod) -> dict:
     """The status the planner writes when `failed_pod` stops a running group of two."""
     job, now = parse_job(JobBuilder().build()), NOW.replace(tzinfo=None)  # the pass's clock
-    created = plan_reconcile(job, {}, [], now).status
-    running = plan_reconcile(job, created, [pod("train", 0), pod("train", 1)], now).status
-    return plan_reconcile(job, running, [pod("train", 0), failed_pod], now).status
+    created = run_lifecycle(job, {}, [], now).status
+    running = run_lifecycle(job, created, [pod("train", 0), pod("train", 1)], now).status
+    return run_lifecycle(job, running, [pod("train", 0), failed_pod], now).status
 
 
 @pytest.mark.parametrize(("failed_pod", "reason"), [
@@ -118,8 +117,10 @@ def test_jobs_by_phase_counts_every_phase_and_resets_those_gone():
     metrics = Metrics()
     counts = count_phases([running(), running(), None, {"phase": "Succeeded"}, {"phase": "?"}])
     assert counts == {**dict.fromkeys(PHASES, 0), "Running": 2, "Pending": 1, "Succeeded": 1}
-    set_jobs_by_phase(counts, metrics)
-    set_jobs_by_phase(count_phases([{"phase": "Succeeded"}]), metrics)
+    jobs = [{"status": status} for status in (running(), running(), None,
+                                              {"phase": "Succeeded"})]
+    count_jobs_from(lambda: jobs, metrics)
+    jobs[:] = [{"status": {"phase": "Succeeded"}}]
     assert {phase: sample(metrics, "accelerate_operator_jobs", phase=phase)
             for phase in PHASES} == {**dict.fromkeys(PHASES, 0.0), "Succeeded": 1.0}
 
@@ -172,9 +173,9 @@ def test_the_endpoint_serves_the_metrics_over_http():
     assert [(s.labels, s.value) for s in errors] == [({"verb": "get", "code": "500"}, 1.0)]
 
 
-def test_merged_applies_a_status_merge_patch_as_the_api_server_does():
+def test_merge_patch_applies_a_status_merge_patch_as_the_api_server_does():
     old = {"phase": "Running", "progress": {"step": 3, "eta": "1m"}, "lastFailure": "x"}
-    assert merged(old, {"phase": "Restarting", "progress": {"eta": None, "step": 4},
+    assert merge_patch(old, {"phase": "Restarting", "progress": {"eta": None, "step": 4},
                         "lastFailure": None, "restarts": 1}) == {
         "phase": "Restarting", "progress": {"step": 4}, "restarts": 1}
     assert old["progress"] == {"step": 3, "eta": "1m"}  # the input is left alone

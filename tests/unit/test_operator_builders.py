@@ -220,11 +220,10 @@ def test_topology_contradictions_name_the_key_and_the_winner(key, value, owner):
 
 
 def test_pod_disruption_budget_is_built_whole_and_planned_only_when_asked():
-    from datetime import datetime
-
-    from accelerate_operator.observed import Observed
-    from accelerate_operator.plan import plan_pass
+    from accelerate_operator.decide import decide
     from accelerate_operator.resources.pdb import build_pdb
+
+    from tests.helpers.passes import snapshot
 
     body = JobBuilder().run_policy(podDisruptionBudget=True).build()
     job = parse_job(body)
@@ -237,15 +236,13 @@ def test_pod_disruption_budget_is_built_whole_and_planned_only_when_asked():
                  "selector": {"matchLabels": {"accelerate-operator.io/job-name": "train"}},
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
-    now = datetime(2026, 1, 1)
     children = frozenset({("ConfigMap", "train-accelerate-config"), ("Service", "train")})
-    planned = plan_pass(Observed(body, job, {}, (), children), now)
+    planned = decide(snapshot(body, children=children))
     assert [c["kind"] for c in planned.children] == ["PodDisruptionBudget"]
-    with_pdb = plan_pass(Observed(body, job, {}, (), children | {("PodDisruptionBudget",
-                                                                   "train")}), now)
+    with_pdb = decide(snapshot(body, children=children | {("PodDisruptionBudget", "train")}))
     assert with_pdb.children == ()
     plain = JobBuilder().build()
-    assert plan_pass(Observed(plain, parse_job(plain), {}, (), children), now).children == ()
+    assert decide(snapshot(plain, children=children)).children == ()
 
 
 def test_the_templates_grace_period_wins_and_the_launcher_waits_as_long():

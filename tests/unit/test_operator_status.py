@@ -1,4 +1,4 @@
-"""plan_reconcile over fabricated pods: every transition of the job, and what it creates,
+"""run_lifecycle over fabricated pods: every transition of the job, and what it creates,
 deletes and reports."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.decision import plan_reconcile
-from accelerate_operator.observed import NodeState, read_pod_state, read_process_exit
+from accelerate_operator.lifecycle import JobError, run_lifecycle
+from accelerate_operator.pod_state import NodeState, read_pod_state, read_process_exit
 
 from tests.helpers.jobs import JobBuilder, pod
 
@@ -23,8 +23,10 @@ def conditions(plan):
     return {c["type"]: (c["status"], c["reason"]) for c in plan.status["conditions"]}
 
 
-def step(job_, status, pods, now=NOW, **kwargs):
-    return plan_reconcile(job_, status, pods, now, **kwargs)
+def step(job_, status, pods, now=NOW, *, config_error=None, config_error_reason="InvalidConfig",
+         **kwargs):
+    error = JobError(config_error, config_error_reason) if config_error else None
+    return run_lifecycle(job_, status, pods, now, error=error, **kwargs)
 
 
 def running_status(attempt=0, **extra):
@@ -381,7 +383,7 @@ def test_an_older_status_without_counted_restarts_counts_them_all():
 
 
 def activity(seconds_ago=None, step_=None):
-    from accelerate_operator.decision import Activity
+    from accelerate_operator.outcome import Activity
     seen = None if seconds_ago is None else NOW - timedelta(seconds=seconds_ago)
     return Activity(last_activity=seen, last_step=step_)
 
@@ -546,7 +548,7 @@ def in_place(index, attempt=0, run_attempt=0, exited=None, **kwargs):
     (attempt, exit code) of a failed launch it reported."""
     from dataclasses import replace
 
-    from accelerate_operator.observed import ProcessExit
+    from accelerate_operator.pod_state import ProcessExit
     state = pod("train", index, attempt=attempt, **kwargs)
     ended = ProcessExit(exited[0], exited[1], "RuntimeError: boom") if exited else None
     return replace(state, run_attempt=run_attempt, exit=ended)

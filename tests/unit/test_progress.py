@@ -1,35 +1,37 @@
 """Progress: the trainer's `ACCELERATE_PROGRESS {json}` lines (throttled, rank 0 only, ETA from the
 recent step rate), picked out of the output by the supervisor into pod 0's report, and the
-operator's reading of that report into status.progress (at most one write per
-PROGRESS_WRITE_SECONDS); the trainer's `ACCELERATE_TRAINER_INFO` line (its library versions) into
-status.trainer, read from the head of pod 0's log once per attempt."""
+operator's reading of that report (decide.read_progress) into status.progress (at most one write
+per PROGRESS_WRITE_SECONDS); the trainer's library versions, in the same report, into
+status.trainer once per group. No pod log is read."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from datetime import datetime
 
 import pytest
-from accelerate_operator.api import parse_job
-from accelerate_operator.observe import PROGRESS_WRITE_SECONDS, TRAINER_INFO_BYTES, observe
-from accelerate_operator.observed import PodState
+from accelerate_operator.decide import (
+    PROGRESS_WRITE_SECONDS,
+    _changed,
+    activity,
+    build_status_write,
+    read_progress,
+)
+from accelerate_operator.pod_state import PodState
 from accelerate_operator.progress import (
     build_progress_status,
     build_trainer_status,
     format_duration,
-    parse_trainer_info,
+    parse_report,
     progress_changed,
 )
-from accelerate_operator.state import JobState
-from accelerate_operator.status import _changed, build_status_write
-from accelerate_trainer.contract import MAX_BODY_BYTES, format_trainer_info_line
+from accelerate_trainer.contract import MAX_BODY_BYTES
 from accelerate_trainer.progress import ProgressReporter, ProgressTracker, is_reporting_rank
 from accelerate_trainer.versions import read_versions
 
-from tests.helpers.fake_kube import FakeKube
 from tests.helpers.jobs import JobBuilder
+from tests.helpers.passes import snapshot
 from tests.helpers.reports import pushed, pushed_progress
 
 NOW = datetime(2026, 1, 2, 3, 4, 5)
@@ -210,20 +212,19 @@ def test_the_trainer_reads_versions_from_metadata_without_importing_torch():
     assert ("torch" in sys.modules) == had_torch
 
 
-def test_the_last_trainer_info_line_wins_and_nonsense_is_dropped():
-    first = format_trainer_info_line({"versions": {"torch": "2.5.0"}, "source": "image"})
-    second = format_trainer_info_line({"versions": {"torch": "2.6.0", "bad": 3,
-                                                    "long": "x" * 100}, "source": "requirements"})
-    text = f"{first}pip output\nACCELERATE_TRAINER_INFO {{broken\n{second}"
-    assert parse_trainer_info(text) == {"torch": "2.6.0"}
-    assert parse_trainer_info("no line here\n") is None
+def test_the_reported_versions_are_read_and_nonsense_is_dropped():
+    report = json.dumps({"lastOutputTime": "2026-01-02T03:04:05Z", "versions": {
+        "torch": "2.6.0", "bad": 3, "long": "x" * 100}})
+    assert parse_report(report).versions == {"torch": "2.6.0"}
+    assert parse_report('{"lastOutputTime": "2026-01-02T03:04:05Z"}').versions is None
 
 
-def test_trainer_status_names_the_attempt_image_and_versions_or_why_none():
+def test_trainer_status_names_the_group_image_and_versions_dropping_an_earlier_groups():
     assert build_trainer_status({"accelerate": "1.15.0"}, 2, "img:1") == {
-        "attempt": 2, "image": "img:1", "versions": {"accelerate": "1.15.0"}, "message": None}
-    older = build_trainer_status(None, 0, "img:0")
-    assert older["versions"] is None and "predates this operator" in older["message"]
+        "attempt": 2, "image": "img:1", "versions": {"accelerate": "1.15.0"}}
+    later = build_trainer_status({"accelerate": "1.16.0"}, 3, "img:1",
+                                 {"versions": {"accelerate": "1.15.0", "deepspeed": "0.17.0"}})
+    assert later["versions"] == {"deepspeed": None, "accelerate": "1.16.0"}  # a merge patch
 
 
 def running_body(status: dict) -> dict:
@@ -236,84 +237,80 @@ def rank0(report: str | None = None, phase: str = "Running") -> PodState:
     return PodState(name="llm-0", index=0, attempt=1, phase=phase, ready=True, report=report)
 
 
-def observe_running(kube: FakeKube, body: dict, pods=(), state: JobState | None = None,
-                    clock: float = 0.0):
-    state = state or JobState(body["metadata"]["uid"])
-    return asyncio.run(observe(kube, state, body, parse_job(body), pods=list(pods) or [rank0()],
-                               clock=clock))
+def running(body: dict, pods=(), *, clock: float = 0.0, next_write: float = 0.0):
+    """The pass's Snapshot of a running job: pod 0's report and the progress-write pacing the
+    JobState keeps (the time the next write is allowed, set after the last one)."""
+    return snapshot(body, NOW, status=body["status"], pods=tuple(pods) or (rank0(),),
+                    clock=clock, next_progress_write=next_write)
 
 
-def test_the_versions_are_read_from_the_head_of_pod_0s_log_once_per_attempt():
-    kube = FakeKube()
-    kube.logs["llm-0"] = format_trainer_info_line({"versions": {"accelerate": "1.15.0"}})
-    seen = observe_running(kube, running_body({}))
-    assert kube.calls == [("log-head", "llm-0")]
+def write(seen) -> dict | None:
+    """The status write of a pass whose lifecycle changed nothing."""
+    readings, _ = read_progress(seen)
+    return build_status_write(seen.status, seen.status, readings, NOW, NOW)
+
+
+IMAGE = JobBuilder().build()["spec"]["template"]["spec"]["containers"][0]["image"]
+VERSIONED = json.dumps({"lastOutputTime": "2026-01-02T03:04:05Z", "attempt": 1,
+                        "versions": {"accelerate": "1.15.0"}})
+
+
+def test_the_versions_come_in_pod_0s_report_and_are_written_once_per_group():
+    written = write(running(running_body({}), [rank0(VERSIONED)]))
     # Written with the rest of the pass's status, in its one write (goodput rides along).
-    write = build_status_write(seen, seen.status, NOW)
-    assert write.pop("goodput")["ledger"]["segment"] == "Training"  # a running job's first
-    assert write == {"trainer": {
-        "attempt": 1, "image": JobBuilder().build()["spec"]["template"]["spec"]["containers"][0][
-            "image"], "versions": {"accelerate": "1.15.0"}, "message": None}}
-    kube.calls.clear()
-    observe_running(kube, running_body({"trainer": {"attempt": 1}}))
-    assert kube.calls == []  # this attempt's versions are known: no log is read at all
+    assert written.pop("goodput")["ledger"]["segment"] == "Training"  # a running job's first
+    assert written == {"trainer": {"attempt": 1, "image": IMAGE,
+                                   "versions": {"accelerate": "1.15.0"}}}
+    # This group's versions are known: nothing to write.
+    assert write(running(running_body({"trainer": {"attempt": 1}}), [rank0(VERSIONED)])) is None
 
 
-def test_an_empty_log_is_read_again_later_and_the_planner_never_writes_the_versions():
-    kube = FakeKube()
-    state = JobState("uid")
-    seen = observe_running(kube, running_body({}), state=state)
-    assert build_status_write(seen, seen.status, NOW) is None  # nothing logged yet: retried
-    assert seen.due_in is not None
+def test_a_report_without_versions_writes_none_and_the_lifecycle_never_writes_them():
+    report = json.dumps({"lastOutputTime": "2026-01-02T03:04:05Z"})
+    assert write(running(running_body({}), [rank0(report)])) is None
     old = {"phase": "Running", "trainer": {"attempt": 0}}
     assert _changed(old, {"phase": "Running", "trainer": {"attempt": 1}}) is None
-    assert TRAINER_INFO_BYTES >= 16 * 1024
-    kube.calls.clear()
-    observe_running(kube, running_body({}), state=state, clock=1.0)  # not due yet
-    assert kube.calls == []
 
 
 def test_a_pushed_report_is_written_with_the_status_only_when_it_changed():
     report = pushed('ACCELERATE_PROGRESS {"step": 3, "total_steps": 10}\n')
-    kube = FakeKube()
-    seen = observe_running(kube, running_body({"trainer": {"attempt": 1}}), [rank0(report)])
-    write = build_status_write(seen, seen.status, NOW)
-    assert write["progress"]["step"] == 3 and write["progress"]["totalSteps"] == 10
-    assert seen.last_step == 3 and seen.last_activity == datetime(2026, 1, 2, 3, 4, 5)
+    seen = running(running_body({"trainer": {"attempt": 1}}), [rank0(report)])
+    first = write(seen)
+    assert first["progress"]["step"] == 3 and first["progress"]["totalSteps"] == 10
+    assert activity(seen).last_step == 3
+    assert activity(seen).last_activity == datetime(2026, 1, 2, 3, 4, 5)
     # The step's own time (when pod 0 saw its line) times the job's goodput.
-    assert seen.progress_time == datetime(2026, 1, 2, 3, 4, 5)
-    again = observe_running(kube, running_body({"trainer": {"attempt": 1},
-                                                "progress": write["progress"]}), [rank0(report)])
-    assert build_status_write(again, again.status, NOW) is None
-    assert kube.calls == []  # nothing of a running job's log is read
+    assert read_progress(seen)[0].step_time == datetime(2026, 1, 2, 3, 4, 5)
+    again = running(running_body({"trainer": {"attempt": 1}, "progress": first["progress"]}),
+                    [rank0(report)])
+    assert write(again) is None
 
 
 def test_progress_is_written_at_most_once_per_interval_however_often_the_pod_reports():
-    state, kube = JobState("uid"), FakeKube()
     body = running_body({"trainer": {"attempt": 1}})
-    first = observe_running(kube, body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 1}\n'))],
-                            state, clock=10.0)
-    assert first.progress_report == {"step": 1}
-    body["status"]["progress"] = build_progress_status(first.progress_report, NOW)
-    held = observe_running(kube, body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 2}\n'))],
-                           state, clock=11.0)
-    assert held.progress_report is None and held.due_in == PROGRESS_WRITE_SECONDS - 1.0
-    due = observe_running(kube, body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 2}\n'))],
-                          state, clock=10.0 + PROGRESS_WRITE_SECONDS)
-    assert due.progress_report == {"step": 2}
+    first, _ = read_progress(running(body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 1}\n'))],
+                                     clock=10.0))
+    assert first.progress["step"] == 1
+    next_write = 10.0 + PROGRESS_WRITE_SECONDS  # as the pass records it once written
+    body["status"]["progress"] = build_progress_status({"step": 1}, NOW)
+    step_2 = [rank0(pushed('ACCELERATE_PROGRESS {"step": 2}\n'))]
+    held, due = read_progress(running(body, step_2, clock=11.0, next_write=next_write))
+    assert held.progress is None and due == PROGRESS_WRITE_SECONDS - 1.0
+    later, _ = read_progress(running(body, step_2, clock=next_write, next_write=next_write))
+    assert later.progress["step"] == 2
     # The last report of a pod that has ended is never held back: the job may finish now.
-    last = observe_running(kube, body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 3}\n'),
-                                              phase="Succeeded")], state, clock=16.0)
-    assert last.progress_report == {"step": 3}
+    last, _ = read_progress(running(body, [rank0(pushed('ACCELERATE_PROGRESS {"step": 3}\n'),
+                                                 phase="Succeeded")],
+                                    clock=16.0, next_write=next_write))
+    assert last.progress["step"] == 3
 
 
 def test_only_pod_0_of_the_current_attempt_reports():
     report = pushed('ACCELERATE_PROGRESS {"step": 7}\n')
     other_rank = PodState(name="llm-1", index=1, attempt=1, phase="Running", report=report)
     old_attempt = PodState(name="llm-0", index=0, attempt=0, phase="Running", report=report)
-    seen = observe_running(FakeKube(), running_body({"trainer": {"attempt": 1}}),
-                           [other_rank, old_attempt])
-    assert seen.progress_report is None and seen.last_activity is None
+    seen = running(running_body({"trainer": {"attempt": 1}}), [other_rank, old_attempt])
+    assert read_progress(seen)[0].progress is None and activity(seen).last_activity is None
 
 
 def test_after_an_in_place_restart_the_last_attempts_progress_is_history():
@@ -322,12 +319,12 @@ def test_after_an_in_place_restart_the_last_attempts_progress_is_history():
     report = json.dumps({"progress": {"step": 29}, "lastOutputTime": "2026-01-02T03:04:05Z",
                          "progressTime": "2026-01-02T03:04:05Z", "attempt": 1})
     body = running_body({"trainer": {"attempt": 1}, "attempt": 2, "groupAttempt": 1})
-    seen = observe_running(FakeKube(), body, [rank0(report)])
-    assert seen.progress_report is None and seen.last_step is None
-    assert seen.last_activity == datetime(2026, 1, 2, 3, 4, 5)
-    current = observe_running(FakeKube(), body, [rank0(report.replace('"attempt": 1',
-                                                                       '"attempt": 2'))])
-    assert current.progress_report == {"step": 29} and current.last_step == 29
+    seen = running(body, [rank0(report)])
+    assert read_progress(seen)[0].progress is None and activity(seen).last_step is None
+    assert activity(seen).last_activity == datetime(2026, 1, 2, 3, 4, 5)
+    current = running(body, [rank0(report.replace('"attempt": 1', '"attempt": 2'))])
+    assert read_progress(current)[0].progress["step"] == 29
+    assert activity(current).last_step == 29
 
 
 @pytest.mark.parametrize("annotation", [
@@ -337,8 +334,8 @@ def test_after_an_in_place_restart_the_last_attempts_progress_is_history():
 ])
 def test_a_malformed_or_oversized_report_leaves_the_status_as_it_was(annotation):
     body = running_body({"trainer": {"attempt": 1}, "progress": {"step": 5, "summary": "step 5"}})
-    seen = observe_running(FakeKube(), body, [rank0(annotation)])
-    assert seen.progress_report is None and build_status_write(seen, seen.status, NOW) is None
+    seen = running(body, [rank0(annotation)])
+    assert read_progress(seen)[0].progress is None and write(seen) is None
 
 
 def test_a_tqdm_bar_before_the_report_on_its_line_does_not_hide_it():

@@ -1,25 +1,21 @@
-"""The reconcile pass (parse -> observe -> plan -> apply) against a fake API (tests/helpers/
-fake_kube.py): what each pass creates, deletes and writes, with no cluster. The pure step,
-plan_pass, is also tested alone, and when a pass asks to be run again (requeue_after)."""
+"""The reconcile pass (parse -> snapshot -> read -> decide -> apply) against a fake API
+(tests/helpers/fake_kube.py): what each pass creates, deletes and writes, with no cluster. The
+pure step, decide, is also tested alone, and when a pass asks to be run again (requeue_after)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
-from datetime import datetime
 
-from accelerate_operator.api import parse_job
-from accelerate_operator.decision import Plan
-from accelerate_operator.observed import Observed
-from accelerate_operator.plan import Actions, plan_pass
-from accelerate_operator.reconciler import RESYNC_SECONDS, Reconciler, requeue_after
-from accelerate_operator.resources.configmap import ConfigSource
+from accelerate_operator.decide import RESYNC_SECONDS, decide, requeue_after
+from accelerate_operator.naming import configmap_name
+from accelerate_operator.reconciler import Reconciler
+from accelerate_operator.resources.configmap import ConfigSource, read_ca_digest
+from accelerate_operator.snapshot import Snapshot
 from accelerate_operator.state import JobState
 
 from tests.helpers.fake_kube import FakeKube
 from tests.helpers.jobs import JobBuilder, pod
-
-NOW = datetime(2026, 1, 1, 12, 0, 0)
+from tests.helpers.passes import snapshot
 
 
 class Cluster:
@@ -31,14 +27,27 @@ class Cluster:
         self.body = body
         self.reconciler = Reconciler(self.kube, clock=lambda: 0.0)
         self.state = JobState(body["metadata"]["uid"])
+        self.report_ca: str | None = None  # the bundle the operator's certificate is signed by
 
     def reconcile(self, *, indexed: bool = True) -> float | None:
-        pods = self.kube.pods() if indexed else []
-        children = self.kube.children() if indexed else set()
-        requeue = asyncio.run(self.reconciler.reconcile(self.state, self.body, pods, children))
-        for status in self.kube.statuses:
-            self.body.setdefault("status", {}).update(status)
-        return requeue
+        """One pass, and another at once when it asks for one (a child the API server refused
+        ends a pass: the next fails the job), as the work queue runs them."""
+        for _ in range(5):
+            pods = self.kube.pods() if indexed else []
+            children = self.kube.children() if indexed else set()
+            rendered = self.kube.objects.get(("ConfigMap", configmap_name(self.name)))
+            requeue = asyncio.run(self.reconciler.reconcile(
+                self.state, self.body, pods, children, report_ca=self.report_ca,
+                configmap_ca=read_ca_digest(rendered) if rendered and indexed else None))
+            for status in self.kube.statuses:
+                self.body.setdefault("status", {}).update(status)
+            if requeue != 0:
+                return requeue
+        raise AssertionError("the pass asked to run again at once, five times in a row")
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
 
     def phase(self) -> str | None:
         return (self.body.get("status") or {}).get("phase")
@@ -60,9 +69,9 @@ def test_a_pass_with_nothing_to_change_makes_no_api_call():
     for name in ("llm-0", "llm-1"):
         cluster.kube.set_pod_phase(name, "Running")
     cluster.kube.calls.clear()
-    cluster.reconcile()  # pod 0 runs: the head of its log, once, for its trainer's versions
+    cluster.reconcile()  # pod 0 runs: its versions come in its reports, no log is read
     assert cluster.phase() == "Running"
-    assert cluster.kube.calls[0] == ("log-head", "llm-0")
+    assert not [call for call in cluster.kube.calls if call[0] == "log"]
     cluster.kube.calls.clear()
     cluster.reconcile()  # nothing changed and no read due (the clock stands still here)
     assert cluster.kube.calls == []
@@ -90,6 +99,8 @@ def test_children_created_but_not_yet_indexed_are_not_created_again():
 
 
 def test_a_refused_pod_fails_the_job_with_the_servers_reason_on_the_next_pass():
+    """The pass the API server refused a pod in ends there, writing nothing; the next, at once,
+    fails the job."""
     kube = FakeKube()
     kube.refuse_pods = "violates PodSecurity restricted"
     cluster = Cluster(JobBuilder("llm").nodes(2).build(), kube)
@@ -196,6 +207,37 @@ def test_a_pod_not_ready_makes_the_pass_read_its_node_and_a_lost_one_is_force_de
         ("force-delete", "Pod", "llm-0"), ("force-delete", "Pod", "llm-1")}
 
 
+def test_the_report_ca_bundle_reaches_the_jobs_configmap_through_the_jobs_own_pass():
+    cluster = Cluster(JobBuilder("llm").nodes(1).build())
+    cluster.report_ca = "CA one"
+    cluster.reconcile()
+    configmap = cluster.kube.objects[("ConfigMap", "llm-accelerate-config")]
+    assert configmap["data"]["report-ca.crt"] == "CA one"  # created with it
+    cluster.report_ca = "CA two"  # the operator's certificate was renewed
+    cluster.kube.calls.clear()
+    cluster.reconcile()
+    assert cluster.kube.calls == [("patch", "ConfigMap", "llm-accelerate-config")]
+    assert configmap["data"]["report-ca.crt"] == "CA two"
+    cluster.kube.calls.clear()
+    cluster.reconcile()
+    assert cluster.kube.calls == []  # the index shows it: nothing more to write
+
+
+def test_a_ca_bundle_is_written_only_into_an_indexed_configmap_of_an_unfinished_job():
+    body = JobBuilder("llm").nodes(1).build()
+    children = frozenset({("ConfigMap", "llm-accelerate-config"), ("Service", "llm")})
+    old = read_ca_digest({"data": {"report-ca.crt": "CA one"}})
+    stale = decide(observed(body, children=children, report_ca="CA two", configmap_ca=old))
+    assert stale.ca_patch == ("llm-accelerate-config", {"report-ca.crt": "CA two"})
+    assert decide(observed(body, children=children, report_ca="CA two",
+                           configmap_ca=None)).ca_patch is None  # not indexed yet
+    assert decide(observed(body, children=children, report_ca=None,
+                           configmap_ca=old)).ca_patch is None  # no bundle known yet
+    body["status"] = {"phase": "Succeeded", "attempt": 0}
+    assert decide(observed(body, children=children, report_ca="CA two",
+                           configmap_ca=old)).ca_patch is None  # its pods report no more
+
+
 def test_a_finished_job_past_its_ttl_is_deleted():
     body = JobBuilder("llm").run_policy(ttlSecondsAfterFinished=0).build()
     body["status"] = {"phase": "Succeeded", "attempt": 0, "completionTime": "2026-01-01T00:00:00Z"}
@@ -213,43 +255,42 @@ def test_a_job_being_deleted_is_left_alone():
     assert cluster.kube.calls == []
 
 
-# ---- plan_pass alone: pure ------------------------------------------------------------------
+# ---- decide alone: pure ---------------------------------------------------------------------
 
 
-def observed(body: dict, **changes) -> Observed:
-    values = dict(body=body, job=parse_job(body), status=body.get("status") or {}, pods=(),
-                  children=frozenset())
-    return Observed(**{**values, **changes})
+def observed(body: dict, **changes) -> Snapshot:
+    return snapshot(body, status=body.get("status") or {}, **changes)
 
 
-def test_plan_builds_only_the_missing_children():
+def test_decide_builds_only_the_missing_children():
     body = JobBuilder("llm").nodes(1).build()
-    actions = plan_pass(observed(body, children=frozenset({("ConfigMap",
-                                                              "llm-accelerate-config")})), NOW)
+    actions = decide(observed(body, children=frozenset({("ConfigMap",
+                                                          "llm-accelerate-config")})))
     assert [(m["kind"], m["metadata"]["name"]) for m in actions.children] == [
         ("Service", "llm")]
     assert [m["metadata"]["name"] for m in actions.pods] == ["llm-0"]
 
 
-def test_plan_names_the_configmap_whose_config_contradicts_the_job():
+def test_decide_names_the_configmap_whose_config_contradicts_the_job():
     body = JobBuilder("llm").nodes(2).config_from("mine", "a.yaml").build()
     text = "distributed_type: MULTI_CPU\nuse_cpu: true\nnum_machines: 3\n"
-    actions = plan_pass(observed(body, config_source=ConfigSource("mine", "a.yaml", text)), NOW)
+    actions = decide(observed(body, config_source=ConfigSource("mine", "a.yaml", text)))
     assert actions.status["phase"] == "Failed" and not actions.children and not actions.pods
     assert actions.status["conditions"][-1]["message"].startswith("ConfigMap 'mine' key 'a.yaml'")
 
 
-def test_plan_asks_the_clock_back_at_the_active_deadline():
+def test_decide_asks_the_clock_back_at_the_active_deadline():
     body = JobBuilder("llm").nodes(1).run_policy(activeDeadlineSeconds=60).build()
     body["status"] = {"phase": "Running", "attempt": 0, "startTime": "2026-01-01T11:59:30Z"}
-    actions = plan_pass(observed(body, pods=(pod("llm", 0),)), NOW)
-    assert actions.plan.requeue_after == 30
+    actions = decide(observed(body, pods=(pod("llm", 0),)))
+    assert actions.outcome.requeue_after == 30
+    assert actions.requeue_after == 30
 
 
 # ---- when a pass asks to be run again ------------------------------------------------------
 
 
-def seen_with(phase: str | None) -> Observed:
+def seen_with(phase: str | None) -> Snapshot:
     body = JobBuilder("llm").build()
     body["status"] = {"phase": phase} if phase else {}
     return observed(body)
@@ -257,19 +298,18 @@ def seen_with(phase: str | None) -> Observed:
 
 def test_an_unfinished_job_comes_back_for_the_resync_or_what_is_due_sooner():
     """A running job's progress comes as pod events: no timer reads it."""
-    assert requeue_after(seen_with("Running"), Actions()) == RESYNC_SECONDS
-    assert requeue_after(seen_with("Pending"), Actions()) == RESYNC_SECONDS
-    assert requeue_after(seen_with("Running"), Actions(Plan(requeue_after=2.0))) == 2.0
-    held = replace(seen_with("Running"), due_in=3.0)  # a progress write held back
-    assert requeue_after(held, Actions()) == 3.0
-    assert requeue_after(replace(seen_with("Succeeded"), due_in=1.0), Actions()) == 1.0
+    assert requeue_after(seen_with("Running"), None, []) == RESYNC_SECONDS
+    assert requeue_after(seen_with("Pending"), None, []) == RESYNC_SECONDS
+    assert requeue_after(seen_with("Running"), None, [2.0]) == 2.0  # the lifecycle's
+    held = requeue_after(seen_with("Running"), None, [None, 3.0])  # a progress write held back
+    assert held == 3.0
+    assert requeue_after(seen_with("Succeeded"), None, [1.0]) == 1.0
 
 
 def test_a_finished_job_comes_back_only_for_its_ttl():
-    assert requeue_after(seen_with("Succeeded"), Actions()) is None
-    assert requeue_after(seen_with("Succeeded"), Actions(Plan(requeue_after=60.0))) == 60.0
-    finishing = Actions(status={"phase": "Failed"})
-    assert requeue_after(seen_with("Running"), finishing) is None
+    assert requeue_after(seen_with("Succeeded"), None, []) is None
+    assert requeue_after(seen_with("Succeeded"), None, [60.0]) == 60.0
+    assert requeue_after(seen_with("Running"), {"phase": "Failed"}, []) is None  # finishing
 
 
 def test_in_flight_objects_expire_so_a_pod_deleted_unseen_is_not_hidden_long():
@@ -277,7 +317,9 @@ def test_in_flight_objects_expire_so_a_pod_deleted_unseen_is_not_hidden_long():
     state.record_created([{"kind": "Pod", "metadata": {"name": "llm-0", "labels": {
         "accelerate-operator.io/attempt": "0", "accelerate-operator.io/node-index": "0"}}}],
         now=1000.0)
-    pods, _ = state.with_in_flight(0, [], frozenset(), now=1000.0, ttl=30)
+    pods, _ = state.with_in_flight(0, [], frozenset(), now=1000.0)
     assert [p.name for p in pods] == ["llm-0"]
-    pods, _ = state.with_in_flight(0, [], frozenset(), now=1031.0, ttl=30)
+    pods, _ = state.with_in_flight(0, [], frozenset(), now=1031.0)  # IN_FLIGHT_SECONDS: 30
     assert pods == []
+    state.prune_in_flight(0, [], frozenset(), now=1031.0)
+    assert state.in_flight == {}

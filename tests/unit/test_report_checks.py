@@ -8,7 +8,7 @@ import json
 from datetime import datetime, timezone
 
 import pytest
-from accelerate_operator.observed import PodState
+from accelerate_operator.pod_state import PodState
 from accelerate_operator.report_checks import (
     Caller,
     Refused,

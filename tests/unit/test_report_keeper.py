@@ -1,7 +1,7 @@
 """The report endpoint's TLS Secret as two replicas keep it: created once whoever comes first,
-the loser of a create race reading the winner's; renewed when due; and the CA bundle written
-into the job ConfigMaps that lack it. The API server is a small in-memory stand-in with its
-create-if-absent and resourceVersion rules (409)."""
+the loser of a create race reading the winner's; renewed when due, and a new bundle announced
+(each job's pass then writes it into the job's ConfigMap: test_reconcile_steps). The API server
+is a small in-memory stand-in with its create-if-absent and resourceVersion rules (409)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
 class Server:
-    """Secrets and ConfigMaps with the API server's conflict rules."""
+    """Secrets with the API server's conflict rules."""
 
     def __init__(self):
         self.secrets: dict[tuple[str, str], dict] = {}
-        self.items = [{"metadata": {"namespace": "ml", "name": f"j{i}-accelerate-config"},
-                            "data": {"config.yaml": "x"}} for i in range(3)]
         self.writes = 0
         self.before_write = None  # a callback: another replica writes first
 
@@ -42,18 +40,11 @@ class Server:
                                            "data": dict(data)}
         return True
 
-    async def configmaps(self, namespaces, selector):
-        for item in self.items:
-            yield item
-
-    async def patch_configmap(self, namespace, name, data):
-        item = next(i for i in self.items if i["metadata"]["name"] == name)
-        item["data"].update(data)
 
 
-def keeper(server: Server, now=NOW) -> CertKeeper:
-    return CertKeeper(server, "accelerate-system", "report-tls", NAMES, [],
-                      "accelerate-operator.io/job-name", now=lambda: now)
+def keeper(server: Server, now=NOW, on_new_bundle=lambda: None) -> CertKeeper:
+    return CertKeeper(server, "accelerate-system", "report-tls", NAMES, on_new_bundle,
+                      now=lambda: now)
 
 
 def test_the_first_replica_creates_the_secret_and_the_second_reads_it():
@@ -92,15 +83,16 @@ def test_a_certificate_due_is_renewed_in_place_and_the_bundle_kept():
     asyncio.run(run())
 
 
-def test_the_bundle_goes_into_the_job_configmaps_that_lack_it():
+def test_material_another_replica_renewed_is_loaded_and_announced():
     async def run():
-        server = Server()
-        kept = keeper(server)
+        server, announced = Server(), []
+        kept = keeper(server, on_new_bundle=lambda: announced.append(kept.bundle))
         await kept.start()
-        server.items[1]["data"]["report-ca.crt"] = kept.bundle
-        assert await kept.sync_configmaps() == 2
-        assert {i["data"]["report-ca.crt"] for i in server.items} == {kept.bundle}
-        assert all(i["data"]["config.yaml"] == "x" for i in server.items)
+        await kept._once()
+        assert announced == []  # the same Secret: nothing new
+        renewed = await keeper(server, NOW + dt.timedelta(days=SERVING_DAYS - 10)).ensure()
+        await kept._once()  # the other replica renewed it
+        assert kept.material == renewed and announced == [kept.bundle]
     asyncio.run(run())
 
 

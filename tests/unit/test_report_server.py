@@ -12,7 +12,8 @@ import ssl
 
 import aiohttp
 from accelerate_operator.controller import Controller
-from accelerate_operator.observed import read_pod_state
+from accelerate_operator.pod_state import read_pod_state
+from accelerate_operator.reconciler import Reconciler
 from accelerate_operator.report_keeper import server_context
 from accelerate_operator.report_server import ReportServer
 from accelerate_operator.report_tls import renew
@@ -52,7 +53,8 @@ class Reviews:
 
 
 def controller() -> Controller:
-    made = Controller(FakeKube())
+    kube = FakeKube()
+    made = Controller(kube, Reconciler(kube))
     made.indexes = {
         "job_bodies": {KEY: [{"metadata": {"name": "train", "namespace": "ml",
                                            "uid": "job-uid"}, "spec": {}, "status": {}}]},

@@ -438,11 +438,10 @@ CONFIGS = Path(__file__).parent / "accelerate_configs"
 
 
 @pytest.fixture
-def trainer_main(tmp_path, monkeypatch):
+def trainer_main(tmp_path, monkeypatch, termination_log):
     import accelerate_trainer.__main__ as main_module
 
     monkeypatch.chdir(tmp_path)  # restored after the test: main() changes into the workspace
-    monkeypatch.setattr(main_module, "TERMINATION_LOG", tmp_path / "termination-log")
     monkeypatch.setattr(main_module, "wait_for_master", lambda topology, timeout: None)
     execs = []
     monkeypatch.setattr(main_module.os, "execvpe", lambda *args: execs.append(args))
@@ -461,7 +460,8 @@ def code_env(target: ShippedCode) -> dict[str, str]:
 
 
 def test_main_unpacks_the_code_then_launches_the_script_from_the_workspace(
-        project, tmp_path, trainer_main, capsys):
+        project, tmp_path, trainer_main, caplog):
+    caplog.set_level("INFO")
     code = pack_code(str(project / "train.py"), workdir=str(project))
     target = shipped(tmp_path, code.data)
     trainer_main.main(["train.py", "--lr", "1"], code_env(target))
@@ -470,11 +470,11 @@ def test_main_unpacks_the_code_then_launches_the_script_from_the_workspace(
     assert Path.cwd() == Path(target.workspace)
     assert (Path(target.workspace) / "helpers.py").is_file()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == target.workspace
-    info = [line for line in capsys.readouterr().out.splitlines()
-            if line.startswith("ACCELERATE_TRAINER_INFO ")]
+    # The versions it runs with, logged once (pod 0's supervisor reports them to the operator).
+    info = [record.getMessage() for record in caplog.records
+            if record.getMessage().startswith("versions (")]
     assert len(info) == 1
-    reported = json.loads(info[0].split(" ", 1)[1])
-    assert reported["source"] == "image" and {"python", "accelerate"} <= set(reported["versions"])
+    assert info[0].startswith("versions (image): python ") and ", accelerate " in info[0]
 
 
 def test_main_exits_78_on_code_changed_after_submit(project, tmp_path, trainer_main):

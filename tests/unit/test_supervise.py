@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from accelerate_trainer.contract import MAX_REPORT_BYTES
+from accelerate_operator.progress import parse_report
+from accelerate_trainer.contract import MAX_BODY_BYTES
 from accelerate_trainer.supervise import (
     HEARTBEAT_SECONDS,
+    MAX_REPORT_BYTES,
     PUSH_SECONDS,
     QUIET_SECONDS,
     Reports,
@@ -205,11 +207,23 @@ def test_a_failed_push_is_tried_again_later_and_the_end_is_always_pushed():
     assert reports.due(now=1.0, wall=1001.0, final=True) == snapshot
 
 
-def test_a_report_too_big_for_the_annotation_keeps_its_core_fields():
-    metrics = {f"metric_{i}": 0.123456789 for i in range(400)}
+def test_pod_0s_reports_carry_the_versions_it_trains_with_through_restarts():
+    versions = {"python": "3.11.9", "accelerate": "1.15.0"}
+    reports = Reports(versions=versions)
+    reports.launched(0)
+    reports.feed(1, b"starting\n", 1000.0)
+    first = encode(reports.current)
+    reports.launched(1)  # restarted in place: the same pod, the same libraries
+    assert json.loads(first)["versions"] == json.loads(encode(reports.current))["versions"]
+    assert parse_report(first).versions == versions  # as the operator reads it
+    assert "versions" not in json.loads(encode(Reports(progress=False).current))
+
+
+def test_a_report_too_big_for_the_endpoint_keeps_its_core_fields():
+    metrics = {f"metric_{i}": 0.123456789 for i in range(4000)}  # more than the endpoint takes
     value = encode(Snapshot({"step": 4, "total_steps": 8, "loss": 0.5, "metrics": metrics},
                             1000.0))
-    assert len(value) <= MAX_REPORT_BYTES
+    assert len(value) <= MAX_REPORT_BYTES < MAX_BODY_BYTES
     assert json.loads(value)["progress"] == {"step": 4, "total_steps": 8, "loss": 0.5}
 
 
@@ -331,11 +345,12 @@ def test_a_failed_launch_reports_the_first_failing_ranks_own_error(tmp_path, end
 
 def test_the_termination_message_puts_the_root_cause_first(tmp_path):
     from accelerate_trainer.root_cause import RootCause
-    from accelerate_trainer.supervise import write_termination_message
+    from accelerate_trainer.supervise import termination_text
+    from accelerate_trainer.termination import write_termination_message
 
     log = tmp_path / "termination-log"
-    write_termination_message(RootCause("KeyError: 'labels'"), "the tail", str(log))
+    write_termination_message(termination_text(RootCause("KeyError: 'labels'"), "the tail"), log)
     assert not log.exists()  # no kubelet made it: nothing is written
     log.write_text("")
-    write_termination_message(RootCause("KeyError: 'labels'"), "the tail", str(log))
+    write_termination_message(termination_text(RootCause("KeyError: 'labels'"), "the tail"), log)
     assert log.read_text().splitlines() == ["KeyError: 'labels'", "", "the tail"]

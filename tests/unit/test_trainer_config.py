@@ -8,7 +8,7 @@ from pathlib import Path
 
 import accelerate_trainer.__main__ as trainer_main
 import pytest
-from accelerate_trainer import CONFIG_ERROR_EXIT_CODE
+from accelerate_trainer import CONFIG_ERROR_EXIT_CODE, termination
 from accelerate_trainer.config import (
     ConfigError,
     check_against_accelerate_schema,
@@ -18,6 +18,7 @@ from accelerate_trainer.config import (
     is_cpu_job,
     parse_accelerate_yaml,
 )
+from accelerate_trainer.termination import write_termination_message
 
 CONFIGS = Path(__file__).parent / "accelerate_configs"
 
@@ -270,19 +271,22 @@ def test_main_exits_78_for_a_gpu_config_on_a_pod_without_gpus(termination_log, n
 
 
 def test_termination_message_is_cut_to_what_kubernetes_keeps(termination_log):
-    trainer_main.write_termination_message("x" * 10_000)
+    write_termination_message("x" * 10_000)
     assert len(termination_log.read_text()) == 4000
 
 
 def test_termination_log_that_cannot_be_written_is_ignored(tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_main, "TERMINATION_LOG", tmp_path / "no" / "such" / "dir")
-    trainer_main.write_termination_message("still fine")
+    monkeypatch.setattr(termination, "TERMINATION_LOG", tmp_path / "no" / "such" / "dir")
+    write_termination_message("still fine")
+    directory = tmp_path / "a directory"
+    directory.mkdir()
+    write_termination_message("still fine", directory)
 
 
 @pytest.mark.parametrize("argv", [[], ["--"], ["-h"], ["--help"]])
 def test_main_without_a_script_prints_usage_and_exits_2(argv, termination_log, no_exec):
     assert trainer_main.main(argv, job_env(CONFIGS / "multi_cpu.yaml")) == 2
-    assert not termination_log.exists()
+    assert termination_log.read_text() == ""  # nothing written
 
 
 def test_main_execs_accelerate_launch_with_the_plan_for_a_valid_cpu_job(
@@ -307,7 +311,7 @@ def test_main_execs_accelerate_launch_with_the_plan_for_a_valid_cpu_job(
     resume_from = checkpoint_dir / "checkpoints" / "checkpoint_3"
     assert exec_env["ACCELERATE_RESUME_FROM"] == str(resume_from)
     assert exec_env["MASTER_ADDR"] == "127.0.0.1"  # the pod's own env is passed on
-    assert not termination_log.exists()
+    assert termination_log.read_text() == ""  # nothing written
 
 
 @pytest.mark.parametrize("value", ["0", "", "no"])

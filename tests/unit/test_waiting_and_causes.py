@@ -1,5 +1,5 @@
 """A job that cannot start or that died says why: the reason read from pod statuses as the
-scheduler and the kubelet write them (waiting.py), the root cause of a failure (causes.py), and
+scheduler and the kubelet write them (not_started.py), the root cause of a failure (causes.py), and
 the Waiting condition, its events, status.reason and waitingTimeoutSeconds in a pass."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from datetime import datetime, timedelta
 
 from accelerate_operator.api import parse_job
-from accelerate_operator.decision import plan_reconcile
-from accelerate_operator.observed import read_pod_state, read_process_exit
+from accelerate_operator.lifecycle import run_lifecycle
+from accelerate_operator.pod_state import read_pod_state, read_process_exit
 
 from tests.helpers.jobs import JobBuilder
 
@@ -108,30 +108,30 @@ def at(index, body):
     return copy
 
 
-# --- reading the reason (waiting.py through read_pod_state) ---
+# --- reading the reason (not_started.py through read_pod_state) ---
 
 
 def test_image_pull_errors_read_as_the_kubelet_wrote_them():
     for body, reason in ((NEVER_PULL, "ErrImageNeverPull"), (PULL_ERROR, "ErrImagePull"),
                          (PULL_BACKOFF, "ImagePullBackOff")):
-        waiting = read_pod_state(body).waiting
+        waiting = read_pod_state(body).not_started
         assert (waiting.reason, waiting.container, waiting.stuck) == (reason, "trainer", True)
-    assert read_pod_state(NEVER_PULL).waiting.describe("train-0") == (
+    assert read_pod_state(NEVER_PULL).not_started.describe("train-0") == (
         "pod train-0 cannot start: container trainer: ErrImageNeverPull: Container image "
         '"trainer:nope" is not present with pull policy of Never')
 
 
 def test_unschedulable_pods_and_unbound_claims_carry_the_schedulers_message():
-    waiting = read_pod_state(UNSCHEDULABLE).waiting
+    waiting = read_pod_state(UNSCHEDULABLE).not_started
     assert waiting.describe("train-0") == (
         "pod train-0 cannot be scheduled: Unschedulable: 0/2 nodes are available: 2 "
         "Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found "
         "for incoming pod.")
-    assert "unbound immediate PersistentVolumeClaims" in read_pod_state(UNBOUND).waiting.message
+    assert "unbound immediate PersistentVolumeClaims" in read_pod_state(UNBOUND).not_started.message
 
 
 def test_a_crash_looping_init_container_names_itself_and_its_last_exit_code():
-    waiting = read_pod_state(INIT_CRASHLOOP).waiting
+    waiting = read_pod_state(INIT_CRASHLOOP).not_started
     assert waiting.describe("train-0") == (
         "pod train-0 cannot start: init container fetch-data: CrashLoopBackOff (its last run "
         "exited with code 1): back-off 40s restarting failed container=fetch-data "
@@ -139,9 +139,9 @@ def test_a_crash_looping_init_container_names_itself_and_its_last_exit_code():
 
 
 def test_pods_on_their_way_or_running_wait_on_nothing():
-    assert read_pod_state(CREATING).waiting.stuck is False
-    assert read_pod_state(RUNNING).waiting is None
-    assert read_pod_state(CONFIG_ERROR).waiting.reason == "CreateContainerConfigError"
+    assert read_pod_state(CREATING).not_started.stuck is False
+    assert read_pod_state(RUNNING).not_started is None
+    assert read_pod_state(CONFIG_ERROR).not_started.reason == "CreateContainerConfigError"
 
 
 # --- the root cause (causes.py) ---
@@ -173,7 +173,7 @@ def test_a_reported_launch_failure_puts_the_ranks_own_error_first():
     assert reported({}).cause is None
 
 
-# --- a pass (decision.plan_reconcile) ---
+# --- a pass (lifecycle.run_lifecycle) ---
 
 
 def job(**policy):
@@ -185,7 +185,7 @@ PENDING_STATUS = {"phase": "Pending", "attempt": 0, "attemptStartTime": CREATED_
 
 
 def step(status, bodies, now=NOW, **policy):
-    return plan_reconcile(job(**policy), status, [read_pod_state(b) for b in bodies], now)
+    return run_lifecycle(job(**policy), status, [read_pod_state(b) for b in bodies], now)
 
 
 def waiting_condition(plan):

@@ -1,6 +1,7 @@
 """`accelerate-trainer SCRIPT [ARGS...]`: the container entrypoint of every AccelerateJob pod.
 
-Logs the library versions it runs with, reads the mounted accelerate YAML and the topology env,
+Logs the library versions it runs with (pod 0's supervisor reports them to the operator, for
+status.trainer), reads the mounted accelerate YAML and the topology env,
 validates them, unpacks the shipped code into the workspace and installs its requirements (when
 the job ships code), waits for the master, then replaces itself with `accelerate launch` so
 signals reach the training processes and their exit code is the pod's. The script runs as
@@ -41,7 +42,6 @@ from .contract import (
     ENV_CONFIG_FILE,
     ENV_GRADIENT_ACCUMULATION,
     REQUIREMENTS_EXIT_CODE,
-    format_trainer_info_line,
 )
 from .deepspeed_checks import check_accumulation_from_env, parse_deepspeed_json
 from .deepspeed_universal import prepare_universal_resume
@@ -50,6 +50,7 @@ from .fast_exit import ENV_FAST_EXIT
 from .ignored import check_in_pod, probe_hardware
 from .rendezvous import MasterUnreachable, rendezvous_timeout, wait_for_master
 from .schema import load as load_schema
+from .termination import write_termination_message
 from .topology import Topology, TopologyError, parse_topology
 from .versions import describe, read_versions
 from .workspace import (
@@ -63,7 +64,6 @@ from .workspace import (
 
 log = logging.getLogger("accelerate_trainer")
 
-TERMINATION_LOG = Path("/dev/termination-log")
 USAGE = ("usage: accelerate-trainer [--] SCRIPT [ARGS...]   or   "
          "accelerate-trainer -m MODULE [ARGS...]")
 
@@ -148,21 +148,8 @@ def count_visible_gpus() -> int | None:
     return torch.cuda.device_count()
 
 
-def write_termination_message(message: str) -> None:
-    """Kubernetes copies this file into the container's terminated state, where the operator
-    reads it to explain a failure on the job."""
-    try:
-        TERMINATION_LOG.write_text(message[:4000])
-    except OSError:
-        pass
-
-
-def report_versions(versions: dict[str, str], source: str) -> None:
-    """Log the versions, and print the line the operator copies into status.trainer."""
+def log_versions(versions: dict[str, str], source: str) -> None:
     log.info("versions (%s): %s", source, describe(versions))
-    sys.stderr.flush()
-    sys.stdout.write(format_trainer_info_line({"versions": versions, "source": source}))
-    sys.stdout.flush()
 
 
 def prepare_workspace(environ: Mapping[str, str], versions: dict[str, str]) -> dict[str, str]:
@@ -179,7 +166,7 @@ def prepare_workspace(environ: Mapping[str, str], versions: dict[str, str]) -> d
     if packages:
         installed = read_versions([*packages, *sys.path])
         if installed != versions:
-            report_versions(installed, "image+requirements")
+            log_versions(installed, "image+requirements")
     return workspace_env(code, packages, environ)
 
 
@@ -250,7 +237,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         log.error(USAGE)
         return 2
     versions = read_versions()
-    report_versions(versions, "image")
+    log_versions(versions, "image")
     try:
         topology = parse_topology(environ)
         config = read_config(topology)

@@ -2,9 +2,10 @@
 
 The operator (accelerate_operator) sets these env vars on every trainer container, mounts the
 rendered accelerate YAML at CONFIG_FILE, labels the pods with these keys, reads the trainer's exit
-code and parses rank 0's progress lines from its log. The trainer (accelerate_trainer) reads the
-env, opens the file, exits with CONFIG_ERROR_EXIT_CODE on a bad config and prints the progress
-lines. Both import the names from here, so they cannot drift apart.
+code and takes the pods' reports at its endpoint (the one channel from the trainer: no pod log is
+read while a job runs). The trainer (accelerate_trainer) reads the env, opens the file, exits
+with CONFIG_ERROR_EXIT_CODE on a bad config, and its supervisor POSTs the reports. Both import
+the names from here, so they cannot drift apart.
 
 It lives in the trainer package because the training image must not need the operator's
 dependencies; the operator imports nothing else of the trainer but this module and the config
@@ -81,33 +82,22 @@ PROGRESS_PREFIX = "ACCELERATE_PROGRESS"
 PROGRESS_LINE = re.compile(rf"^{PROGRESS_PREFIX} (\{{.*\}})\s*$", re.M)
 
 
-# ---- the trainer's own line: `ACCELERATE_TRAINER_INFO {json}`, printed at the start of every
-# pod's log (again after installing requirements when they changed a version). The operator reads
-# the head of pod <job>-0's log once per attempt into status.trainer.
-TRAINER_INFO_PREFIX = "ACCELERATE_TRAINER_INFO"
-TRAINER_INFO_LINE = re.compile(rf"^{TRAINER_INFO_PREFIX} (\{{.*\}})\s*$", re.M)
-
-
-def format_trainer_info_line(info: Mapping[str, Any]) -> str:
-    """One trainer info line, newline included."""
-    return f"{TRAINER_INFO_PREFIX} {json.dumps(dict(info), sort_keys=True)}\n"
-
-
 def format_progress_line(report: Mapping[str, Any]) -> str:
     """One progress line, newline included; keys whose value is None are left out."""
     return f"{PROGRESS_PREFIX} {json.dumps({k: v for k, v in report.items() if v is not None})}\n"
 
 
-# ---- the pushed report: each pod writes it onto itself (accelerate_trainer.supervise) ----
-# The value of REPORT_ANNOTATION is one JSON object, at most MAX_REPORT_BYTES:
+# ---- the report: what a pod POSTs to the operator's endpoint (accelerate_trainer.supervise) ----
+# One JSON object (REPORT_BODY_KEY's value, below):
 #   {"progress": {<the newest ACCELERATE_PROGRESS object>}, "lastOutputTime": "<RFC 3339 UTC>",
-#    "progressTime": "<RFC 3339 UTC>",
+#    "progressTime": "<RFC 3339 UTC>", "versions": {"accelerate": "1.15.0", ...},
 #    "exit": {"attempt": N, "exitCode": C, "time": "<RFC 3339 UTC>", "message": "<last lines>"},
 #    "attempt": N, "previous": {"attempt": N-1, "step": S, "progressTime": "<RFC 3339 UTC>"}}
 # `lastOutputTime` is when rank 0's container last wrote anything (stall detection),
-# `progressTime` when the progress line came (the step's time, for goodput); both from pod 0
-# only; `attempt` the attempt of the launch the progress is from, `previous` (after an in-place
-# restart) the last step of the attempt before and when it came: where its recovery began.
+# `progressTime` when the progress line came (the step's time, for goodput), `versions` the
+# libraries the training runs with (status.trainer); all from pod 0 only; `attempt` the attempt
+# of the launch the progress is from, `previous` (after an in-place restart) the last step of
+# the attempt before and when it came: where its recovery began.
 # `exit`, from any pod restarted in place: its launcher of attempt N ended with C and the pod
 # waits for the operator's decision (RUN_ATTEMPT_ANNOTATION). Where the launch's root cause is
 # known (accelerate_trainer.root_cause), `exit` also has EXIT_ROOT_CAUSE_FIELDS: "rootCause" (the
@@ -116,12 +106,8 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
 # complete ..."), "rank" (that rank's global rank), "signal" ("SIGKILL"... when a signal ended
 # it), "reason" (EXIT_REASONS: OOMKilled, RendezvousTimeout, RendezvousFailed), "oomKills" (OOM
 # kills the container's cgroup counted during the launch) and "memoryLimitBytes" (its limit).
-# The pod POSTs it to the operator's report endpoint (REPORT_BODY_KEY below); it no longer
-# writes onto its pod.
-REPORT_ANNOTATION = "accelerate-operator.io/report"
 EXIT_ROOT_CAUSE_FIELDS = ("rootCause", "rank", "signal", "reason", "oomKills", "memoryLimitBytes")
 EXIT_REASONS = ("OOMKilled", "RendezvousTimeout", "RendezvousFailed")
-MAX_REPORT_BYTES = 4096
 # ---- in-place restarts: the attempt a pod's processes run, set by the operator ----
 # The operator writes RUN_ATTEMPT_ANNOTATION on every pod of the group (the creation's attempt
 # first); the downward API mounts it at REPORT_DIR/RUN_ATTEMPT_FILE, where the supervisor sees a

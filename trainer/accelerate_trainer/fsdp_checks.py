@@ -31,13 +31,6 @@ class FsdpNames:
     source: str = "accelerate 1.x"
 
 
-def names_from_accelerate() -> FsdpNames:
-    """The names of the installed accelerate (the image's snapshot of them, schema.py)."""
-    from .schema import load
-
-    return load().fsdp
-
-
 def check_fsdp(config: Mapping[str, Any], names: FsdpNames | None = None) -> None:
     """Only an FSDP job reads fsdp_config; other types ignore the block, as accelerate does."""
     if str(config.get("distributed_type")) != "FSDP":

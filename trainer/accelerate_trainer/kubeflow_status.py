@@ -9,24 +9,20 @@ there, at most every 5 s, with the bearer token read from the file
 `KUBEFLOW_TRAINER_SERVER_TOKEN` names and the CA `KUBEFLOW_TRAINER_SERVER_CA_CERT` names. The
 operator points those at its own endpoint on pod 0 (contract.ENV_KUBEFLOW_*).
 
-Bad input is refused (BadReport, an HTTP 400), never shown: bodies over MAX_BODY bytes, malformed
-JSON, percentages outside 0-100, negative or absurd step counts and ETAs, non-finite metric
-values, more than MAX_METRICS metrics or names that are not plain.
+Bad input is refused (BadReport, an HTTP 400), never shown (the body itself, its size and its
+JSON, the endpoint checks first: accelerate_operator.report_checks): percentages outside 0-100,
+negative or absurd step counts and ETAs, non-finite metric values, more than MAX_METRICS metrics
+or names that are not plain.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract import MAX_BODY_BYTES
-
-TRAINER_STATUS_KEY = "trainerStatus"
-MAX_BODY = MAX_BODY_BYTES     # a real report is a few hundred bytes
 MAX_METRICS = 32              # transformers sends about ten
 MAX_METRIC_NAME = 64
 MAX_STEPS = 10**12            # far past any real run; past it a number is garbage
@@ -66,22 +62,9 @@ def _finite(value: Any, name: str) -> float:
     return float(value)
 
 
-def parse_trainer_status(body: bytes) -> TrainerStatus:
-    """Validate one POST body, {"trainerStatus": {...}}. Raises BadReport naming what is wrong."""
-    if len(body) > MAX_BODY:
-        raise BadReport(f"body over {MAX_BODY} bytes")
-    try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadReport("body is not JSON") from None
-    status = document.get(TRAINER_STATUS_KEY) if isinstance(document, dict) else None
-    if not isinstance(status, dict):
-        raise BadReport("body has no trainerStatus object")
-    return trainer_status(status)
-
-
 def trainer_status(status: Mapping[str, Any]) -> TrainerStatus:
-    """Validate one trainerStatus object (a body's, already parsed). Raises BadReport."""
+    """Validate one trainerStatus object (a POST body's). Raises BadReport naming what is
+    wrong."""
     percentage = None
     if status.get("progressPercentage") is not None:
         percentage = _finite(status["progressPercentage"], "progressPercentage")

@@ -17,7 +17,9 @@ Kubernetes sends (SIGTERM: checkpoint and stop), and exits with the launcher's c
 push.
 
 What is pushed: the newest `ACCELERATE_PROGRESS {json}` line on either stream (the script's own,
-or accelerate_trainer.progress's) and when it came, and when anything was last written.
+or accelerate_trainer.progress's) and when it came, when anything was last written, and the
+library versions the training runs with (versions.py; the operator shows them in
+status.trainer): the one channel from the trainer to the operator, which reads no pod log.
 (transformers' KubeflowCallback posts its trainerStatus to the same endpoint itself: the
 operator gives pod 0 KUBEFLOW_TRAINER_SERVER_URL, _TOKEN and _CA_CERT.) The first progress goes
 at once (unless a push was tried in the last QUIET_SECONDS): `kubectl get` shows a new group's
@@ -74,7 +76,7 @@ from .contract import (
     ENV_JOB_NAME,
     ENV_NODE_RANK,
     ENV_REPORT_URL,
-    MAX_REPORT_BYTES,
+    MAX_BODY_BYTES,
     PROGRESS_LINE,
     PROGRESS_PREFIX,
     REPORT_DIR,
@@ -83,6 +85,8 @@ from .contract import (
 )
 from .error_files import ENV_LAUNCH_REPORT, read_json
 from .report_client import REQUEST_TIMEOUT, Answer, BadReportURL, ReportClient
+from .termination import write_termination_message
+from .versions import read_versions
 
 # At most one push per this while the progress changes: the freshness a user sees (progress in
 # `kubectl get` under 10 s old), and slower than the 5 s that KEP-2779's clients keep to.
@@ -100,7 +104,9 @@ REFUSED = (400, 401, 403, 404, 413)  # this report or this pod is refused: not s
 DRAIN_QUIET_SECONDS = 0.25  # after the launcher ended: its last bytes are copied when quiet
 DRAIN_MAX_SECONDS = 2.0
 MAX_PARTIAL_LINE = 64 * 1024
-# The short fields kept when a report with its metrics would exceed MAX_REPORT_BYTES.
+# A report is at most what the endpoint takes (MAX_BODY_BYTES, less room for the body around
+# it); the short fields are kept when the script's progress object (its metrics) would exceed it.
+MAX_REPORT_BYTES = MAX_BODY_BYTES - 1024
 CORE_FIELDS = ("step", "total_steps", "epoch", "loss", "samples_per_second", "eta_seconds")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
@@ -117,9 +123,6 @@ STDERR = 2
 RESUME_ENV = "ACCELERATE_RESUME_FROM"
 # torchrun's --rdzv-id, read from the env by its parser (accelerate does not pass one).
 RDZV_ID_ENV = "PET_RDZV_ID"
-# Where Kubernetes reads a container's termination message (at most 4096 bytes are kept).
-TERMINATION_LOG = "/dev/termination-log"
-TERMINATION_CHARS = 4000
 
 
 def say(message: str) -> None:
@@ -156,6 +159,7 @@ class Snapshot:
     attempt: int | None = None  # the launch's attempt: its progress is that attempt's
     # Restarted in place: the last step the attempt before printed, and when (contract.py).
     previous: Mapping[str, Any] | None = None
+    versions: Mapping[str, str] | None = None  # pod 0's: the libraries it trains with
 
 
 def _stamp(moment: float | None) -> str | None:
@@ -168,10 +172,9 @@ def encode(snapshot: Snapshot) -> str:
     """The report (contract.py) as JSON, cut to MAX_REPORT_BYTES: metrics go first."""
     when, progress_time = _stamp(snapshot.last_output), _stamp(snapshot.progress_time)
     ended: dict[str, Any] = {"exit": dict(snapshot.exit)} if snapshot.exit is not None else {}
-    if snapshot.attempt is not None:
-        ended["attempt"] = snapshot.attempt
-    if snapshot.previous is not None:
-        ended["previous"] = dict(snapshot.previous)
+    for key in ("attempt", "previous", "versions"):
+        if getattr(snapshot, key) is not None:
+            ended[key] = getattr(snapshot, key)
     for progress in (snapshot.progress,
                      {k: v for k, v in (snapshot.progress or {}).items() if k in CORE_FIELDS}):
         report = {"progress": progress, "lastOutputTime": when, **ended}
@@ -188,10 +191,11 @@ class Reports:
     """What the output has shown and what of it was pushed; fed by the pump threads, read by
     the pusher's. `progress` False (a pod other than 0): only a failed launch is reported."""
 
-    def __init__(self, progress: bool = True) -> None:
+    def __init__(self, progress: bool = True,
+                 versions: Mapping[str, str] | None = None) -> None:
         self._lock = threading.Lock()
         self._partial: dict[int, bytes] = {}
-        self.current = Snapshot(None, None)
+        self.current = Snapshot(None, None, versions=versions)
         self._pushed = Snapshot(None, None)
         self._tried_at: float | None = None  # monotonic
         self.progress = progress
@@ -226,7 +230,7 @@ class Reports:
                             "progressTime": _stamp(current.progress_time)} \
                     if step is not None else current.previous
                 self.current = Snapshot(None, current.last_output, None, None, attempt,
-                                        previous)
+                                        previous, current.versions)
         self._tail = b""
 
     def feed(self, stream: int, chunk: bytes, now: float) -> None:
@@ -461,9 +465,10 @@ class Launch:
 class Supervisor:
     """Runs the launches of one pod (the module's docstring) and says how they ended."""
 
-    def __init__(self, launch: Launch, node_rank: int, attempts: Attempts | None):
+    def __init__(self, launch: Launch, node_rank: int, attempts: Attempts | None,
+                 versions: Mapping[str, str] | None = None):
         self.launch, self.attempts = launch, attempts
-        self.reports = Reports(progress=node_rank == 0)
+        self.reports = Reports(progress=node_rank == 0, versions=versions)
         self.node_rank = node_rank
         self.child: subprocess.Popen | None = None
         self.stopping = False  # Kubernetes asked the pod to stop: no launch after this one
@@ -610,11 +615,13 @@ def _parent_pid(pid: int) -> int | None:
 
 
 def supervise(launch: Launch, client: ReportClient | None, node_rank: int = 0,
-              attempts: Attempts | None = None) -> int:
-    """Run the launch under this supervisor (the module's docstring); returns its exit code."""
+              attempts: Attempts | None = None,
+              versions: Mapping[str, str] | None = None) -> int:
+    """Run the launch under this supervisor (the module's docstring); returns its exit code.
+    `versions` go in pod 0's reports."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    supervisor = Supervisor(launch, node_rank, attempts)
+    supervisor = Supervisor(launch, node_rank, attempts, versions)
     for number in FORWARDED_SIGNALS:
         signal.signal(number, lambda received, _frame: supervisor.signal(received))
     pumps = [Pump(out_read, sys.stdout.fileno(), supervisor.reports),
@@ -632,19 +639,13 @@ def supervise(launch: Launch, client: ReportClient | None, node_rank: int = 0,
     drain(pumps)
     pusher.finish()
     if code and supervisor.cause is not None:
-        write_termination_message(supervisor.cause, supervisor.reports.tail())
+        write_termination_message(termination_text(supervisor.cause, supervisor.reports.tail()))
     return code
 
 
-def write_termination_message(cause: root_cause.RootCause, tail: str,
-                              path: str = TERMINATION_LOG) -> None:
-    """The pod's last word, which the kubelet copies into the container's terminated state:
-    the root cause first, then the launch's last lines. Only into the file the kubelet made:
-    outside a pod there is none, and nothing is written."""
-    if not os.path.isfile(path):
-        return
-    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as file:
-        file.write(f"{cause.text}\n\n{tail}"[:TERMINATION_CHARS])
+def termination_text(cause: root_cause.RootCause, tail: str) -> str:
+    """The pod's last word after a failed launch: the root cause first, then its last lines."""
+    return f"{cause.text}\n\n{tail}"
 
 
 def command(argv: Sequence[str], python: str = sys.executable) -> list[str]:
@@ -680,7 +681,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     attempt_file = os.path.join(REPORT_DIR, RUN_ATTEMPT_FILE)
     attempts = Attempts(attempt_file) if os.path.isfile(attempt_file) else None
     launch = Launch(args, dict(os.environ), os.environ.get(ENV_CHECKPOINT_DIR))
-    return supervise(launch, client, int(os.environ.get(ENV_NODE_RANK) or 0), attempts)
+    node_rank = int(os.environ.get(ENV_NODE_RANK) or 0)
+    # The versions of this interpreter's path, which has the requirements the job installed.
+    versions = read_versions() if node_rank == 0 else None
+    return supervise(launch, client, node_rank, attempts, versions)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The versions of the libraries a training run uses, read from installed metadata.
 
 `importlib.metadata` only: importing torch to ask its version costs seconds on every pod's start.
-The trainer prints them at start (and after installing requirements, when those changed one) as
-one ACCELERATE_TRAINER_INFO line, which the operator copies into the job's status.trainer, so a
-job that behaves unlike a laptop run can be explained from `kubectl describe`."""
+The trainer logs them at start (and after installing requirements, when those changed one), and
+pod 0's supervisor puts them in its reports to the operator, which copies them into the job's
+status.trainer, so a job that behaves unlike a laptop run can be explained from `kubectl
+describe`."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ carries in `JobSpec.config_warnings` for its status). Pure: no API calls."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -270,3 +271,13 @@ def with_report_ca(configmap: dict[str, Any], bundle: str | None) -> dict[str, A
     if not bundle:
         return configmap
     return {**configmap, "data": {**configmap.get("data", {}), REPORT_CA_KEY: bundle}}
+
+
+def ca_digest(bundle: str | None) -> str:
+    """What the operator's index keeps of the CA bundle a job's ConfigMap holds ("" for none):
+    enough to tell whether it is the current one, a few bytes per job."""
+    return hashlib.sha256(bundle.encode()).hexdigest()[:32] if bundle else ""
+
+
+def read_ca_digest(configmap: Mapping[str, Any]) -> str:
+    return ca_digest((configmap.get("data") or {}).get(REPORT_CA_KEY))

@@ -1,7 +1,7 @@
 """Why a pod has not started: Kubernetes' own reason and message, as the scheduler and the kubelet
 wrote them on the pod (the PodScheduled condition, a container's `state.waiting`). Pure: a Pod
-manifest in, a frozen record out. The job's Waiting condition and its Warning events repeat
-them (starting.py), so `kubectl describe ajob` says what `kubectl describe pod` would."""
+manifest in, a frozen record out. The job's Waiting condition and its Warning events repeat them
+(startup.py), so `kubectl describe ajob` says what `kubectl describe pod` would."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Waiting reasons of a pod that is on its way: pulling, creating, initialising. Every other
-# reason the kubelet writes (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName,
+# Reasons of a pod that is on its way: pulling, creating, initialising. Every other reason the
+# kubelet writes (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName,
 # CreateContainerConfigError, CreateContainerError, CrashLoopBackOff, RunContainerError...)
 # says the pod cannot start until someone acts.
 ON_ITS_WAY = frozenset({"ContainerCreating", "PodInitializing"})
@@ -21,9 +21,10 @@ UNSCHEDULABLE = "Unschedulable"
 
 
 @dataclass(frozen=True)
-class Waiting:
-    """What a pod waits on: Kubernetes' reason and message, and the container that waits (None:
-    the pod itself, not yet scheduled); `exit_code` an init container's last exit code."""
+class NotStarted:
+    """What keeps a pod from starting: Kubernetes' reason and message, and the container that
+    cannot start (None: the pod itself, not yet scheduled); `exit_code` an init container's
+    last exit code."""
 
     reason: str
     message: str = ""
@@ -57,20 +58,21 @@ def family(reason: str) -> str:
     return FAMILIES.get(reason, reason)
 
 
-def read_waiting(pod: Mapping[str, Any]) -> Waiting | None:
-    """Why a pod that has not started waits: unschedulable first (nothing else can happen before
-    it has a node), then its init containers in order (the kubelet runs them one by one), then
-    its containers. None for a pod whose containers all run or ended, or which says nothing yet."""
+def read_not_started(pod: Mapping[str, Any]) -> NotStarted | None:
+    """Why a pod that has not started cannot: unschedulable first (nothing else can happen
+    before it has a node), then its init containers in order (the kubelet runs them one by
+    one), then its containers. None for a pod whose containers all run or ended, or which says
+    nothing yet."""
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
         if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
                 and condition.get("reason") == UNSCHEDULABLE):
-            return Waiting(UNSCHEDULABLE, condition.get("message") or "")
+            return NotStarted(UNSCHEDULABLE, condition.get("message") or "")
     for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
         for container in status.get(key) or []:
             waiting = (container.get("state") or {}).get("waiting")
             if waiting and waiting.get("reason"):
                 last = (container.get("lastState") or {}).get("terminated") or {}
-                return Waiting(waiting["reason"], waiting.get("message") or "",
-                               container.get("name"), init, last.get("exitCode"))
+                return NotStarted(waiting["reason"], waiting.get("message") or "",
+                                  container.get("name"), init, last.get("exitCode"))
     return None

@@ -1,28 +1,16 @@
-"""Kueue's side of a queued job, read and written as plain dicts. Pure: no API calls.
-
-A job labelled `kueue.x-k8s.io/queue-name` gets one Kueue Workload (resources/workload.py builds
-it); Kueue reserves quota for all of its pods at once and says so in the Workload's status. This
-module reads that status into a `WorkloadView` the planner decides on, and builds the status
-writes the operator owes Kueue, as Kueue's own job integrations make them
-(pkg/controller/jobframework/reconciler.go, pkg/workload/workload.go):
-- after an eviction, once no pod of the job runs any more, the quota is released: QuotaReserved
-  False (reason Pending), the admission cleared, Admitted False, Requeued set
-  (`UnsetQuotaReservationWithCondition` + `SetRequeuedCondition`). It is written as a JSON merge
-  patch on /status carrying the Workload's resourceVersion, never as Kueue's own field manager:
-  a Workload changed since it was read answers 409 and the next pass plans again, and every
-  field the patch does not name (admission checks, requeue state, gates) stays as Kueue left it;
-- PodsReady follows the group with Kueue's reasons (Started, WaitForStart, WaitForRecovery,
-  Recovered), Finished True frees the quota for good; both under the operator's own managers.
+"""Kueue's Workload as the operator reads it: the API versions served, the job's queue and
+priority labels, and a Workload's status read into a `WorkloadStatus` (admitted, evicted,
+deactivated, PodsReady, the flavors, the admission checks' pod-set updates, a topology
+assignment). Pure, plain dicts in.
 
 Two API versions are served by the Kueue releases we support (v0.14 to v0.20): v1beta1 (up to
 v0.19) and v1beta2 (from v0.15; the only one from v0.20). `choose_kueue_version` picks one from
-the API server's discovery document; everything here reads both shapes.
-What to do and when is the planner's (decision.py); apply.py writes what is built here."""
-
+the API server's discovery document; everything here reads both shapes."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -39,15 +27,6 @@ POD_SET = "main"
 # spec.active in the same patch): a Workload inactive while this says "true" was deactivated by
 # Kueue, and the operator leaves it so.
 REQUESTED_ACTIVE_ANNOTATION = "accelerate-operator.io/requested-active"
-# Kueue's TAS scheduling gate (pkg/controller/tas): the operator never adds it (see
-# docs/kueue.md); it places the pods itself from topologyAssignment before creating them.
-TOPOLOGY_GATE = f"{KUEUE_GROUP}/topology"
-
-# Kept for the fake API of the tests (tests/helpers/fake_kube.py); the operator writes under it
-# no more.
-ADMISSION_MANAGER = "kueue-admission"
-ADMISSION_CONDITIONS = ("QuotaReserved", "BlockedOnPreemptionGates", "Evicted", "Admitted",
-                        "Preempted", "Requeued", "DeactivationTarget", "Finished", "PodsReady")
 # Kueue sets Requeued True only for evictions after which the workload is queued again at once.
 REQUEUED_REASONS = frozenset({"Preempted", "EvictedByPreemption", "NodeFailures",
                               "EvictedDueToNodeFailures"})
@@ -93,10 +72,6 @@ def api_version(version: str) -> str:
     return f"{KUEUE_GROUP}/{version}"
 
 
-def workload_version(workload: Mapping[str, Any]) -> str:
-    return (workload.get("apiVersion") or KUEUE_API_VERSION).rpartition("/")[2]
-
-
 def queue_name(body: Mapping[str, Any]) -> str | None:
     """The LocalQueue the job asks for, or None: the job is not Kueue's to admit."""
     labels = (body.get("metadata") or {}).get("labels") or {}
@@ -109,19 +84,25 @@ def priority_class(body: Mapping[str, Any]) -> str | None:
 
 
 @dataclass(frozen=True)
-class QueueContext:
-    """Kueue's objects for one job: its Workload as the operator's store shows it (None until
-    it exists), and what observe.py read when needed: the specs of the ResourceFlavors it was
-    admitted with, the value of its WorkloadPriorityClass (before the Workload is created).
-    `version` is the Workload API version the server serves (Kube.discover_kueue_version at
-    start): a Workload is created in it. `missing_flavors`: admitted flavors the API server
-    does not have (deleted since the admission)."""
+class KueueView:
+    """Kueue as one pass sees a job: the LocalQueue and WorkloadPriorityClass its labels name
+    (None: not Kueue's to admit), its Workload as the operator's index shows it (None until it
+    exists), the Workload API version the server serves (a Workload is created in it), and what
+    the pass read when needed (kueue.read_kueue): the value of the priority class before the
+    Workload is created, the specs of the ResourceFlavors it was admitted with, and those the
+    API server does not have (deleted since the admission)."""
 
     workload: Mapping[str, Any] | None = None
+    version: str = KUEUE_VERSION
+    queue: str | None = None
+    priority_class: str | None = None
+    priority: int | None = None
     flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     missing_flavors: tuple[str, ...] = ()
-    priorities: Mapping[str, int] = field(default_factory=dict)
-    version: str = KUEUE_VERSION
+
+    @cached_property
+    def workload_status(self) -> WorkloadStatus | None:
+        return read_workload(self.workload) if self.workload is not None else None
 
 
 @dataclass(frozen=True)
@@ -144,8 +125,8 @@ class PodSetUpdate:
 
 
 @dataclass(frozen=True)
-class WorkloadView:
-    """A Workload's status as the planner needs it."""
+class WorkloadStatus:
+    """A Workload's status as the Kueue policy needs it."""
 
     name: str
     active: bool = True
@@ -167,7 +148,7 @@ class WorkloadView:
     deactivated: Condition | None = None
 
 
-def _conditions(workload: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+def conditions_by_type(workload: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
 
 
@@ -190,7 +171,7 @@ def _deactivation(workload: Mapping[str, Any], active: bool, requested: bool | N
     the user's suspend, not Kueue's."""
     if active or requested is False:
         return None
-    conditions = _conditions(workload)
+    conditions = conditions_by_type(workload)
     evicted = conditions.get("Evicted") or {}
     target = conditions.get("DeactivationTarget") or {}
     if target.get("status") == "True":
@@ -209,10 +190,10 @@ def _deactivation(workload: Mapping[str, Any], active: bool, requested: bool | N
     return found
 
 
-def read_workload(workload: Mapping[str, Any]) -> WorkloadView:
+def read_workload(workload: Mapping[str, Any]) -> WorkloadStatus:
     """Both API versions: the status fields read here are the same in v1beta1 and v1beta2."""
     status = workload.get("status") or {}
-    conditions = _conditions(workload)
+    conditions = conditions_by_type(workload)
     is_true = lambda name: (conditions.get(name) or {}).get("status") == "True"  # noqa: E731
     admission = status.get("admission") or None
     flavors: set[str] = set()
@@ -228,7 +209,7 @@ def read_workload(workload: Mapping[str, Any]) -> WorkloadView:
     ) and (not quota or quota.get("status") != "True"
            or str(ready.get("lastTransitionTime") or "")
            >= str(quota.get("lastTransitionTime") or ""))
-    return WorkloadView(
+    return WorkloadStatus(
         name=workload["metadata"]["name"],
         active=active,
         reserved=is_true("QuotaReserved") or admission is not None,
@@ -244,14 +225,6 @@ def read_workload(workload: Mapping[str, Any]) -> WorkloadView:
         requested_active=requested,
         deactivated=_deactivation(workload, active, requested),
     )
-
-
-def read_priority_class(workload: Mapping[str, Any]) -> str | None:
-    """The WorkloadPriorityClass of a Workload of either version: v1beta1
-    spec.priorityClassName (+ priorityClassSource), v1beta2 spec.priorityClassRef.name."""
-    spec = workload.get("spec") or {}
-    ref = spec.get("priorityClassRef") or {}
-    return ref.get("name") or spec.get("priorityClassName") or None
 
 
 def read_pod_set_updates(workload: Mapping[str, Any], pod_set: str = POD_SET
@@ -316,74 +289,7 @@ def read_topology_assignment(workload: Mapping[str, Any], count: int, pod_set: s
     return None
 
 
-def _set_condition(conditions: list[dict[str, Any]], type_: str, status: bool, reason: str,
-                   message: str, now: str, generation: int) -> None:
-    """apimeta.SetStatusCondition: the transition time moves only when the status changes."""
-    wanted = "True" if status else "False"
-    for condition in conditions:
-        if condition.get("type") == type_:
-            if condition.get("status") != wanted:
-                condition["lastTransitionTime"] = now
-            condition.update(status=wanted, reason=reason, message=message[:32768],
-                             observedGeneration=generation)
-            return
-    conditions.append({"type": type_, "status": wanted, "reason": reason,
-                       "message": message[:32768], "lastTransitionTime": now,
-                       "observedGeneration": generation})
-
-
-def build_quota_release(workload: Mapping[str, Any], now: str) -> dict[str, Any]:
-    """The JSON merge patch on /status that gives an evicted Workload's quota back:
-    QuotaReserved False (Pending, with the eviction's message), `admission: null`, Admitted
-    False, Requeued True after a preemption (False otherwise). `conditions` is a list, which a
-    merge patch replaces whole: every condition the Workload has is repeated, changed or not.
-    `metadata.resourceVersion` makes the server refuse (409) a write over a Workload changed
-    since it was read. Nothing else is named, so admission checks, requeue state and the rest
-    stay as they are (pkg/workload/workload.go UnsetQuotaReservationWithCondition)."""
-    status = workload.get("status") or {}
-    generation = int(workload["metadata"].get("generation") or 1)
-    evicted = _conditions(workload).get("Evicted") or {}
-    reason, message = evicted.get("reason") or "Evicted", evicted.get("message") or ""
-    conditions = [dict(c) for c in status.get("conditions") or []]
-    _set_condition(conditions, "Requeued", reason in REQUEUED_REASONS, reason, message, now,
-                   generation)
-    _set_condition(conditions, "QuotaReserved", False, "Pending", message, now, generation)
-    if any(c["type"] == "Admitted" for c in conditions):
-        _set_condition(conditions, "Admitted", False, "NoReservation",
-                       "The workload has no reservation", now, generation)
-    return {"metadata": {"resourceVersion": workload["metadata"].get("resourceVersion")},
-            "status": {"conditions": conditions, "admission": None}}
-
-
-def build_active_patch(active: bool) -> dict[str, Any]:
-    """The merge patch of the user's suspend: spec.active and, with it, the record of what the
-    operator asked (REQUESTED_ACTIVE_ANNOTATION)."""
-    return {"metadata": {"annotations": {REQUESTED_ACTIVE_ANNOTATION: str(active).lower()}},
-            "spec": {"active": active}}
-
-
-def build_condition_apply(workload: Mapping[str, Any], type_: str, status: bool, reason: str,
-                          message: str, now: str) -> dict[str, Any]:
-    """One condition, applied under a field manager of the operator's own (never Kueue's):
-    Finished when the job ends, PodsReady as the group starts and stops. The apiVersion is
-    the Workload's own, v1beta1 or v1beta2."""
-    generation = int(workload["metadata"].get("generation") or 1)
-    conditions: list[dict[str, Any]] = []
-    _set_condition(conditions, type_, status, reason, message, now, generation)
-    current = _conditions(workload).get(type_)
-    if current and current.get("status") == conditions[0]["status"]:
-        conditions[0]["lastTransitionTime"] = current.get("lastTransitionTime", now)
-    metadata = workload["metadata"]
-    return {
-        "apiVersion": workload.get("apiVersion", KUEUE_API_VERSION),
-        "kind": "Workload",
-        "metadata": {key: metadata[key] for key in ("name", "namespace", "uid")
-                     if key in metadata},
-        "status": {"conditions": conditions},
-    }
-
-
-def pods_ready_reason(view: WorkloadView, ready: bool) -> tuple[str, str]:
+def pods_ready_reason(view: WorkloadStatus, ready: bool) -> tuple[str, str]:
     """Kueue's PodsReady reason and message (pkg/controller/jobframework/reconciler.go, v0.14+):
     True is Started the first time, Recovered after a WaitForRecovery; False is WaitForStart
     until the group was ever ready under this reservation, WaitForRecovery after."""
@@ -395,33 +301,9 @@ def pods_ready_reason(view: WorkloadView, ready: bool) -> tuple[str, str]:
     return PODS_READY_WAIT_FOR_RECOVERY if view.was_ready else PODS_READY_WAIT_FOR_START
 
 
-def merge_pod_set_updates(updates: Sequence[PodSetUpdate], node_labels: Mapping[str, str]
-                          ) -> tuple[dict[str, str], dict[str, str], dict[str, str],
-                                     list[dict[str, Any]]]:
-    """The admission checks' updates merged over the flavors' node labels: (labels,
-    annotations, nodeSelector, tolerations). A key two of them set to different values is a
-    conflict Kueue's podset.Merge refuses (pkg/podset/podset.go, ErrInvalidPodSetUpdate), and
-    so does this: ValueError naming the key, the check and both values."""
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    selector: dict[str, str] = dict(node_labels)
-    owner = {key: "the admitted ResourceFlavor" for key in selector}
-    tolerations: list[dict[str, Any]] = []
-    for update in updates:
-        for kind, target, values in (("label", labels, update.labels),
-                                     ("annotation", annotations, update.annotations),
-                                     ("nodeSelector", selector, update.node_selector)):
-            for key, value in values.items():
-                if key in target and target[key] != value:
-                    raise ValueError(
-                        f"admission check {update.check!r} sets {kind} {key}={value!r}, but "
-                        f"{owner.get((kind, key), owner.get(key, 'another check'))} set "
-                        f"{target[key]!r}: Kueue's pod-set updates conflict; fix the "
-                        "AdmissionCheck or the ResourceFlavor")
-                target[key] = value
-                owner[(kind, key) if kind != "nodeSelector" else key] = (
-                    f"admission check {update.check!r}")
-        for toleration in update.tolerations:
-            if toleration not in tolerations:
-                tolerations.append(dict(toleration))
-    return labels, annotations, selector, tolerations
+def lean_workload(body: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator's index keeps of a Workload (`metadata` already made lean): its
+    version, spec.active and status, all a pass reads of it."""
+    return {"apiVersion": body.get("apiVersion") or KUEUE_API_VERSION, "metadata": dict(metadata),
+            "spec": {"active": (body.get("spec") or {}).get("active", True)},
+            "status": body.get("status") or {}}

@@ -1,9 +1,7 @@
-"""The Kueue Workload of a queued job, and the pods' placement from its admission. Pure.
+"""Where Kueue's admission puts the pods. Pure.
 
-One pod set, `main`, of numNodes pods: Kueue reserves quota for all of them at once, or none.
-Its template is the pods' own (containers, init containers, overhead), so every resource the
-pods request, GPUs included, is counted. Kueue's documented path for job kinds it does not build
-in: the controller creates the Workload, and starts its pods only once Kueue has admitted it.
+Kueue's documented path for job kinds it does not build in: the controller creates the
+Workload, and starts its pods only once Kueue has admitted it.
 Since the pods are created after the admission, everything Kueue decided (the flavors, the
 admission checks' pod-set updates, a topology assignment) is written into them at creation:
 nothing is gated, nothing is changed on a running pod."""
@@ -16,56 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import JobSpec
-from ..kueue import (
-    KUEUE_GROUP,
-    KUEUE_VERSION,
-    POD_SET,
-    REQUESTED_ACTIVE_ANNOTATION,
-    V1BETA1,
-    WORKLOAD_PRIORITY_SOURCE,
+from ..pod_state import PodState
+from ..resources.pods import build_pod
+from .workload import (
     PodSetUpdate,
-    api_version,
-    merge_pod_set_updates,
+    TopologyError,
+    read_pod_set_updates,
+    read_topology_assignment,
+    read_workload,
 )
-from ..labels import job_labels
-from ..naming import workload_name
-from .pods import build_pod
-
-
-def build_workload(job: JobSpec, queue: str, priority_class: str | None = None,
-                   priority: int | None = None, version: str = KUEUE_VERSION) -> dict[str, Any]:
-    """`priority` is the value of WorkloadPriorityClass `priority_class` (Kueue's jobframework
-    copies it into the Workload the same way). `version` is the one the server serves: v1beta1
-    names the class in spec.priorityClassName + priorityClassSource, v1beta2 in
-    spec.priorityClassRef {group, kind, name} (apis/kueue/v1beta2/workload_types.go, v0.15+)."""
-    pod = build_pod(job, 0, 0)
-    template = {"metadata": {"labels": job_labels(job.name)}, "spec": pod["spec"]}
-    active = not job.run_policy.suspend
-    spec: dict[str, Any] = {
-        "queueName": queue,
-        "active": active,
-        "podSets": [{"name": POD_SET, "count": job.num_nodes, "template": template}],
-    }
-    if priority_class:
-        if version == V1BETA1:
-            spec["priorityClassName"] = priority_class
-            spec["priorityClassSource"] = WORKLOAD_PRIORITY_SOURCE
-        else:
-            spec["priorityClassRef"] = {"group": KUEUE_GROUP, "kind": "WorkloadPriorityClass",
-                                        "name": priority_class}
-        spec["priority"] = int(priority or 0)
-    return {
-        "apiVersion": api_version(version),
-        "kind": "Workload",
-        "metadata": {
-            "name": workload_name(job.name, job.uid),
-            "namespace": job.namespace,
-            "labels": job_labels(job.name),
-            "annotations": {REQUESTED_ACTIVE_ANNOTATION: str(active).lower()},
-            "ownerReferences": [job.owner_reference],
-        },
-        "spec": spec,
-    }
 
 
 def build_flavor_scheduling(flavors: Sequence[Mapping[str, Any]]
@@ -153,9 +110,56 @@ def with_placement(pod: Mapping[str, Any], placement: Placement, index: int) -> 
     return placed
 
 
-def with_flavors(pod: Mapping[str, Any], node_labels: Mapping[str, str],
-                 tolerations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The pod on the admitted flavors alone (no admission check, no topology)."""
-    if not node_labels and not tolerations:
-        return dict(pod)
-    return with_placement(pod, Placement(dict(node_labels), tuple(tolerations)), 0)
+def merge_pod_set_updates(updates: Sequence[PodSetUpdate], node_labels: Mapping[str, str]
+                          ) -> tuple[dict[str, str], dict[str, str], dict[str, str],
+                                     list[dict[str, Any]]]:
+    """The admission checks' updates merged over the flavors' node labels: (labels,
+    annotations, nodeSelector, tolerations). A key two of them set to different values is a
+    conflict Kueue's podset.Merge refuses (pkg/podset/podset.go, ErrInvalidPodSetUpdate), and
+    so does this: ValueError naming the key, the check and both values."""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    selector: dict[str, str] = dict(node_labels)
+    owner = {key: "the admitted ResourceFlavor" for key in selector}
+    tolerations: list[dict[str, Any]] = []
+    for update in updates:
+        for kind, target, values in (("label", labels, update.labels),
+                                     ("annotation", annotations, update.annotations),
+                                     ("nodeSelector", selector, update.node_selector)):
+            for key, value in values.items():
+                if key in target and target[key] != value:
+                    raise ValueError(
+                        f"admission check {update.check!r} sets {kind} {key}={value!r}, but "
+                        f"{owner.get((kind, key), owner.get(key, 'another check'))} set "
+                        f"{target[key]!r}: Kueue's pod-set updates conflict; fix the "
+                        "AdmissionCheck or the ResourceFlavor")
+                target[key] = value
+                owner[(kind, key) if kind != "nodeSelector" else key] = (
+                    f"admission check {update.check!r}")
+        for toleration in update.tolerations:
+            if toleration not in tolerations:
+                tolerations.append(dict(toleration))
+    return labels, annotations, selector, tolerations
+
+
+def admitted_placement(workload: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]],
+                       job: JobSpec, pods: Sequence[PodState]) -> Placement | str | None:
+    """Where Kueue's admission puts the pods (flavors, admission checks' pod-set updates,
+    topology), None while the Workload is not admitted or one of its ResourceFlavors is not
+    known yet (`flavors`: the specs read), or a string saying why the admission cannot be
+    applied (the job is refused, loudly, rather than placed where Kueue did not count it). A
+    group whose pods are all there is not placed again."""
+    if len([p for p in pods if p.live]) >= job.num_nodes:
+        return None
+    view = read_workload(workload)
+    if not view.admitted or view.evicted is not None:
+        return None
+    specs = [flavors.get(name) for name in view.flavors]
+    if any(spec is None for spec in specs):
+        return None
+    try:
+        topology = read_topology_assignment(workload, job.num_nodes)
+        return build_placement(specs, read_pod_set_updates(workload), topology,
+                               build_pod(job, 0, 0))
+    except (TopologyError, ValueError) as error:
+        return f"Kueue admitted workload {view.name}, but its admission cannot be applied: {error}"

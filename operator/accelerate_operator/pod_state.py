@@ -1,12 +1,13 @@
 """Reading pods: what a pass needs to know of each pod of a job (PodState), of a node that is
 not Ready (NodeState), and of a launch that failed in a running pod (ProcessExit). Pure: a Pod
-manifest in, a frozen record out; observe.py does the reading from the API server."""
+or Node manifest in, a frozen record out; the indexes keep the pods so read (indexes.py), and
+reads.py reads the Nodes."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -16,19 +17,15 @@ from accelerate_trainer.contract import (
     RUN_ATTEMPT_ANNOTATION,
 )
 
-from .api import JobSpec
 from .causes import OOM_KILLED, read_exit_cause, read_pod_cause
-from .constants import FAILED, FINISHED_PHASES, PENDING, RUNNING, SUCCEEDED
-from .kueue import QueueContext
-from .resources.configmap import ConfigSource
-from .resources.pods import DEFAULT_REPORT_ENDPOINT, ReportEndpoint
+from .constants import FAILED, PENDING, RUNNING, SUCCEEDED
+from .not_started import NotStarted, read_not_started
 from .timefmt import parse_time
-from .waiting import Waiting, read_waiting
 
 
 @dataclass(frozen=True)
 class PodState:
-    """What the planner needs to know of one pod."""
+    """What a pass needs to know of one pod."""
 
     name: str
     index: int
@@ -46,7 +43,7 @@ class PodState:
     # went away (NodeLost, Shutdown, Terminated) or a kubelet eviction (Evicted). None otherwise.
     disruption: str | None = None
     # The pod's latest report to the operator's endpoint (report_server.py), as JSON text,
-    # filled in by the controller from its ReportStore: parsed by observe.py.
+    # filled in by the controller from its ReportStore (with_report): read by snapshot.py.
     report: str | None = None
     # The node it is bound to (spec.nodeName), and, once deleted, when its grace period ends
     # (metadata.deletionTimestamp): a pod still there after that waits on its node's kubelet.
@@ -57,14 +54,19 @@ class PodState:
     # failed launch it reported.
     run_attempt: int | None = None
     exit: ProcessExit | None = None
-    # Why a pod that has not started waits, as the scheduler or the kubelet says (waiting.py);
-    # and the root cause of its failure when one is known (causes.py: out of memory).
-    waiting: Waiting | None = None
+    # Why a pod has not started, as the scheduler or the kubelet says (not_started.py); and the
+    # root cause of its failure when one is known (causes.py: out of memory).
+    not_started: NotStarted | None = None
     cause: str | None = None
 
     @property
     def finished(self) -> bool:
         return self.phase in (SUCCEEDED, FAILED)
+
+    @property
+    def live(self) -> bool:
+        """Neither ended nor on its way out: it holds (or will hold) its node's resources."""
+        return not self.deleting and not self.finished
 
     def waits_on_node(self, now: datetime) -> bool:
         """Whether this pod's state says its node may be lost, so the pass reads the Node: it
@@ -193,15 +195,29 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         node=(pod.get("spec") or {}).get("nodeName"),
         gone_by=parse_time(metadata.get("deletionTimestamp")),
         run_attempt=_integer(annotations.get(RUN_ATTEMPT_ANNOTATION)),
-        waiting=read_waiting(pod),
+        not_started=read_not_started(pod),
         cause=read_pod_cause(pod),
     )
 
 
-def group_attempt(status: Mapping[str, Any]) -> int:
-    """The attempt the group's pods were created for (their label): status.groupAttempt, left
-    out while it is status.attempt."""
-    return int(status.get("groupAttempt", status.get("attempt")) or 0)
+def with_report(pod: PodState, report: str | None) -> PodState:
+    """The pod with what it last reported to the endpoint (the pods' own objects carry no
+    report): its report's text and the failed launch it says."""
+    if report is None:
+        return pod
+    return replace(pod, report=report, exit=read_process_exit(report, pod.name))
+
+
+def read_node_state(name: str, node: Mapping[str, Any] | None) -> NodeState | None:
+    """A Node (None: gone) as the pass needs it: None while it is Ready."""
+    if node is None:
+        return NodeState(name, None, reporting=False)
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or []
+                  if c.get("type") == "Ready"), {})
+    if ready.get("status") == "True":
+        return None
+    return NodeState(name, parse_time(ready.get("lastTransitionTime")),
+                     reporting=ready.get("status") == "False")
 
 
 def _integer(text: str | None) -> int | None:
@@ -209,76 +225,3 @@ def _integer(text: str | None) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None
-
-
-@dataclass(frozen=True)
-class Reporting:
-    """What the operator tells the pods about its report endpoint: its URL and, as it is
-    now, the CA bundle (report_keeper.py)."""
-
-    endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT
-    ca: Callable[[], str | None] = lambda: None
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """The API server's refusal of one of the job's children, in an earlier pass: the job
-    fails with the server's message, under the reason `<kind>Rejected`."""
-
-    kind: str
-    message: str
-
-    @property
-    def reason(self) -> str:
-        return f"{self.kind}Rejected"
-
-
-@dataclass(frozen=True)
-class Observed:
-    """One job as a pass sees it."""
-
-    body: Mapping[str, Any]
-    job: JobSpec
-    status: Mapping[str, Any]
-    pods: tuple[PodState, ...]
-    # (kind, name) of the job's ConfigMaps and Services that exist.
-    children: frozenset[tuple[str, str]]
-    # The user's ConfigMap (spec.accelerateConfigFrom): the accelerate YAML and the files beside
-    # it, read only while the rendered ConfigMap has to be created or the topology depends on it.
-    config_source: ConfigSource | None = None
-    # Why the job cannot run, as found while observing (its ConfigMap is missing), or the API
-    # server's refusal of one of its pods in an earlier pass.
-    config_error: str | None = None
-    refused: Refusal | None = None
-    # Kueue as the indexes show it; None when the operator runs without the Kueue integration.
-    queue: QueueContext | None = None
-    # Pod 0's pushed progress, when it changed and a write is due (observe.py); the versions its
-    # trainer printed, when this pass read them (once per attempt).
-    progress_report: Mapping[str, Any] | None = None
-    progress_time: datetime | None = None  # when pod 0 saw it (its own clock)
-    # Restarted in place: the last step of the attempt before, and when pod 0 saw it.
-    previous_step: int | None = None
-    previous_time: datetime | None = None
-    trainer_info_read: bool = False
-    trainer_versions: Mapping[str, str] | None = None
-    # For spec.runPolicy.stallTimeoutSeconds, what pod 0 of the current attempt last pushed:
-    # `last_activity` when rank 0's container last wrote anything, `last_step` the newest step
-    # reported. None before its first report: a Running group is then not timed for a stall
-    # (nothing is known of rank 0: pods that do not report, such as an older operator's).
-    last_activity: datetime | None = None
-    last_step: int | None = None
-    # When observing wants another pass (seconds): a progress write held back, versions unread.
-    due_in: float | None = None
-    # The nodes of the job's pods that are not Ready, by name (NodeState).
-    lost_nodes: Mapping[str, NodeState] = field(default_factory=dict)
-    # Where the pods report (the operator's endpoint), and the CA bundle its certificate is
-    # signed by, for the job's ConfigMap (None: not known yet).
-    report_endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT
-    report_ca: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.status.get("phase") in FINISHED_PHASES
-
-    def has(self, kind: str, name: str) -> bool:
-        return (kind, name) in self.children
