@@ -20,8 +20,7 @@ from typing import Any
 
 from accelerate_trainer.contract import CONFIG_KEY
 
-from .constants import API_VERSION, GPU_RESOURCE, KIND
-from .kueue import queue_name
+from .constants import API_VERSION, GPU_RESOURCE, KIND, QUEUE_LABEL
 
 DEFAULT_MASTER_PORT = 29500
 # spec.elastic.shrinkAfterSeconds when left out (the CRD's default too).
@@ -331,6 +330,12 @@ def _code(spec: Mapping[str, Any]) -> Code | None:
         return None
     return Code(config_map=code["configMap"], sha256=code["sha256"],
                 requirements=code.get("requirements") or None)
+
+
+def queue_name(body: Mapping[str, Any]) -> str | None:
+    """The Kueue LocalQueue the job asks for, or None: the job is not Kueue's to admit."""
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    return labels.get(QUEUE_LABEL) or None
 
 
 def _elastic(spec: Mapping[str, Any]) -> Elastic | None:

@@ -17,6 +17,8 @@ WORKSPACE_VOLUME = "accelerate-workspace"
 REPORT_VOLUME = "accelerate-report"
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# The label that puts a job in a Kueue LocalQueue (kueue/ decides what that means).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 # Phases and condition types, as the CRD documents them.
 PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (

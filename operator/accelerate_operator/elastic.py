@@ -28,7 +28,7 @@ from accelerate_trainer.deepspeed_checks import FILE_KEY as DEEPSPEED_FILE_KEY
 from accelerate_trainer.errors import ConfigError
 
 from .api import JobSpec, SpecError
-from .kueue import QUEUE_LABEL
+from .constants import QUEUE_LABEL
 
 # Reasons of a resize (the Resized condition and its event, in the reconcile pass).
 REASON_SHRUNK = "PodsUnschedulable"

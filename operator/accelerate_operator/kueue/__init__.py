@@ -17,6 +17,7 @@ workload.py reads a Workload (both API versions, v1beta1 and v1beta2); writes.py
 operator writes; placement.py where the pods go; gate.py the policy; reads.py the reads. Pure,
 but for reads.py, which calls the reader it is given."""
 
+from ..api import queue_name
 from .gate import FLAVOR_WAIT_SECONDS, gate
 from .placement import Placement, admitted_placement, with_placement
 from .reads import read_kueue
@@ -28,7 +29,6 @@ from .workload import (
     choose_kueue_version,
     lean_workload,
     priority_class,
-    queue_name,
 )
 from .writes import WorkloadWrite, build_workload, workload_writes
 
