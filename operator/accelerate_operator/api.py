@@ -91,8 +91,7 @@ class Elastic:
     # the size the group runs at, so the global batch stays.
     gradient_accumulation_steps: int
     shrink_after_seconds: int = DEFAULT_SHRINK_AFTER_SECONDS
-    # The size the job wants, once the group runs at another (elastic.at_size); None: numNodes
-    # is that size.
+    # The size the job wants, once the group runs at another (elastic.at_size); else None.
     wanted_nodes: int | None = None
 
 
@@ -132,12 +131,17 @@ class JobSpec:
     # lifecycle.py names them in a Warning event and the ConfigWarnings condition.
     config_warnings: tuple[str, ...] = ()
     elastic: Elastic | None = None
-    # The Kueue LocalQueue of a queued job (label kueue.x-k8s.io/queue-name), None otherwise.
+    # The Kueue LocalQueue of a queued job (label kueue.x-k8s.io/queue-name), else None.
     queue_name: str | None = None
 
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.nproc_per_node
+
+    @property
+    def wanted_nodes(self) -> int:
+        """numNodes, whatever size an elastic job's group runs at (elastic.at_size)."""
+        return (self.elastic.wanted_nodes if self.elastic else None) or self.num_nodes
 
     @property
     def owner_reference(self) -> dict[str, Any]:
@@ -240,13 +244,15 @@ def with_config(job: JobSpec, config: Mapping[str, Any]) -> JobSpec:
 
 
 def build_topology_status(job: JobSpec) -> dict[str, Any]:
-    """status.topology: what the job really runs, whichever side each number came from."""
+    """status.topology: what the job runs, whichever side each number came from; an elastic
+    job's at the size it wants (status.elastic has the size its group runs at)."""
+    nodes = job.wanted_nodes
     return {
-        "numNodes": job.num_nodes,
+        "numNodes": nodes,
         "numProcPerNode": job.nproc_per_node,
-        "worldSize": job.world_size,
+        "worldSize": nodes * job.nproc_per_node,
         "masterPort": job.master_port,
-        "summary": f"{job.num_nodes}x{job.nproc_per_node}",
+        "summary": f"{nodes}x{job.nproc_per_node}",
     }
 
 
@@ -313,7 +319,7 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
         config_files=parse_config_files(spec.get("accelerateConfigFiles")),
         code=_code(spec),
         elastic=_elastic(spec),
-        queue_name=queue_name(body),
+        queue_name=(metadata.get("labels") or {}).get(QUEUE_LABEL) or None,
     )
 
 
@@ -330,12 +336,6 @@ def _code(spec: Mapping[str, Any]) -> Code | None:
         return None
     return Code(config_map=code["configMap"], sha256=code["sha256"],
                 requirements=code.get("requirements") or None)
-
-
-def queue_name(body: Mapping[str, Any]) -> str | None:
-    """The Kueue LocalQueue the job asks for, or None: the job is not Kueue's to admit."""
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    return labels.get(QUEUE_LABEL) or None
 
 
 def _elastic(spec: Mapping[str, Any]) -> Elastic | None:

@@ -27,9 +27,11 @@ PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
 CREATED = "Created"
 # A group that made no progress within spec.runPolicy.stallTimeoutSeconds (restarted).
 STALLED = "Stalled"
+# An elastic job's group runs at another size than numNodes (resize.py; reasons in elastic.py).
+RESIZED = "Resized"
 # A pod of the current attempt cannot start: the scheduler's or the kubelet's reason (startup.py).
 WAITING = "Waiting"
 FINISHED_PHASES = frozenset({SUCCEEDED, FAILED})
 # In the order status.conditions lists them.
-CONDITION_TYPES = (QUEUED, CREATED, WAITING, RUNNING, RESTARTING, STALLED, SUSPENDED, SUCCEEDED,
-                   FAILED)
+CONDITION_TYPES = (QUEUED, CREATED, WAITING, RUNNING, RESTARTING, STALLED, RESIZED, SUSPENDED,
+                   SUCCEEDED, FAILED)

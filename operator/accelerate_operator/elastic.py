@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from math import gcd
 from typing import Any
 
@@ -29,6 +30,7 @@ from accelerate_trainer.errors import ConfigError
 
 from .api import JobSpec, SpecError
 from .constants import QUEUE_LABEL
+from .timefmt import format_time
 
 # Reasons of a resize (the Resized condition and its event, in the reconcile pass).
 REASON_SHRUNK = "PodsUnschedulable"
@@ -62,7 +64,7 @@ def accumulation_at(num_nodes: int, accumulation: int, size: int) -> int:
 
 def wanted_nodes(job: JobSpec) -> int:
     """The size the job wants (its numNodes), whatever size its group runs at."""
-    return (job.elastic.wanted_nodes if job.elastic else None) or job.num_nodes
+    return job.wanted_nodes
 
 
 def job_sizes(job: JobSpec) -> tuple[int, ...]:
@@ -83,6 +85,35 @@ def at_size(job: JobSpec, size: int) -> JobSpec:
     elastic = dataclasses.replace(job.elastic, wanted_nodes=None if size == wanted else wanted) \
         if job.elastic else None
     return dataclasses.replace(job, num_nodes=size, elastic=elastic)
+
+
+def group_size(job: JobSpec, status: Mapping[str, Any]) -> JobSpec:
+    """`job` at the size its group runs at: status.elastic.nodes, which the pass that resized
+    the group wrote. As it is for a job that is not elastic or was never resized, and for a
+    recorded size it does not allow (a status edited by hand)."""
+    nodes = (status.get("elastic") or {}).get("nodes")
+    if job.elastic is None or not isinstance(nodes, int) or nodes == job.num_nodes \
+            or nodes not in job_sizes(job):
+        return job
+    return at_size(job, nodes)
+
+
+def build_elastic_status(job: JobSpec, previous: Mapping[str, Any] | None,
+                         resized_at: datetime | None = None) -> dict[str, Any]:
+    """status.elastic of `job` at the size its group runs at: that size against the one it
+    wants (the SIZE column), the accumulation at it, and the resizes so far (`resized_at`: this
+    pass resized it)."""
+    wanted, previous = wanted_nodes(job), previous or {}
+    status: dict[str, Any] = {
+        "nodes": job.num_nodes, "wantedNodes": wanted,
+        "gradientAccumulationSteps": accumulation_at(
+            wanted, job.elastic.gradient_accumulation_steps, job.num_nodes),
+        "summary": f"{job.num_nodes}/{wanted}",
+        "resizes": int(previous.get("resizes") or 0) + (resized_at is not None)}
+    last = format_time(resized_at) if resized_at else previous.get("lastResizeTime")
+    if last:
+        status["lastResizeTime"] = last
+    return status
 
 
 def build_elastic_env(job: JobSpec) -> dict[str, str]:
@@ -117,11 +148,13 @@ class SizeDecision:
 @dataclass(frozen=True)
 class GroupPlacement:
     """What the scheduler did with the pods of the current group: how many are bound to a node
-    that can run them (scheduled, the node not lost), and since when (seconds, the pass's clock)
-    at least one of them has been unschedulable without a break; None while none is."""
+    that can run them (scheduled, the node not lost), since when at least one of them has been
+    unschedulable without a break (None while none is), and why, in the scheduler's words, one
+    line per pod."""
 
     placed: int
-    unplaceable_since: float | None = None
+    unplaceable_since: datetime | None = None
+    why: tuple[str, ...] = ()
 
 
 def largest_size_that_fits(sizes: tuple[int, ...], nodes: int) -> int | None:
@@ -129,7 +162,7 @@ def largest_size_that_fits(sizes: tuple[int, ...], nodes: int) -> int | None:
     return next((n for n in sizes if n <= nodes), None)
 
 
-def decide_shrink(job: JobSpec, placement: GroupPlacement, now: float) -> SizeDecision:
+def decide_shrink(job: JobSpec, placement: GroupPlacement, now: datetime) -> SizeDecision:
     """`job` at the size its group runs at (`at_size`). Once pods of the group have been
     unschedulable for spec.elastic.shrinkAfterSeconds: the largest allowed size that the placed
     pods fill, when it is smaller than the group. Before then: when to look again. None below
@@ -137,16 +170,17 @@ def decide_shrink(job: JobSpec, placement: GroupPlacement, now: float) -> SizeDe
     if (job.elastic is None or placement.unplaceable_since is None
             or placement.placed >= job.num_nodes):
         return SizeDecision()
-    waited = now - placement.unplaceable_since
+    waited = (now - placement.unplaceable_since).total_seconds()
     if waited < job.elastic.shrink_after_seconds:
         return SizeDecision(requeue_after=job.elastic.shrink_after_seconds - waited)
     target = largest_size_that_fits(job_sizes(job), placement.placed)
     if target is None:
         return SizeDecision()
     missing = job.num_nodes - placement.placed
+    why = "".join(f"; {line}" for line in placement.why)
     message = (f"{missing} of the group's {job.num_nodes} pods could not be placed for "
                f"{waited:.0f}s (spec.elastic.shrinkAfterSeconds: "
-               f"{job.elastic.shrink_after_seconds}): {_restart_at(job, target)}"
+               f"{job.elastic.shrink_after_seconds}){why}. {_restart_at(job, target)}"
                f"{_skipped(job, placement.placed, target)}")
     return SizeDecision(Resize(target, REASON_SHRUNK, message))
 
@@ -162,7 +196,7 @@ def decide_grow(job: JobSpec, placeholders_placed: int) -> SizeDecision:
     if target is None or target <= job.num_nodes:
         return SizeDecision()
     message = (f"the scheduler placed {placeholders_placed} placeholder pod(s) for the missing "
-               f"nodes: {_restart_at(job, target)}")
+               f"nodes. {_restart_at(job, target)}")
     return SizeDecision(Resize(target, REASON_GROWN, message))
 
 
@@ -174,7 +208,7 @@ def placeholder_indices(job: JobSpec) -> tuple[int, ...]:
 
 def _restart_at(job: JobSpec, size: int) -> str:
     wanted, steps = wanted_nodes(job), job.elastic.gradient_accumulation_steps
-    return (f"restarting from the last complete checkpoint at {size} of {wanted} nodes with "
+    return (f"Restarting from the last complete checkpoint at {size} of {wanted} nodes with "
             f"gradient accumulation {accumulation_at(wanted, steps, size)} "
             f"(gradientAccumulationSteps {steps} at {wanted}): the global batch stays")
 

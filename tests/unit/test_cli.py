@@ -336,7 +336,7 @@ def test_list_is_the_table_kubectl_get_prints(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
     code, out, _ = run("list")
     assert out.splitlines()[0].split() == [
-        "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "READY", "RESTARTS", "COUNTED",
+        "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "SIZE", "READY", "RESTARTS", "COUNTED",
         "GOODPUT", "PROGRESS", "ETA", "AGE"] == table.header()
     (row,) = cells(out)
     assert {k: row[k] for k in ("NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA")} == {

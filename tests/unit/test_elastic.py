@@ -5,6 +5,7 @@ reduced group are told."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 
 import pytest
 from accelerate_operator.api import Elastic, SpecError, parse_job
@@ -106,12 +107,12 @@ def test_a_job_that_is_not_elastic_gets_no_accumulation_env():
 
 
 # ---- when to shrink ------------------------------------------------------------------------
-NOW = 1000.0
+NOW = datetime(2026, 1, 1, 12, 0, 0)
 
 
-def shrink(job, placed, unplaceable_for=None):
-    since = None if unplaceable_for is None else NOW - unplaceable_for
-    return decide_shrink(job, GroupPlacement(placed=placed, unplaceable_since=since), NOW)
+def shrink(job, placed, unplaceable_for=None, why=()):
+    since = None if unplaceable_for is None else NOW - timedelta(seconds=unplaceable_for)
+    return decide_shrink(job, GroupPlacement(placed, since, why), NOW)
 
 
 def test_a_group_whose_pods_are_all_placed_keeps_its_size():
@@ -124,13 +125,16 @@ def test_before_the_wait_is_over_the_pass_is_told_when_to_look_again():
     assert shrink(elastic_job(), placed=1, unplaceable_for=50) == SizeDecision(requeue_after=70)
 
 
-def test_after_the_wait_the_group_shrinks_to_the_placed_pods():
-    decision = shrink(elastic_job(2, 1, 2), placed=1, unplaceable_for=120)
+def test_after_the_wait_the_group_shrinks_to_the_placed_pods_saying_why_they_were_not():
+    decision = shrink(elastic_job(2, 1, 2), placed=1, unplaceable_for=120,
+                      why=("pod train-1 cannot be scheduled: Unschedulable: 0/2 nodes are "
+                           "available: 1 Insufficient cpu",))
     assert decision.requeue_after is None
     assert decision.resize == Resize(1, REASON_SHRUNK, (
         "1 of the group's 2 pods could not be placed for 120s (spec.elastic.shrinkAfterSeconds: "
-        "120): restarting from the last complete checkpoint at 1 of 2 nodes with gradient "
-        "accumulation 4 (gradientAccumulationSteps 2 at 2): the global batch stays"))
+        "120); pod train-1 cannot be scheduled: Unschedulable: 0/2 nodes are available: 1 "
+        "Insufficient cpu. Restarting from the last complete checkpoint at 1 of 2 nodes with "
+        "gradient accumulation 4 (gradientAccumulationSteps 2 at 2): the global batch stays"))
 
 
 def test_a_size_that_does_not_divide_is_skipped_and_the_message_says_why():
@@ -173,7 +177,7 @@ def test_it_grows_back_once_the_scheduler_places_the_missing_nodes():
     assert decide_grow(reduced, placeholders_placed=0) == SizeDecision()
     decision = decide_grow(reduced, placeholders_placed=1)
     assert decision.resize == Resize(2, REASON_GROWN, (
-        "the scheduler placed 1 placeholder pod(s) for the missing nodes: restarting from the "
+        "the scheduler placed 1 placeholder pod(s) for the missing nodes. Restarting from the "
         "last complete checkpoint at 2 of 2 nodes with gradient accumulation 2 "
         "(gradientAccumulationSteps 2 at 2): the global batch stays"))
 

@@ -52,6 +52,8 @@ def test_placeholder_is_built_whole_with_what_decides_placement_and_nothing_that
                        "app.kubernetes.io/name": "accelerate-job-placeholder",
                        "app.kubernetes.io/instance": "train",
                        "app.kubernetes.io/managed-by": "accelerate-operator",
+                       "accelerate-operator.io/job-name": "train",
+                       "accelerate-operator.io/node-index": "3",
                        "accelerate-operator.io/placeholder-for": "train"},
             "ownerReferences": [job.owner_reference],
         },
@@ -85,8 +87,9 @@ def test_placeholder_is_built_whole_with_what_decides_placement_and_nothing_that
 
 
 def test_a_placeholder_is_never_one_of_the_jobs_pods():
-    """The job's Service and PodDisruptionBudget select by the job-name label: a placeholder,
-    which has none, is neither an endpoint nor a pod the budget protects."""
+    """A placeholder carries the job-name label (the operator's pod watch is filtered by it)
+    but not the job's app.kubernetes.io/name, which the job's Service and PodDisruptionBudget
+    select too: it is neither an endpoint nor a pod the budget protects."""
     job = gpu_job()
     labels = build_placeholder_pod(job, 3)["metadata"]["labels"]
     for selector in (build_service(job)["spec"]["selector"],

@@ -17,7 +17,6 @@ workload.py reads a Workload (both API versions, v1beta1 and v1beta2); writes.py
 operator writes; placement.py where the pods go; gate.py the policy; reads.py the reads. Pure,
 but for reads.py, which calls the reader it is given."""
 
-from ..api import queue_name
 from .gate import FLAVOR_WAIT_SECONDS, gate
 from .placement import Placement, admitted_placement, with_placement
 from .reads import read_kueue
@@ -34,5 +33,5 @@ from .writes import WorkloadWrite, build_workload, workload_writes
 
 __all__ = ["FLAVOR_WAIT_SECONDS", "KUEUE_GROUP", "KUEUE_VERSION", "KueueVersionError",
            "KueueView", "Placement", "WorkloadWrite", "admitted_placement", "build_workload",
-           "choose_kueue_version", "gate", "lean_workload", "priority_class", "queue_name",
+           "choose_kueue_version", "gate", "lean_workload", "priority_class",
            "read_kueue", "with_placement", "workload_writes"]

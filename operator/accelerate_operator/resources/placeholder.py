@@ -7,15 +7,19 @@ holds for the job's own pod. Once the scheduler binds it, the job can grow (elas
 
 It runs at the lowest priority (a PriorityClass the chart installs, preemptionPolicy Never), so
 it never takes a node from anyone and any pod, the job's own included, preempts it. It carries
-none of the job's pod labels: the job's Service, PodDisruptionBudget and pass never count it; the
-placeholder label (and the template's own labels, which the template's pod affinity may name)
-find it. Pure: no API calls."""
+the job-name label, so the operator's pod watch (filtered on the server by that label) sees it,
+and its node index, but not the job's app.kubernetes.io/name: the job's Service and
+PodDisruptionBudget (labels.pod_selector) never count it, and the operator indexes it apart from
+the job's pods by the placeholder label. The template's own labels stay, for the template's pod
+affinity may name them. Pure: no API calls."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
 from typing import Any
+
+from accelerate_trainer.contract import JOB_NAME_LABEL, NODE_INDEX_LABEL
 
 from ..api import JobSpec
 from ..constants import FIELD_MANAGER
@@ -39,12 +43,13 @@ def placeholder_name(job_name: str, index: int) -> str:
     return f"{job_name}-placeholder-{index}"
 
 
-def placeholder_labels(job: JobSpec) -> dict[str, str]:
+def placeholder_labels(job: JobSpec, index: int) -> dict[str, str]:
     template_labels = (job.template.get("metadata") or {}).get("labels") or {}
     return {**template_labels,
             "app.kubernetes.io/name": "accelerate-job-placeholder",
             "app.kubernetes.io/instance": job.name,
             "app.kubernetes.io/managed-by": FIELD_MANAGER,
+            JOB_NAME_LABEL: job.name, NODE_INDEX_LABEL: str(index),
             PLACEHOLDER_LABEL: job.name}
 
 
@@ -108,7 +113,7 @@ def build_placeholder_pod(job: JobSpec, index: int, *,
         "metadata": {
             "name": placeholder_name(job.name, index),
             "namespace": job.namespace,
-            "labels": placeholder_labels(job),
+            "labels": placeholder_labels(job, index),
             "ownerReferences": [job.owner_reference],
         },
         "spec": spec,
