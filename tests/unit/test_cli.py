@@ -222,6 +222,9 @@ def test_status_shows_the_goodput_and_where_the_rest_went():
             "(2 interruptions, the last recovered in 21s)") in text.splitlines()
     assert "ledger" not in render.summarize(job(goodput=goodput))["goodput"]
     assert "Goodput:" not in render.render_status(job())
+    reduced = render.render_status(job(goodput={**goodput, "reducedSeconds": 1200.0,
+                                                "summary": "87.5% (29% reduced)"}))
+    assert "Goodput:      87.5% of 1h20m kept (20m of it reduced); lost: recovery 9m" in reduced
 
 
 def test_status_before_any_report():
