@@ -50,16 +50,18 @@ def cpu_millis(quantity: str) -> int:
 
 
 def one_pod_per_node_cpu(cluster: Cluster) -> int:
-    """Over half of what the emptiest node has free, at most what the fullest has."""
-    free = {n.metadata.name: cpu_millis(n.status.allocatable["cpu"])
-            for n in cluster.core.list_node().items}
+    """What the fullest node has free, which must be over half of any node's allocatable CPU:
+    a node holds one such pod, and never two."""
+    allocatable = {n.metadata.name: cpu_millis(n.status.allocatable["cpu"])
+                   for n in cluster.core.list_node().items}
+    free = dict(allocatable)
     for pod in cluster.core.list_pod_for_all_namespaces().items:
         if pod.spec.node_name in free and pod.status.phase not in ("Succeeded", "Failed"):
             free[pod.spec.node_name] -= sum(
                 cpu_millis(((c.resources and c.resources.requests) or {}).get("cpu", "0"))
                 for c in pod.spec.containers)
     request = min(free.values())
-    if 2 * request <= max(free.values()):
+    if 2 * request <= max(allocatable.values()):
         raise SystemExit(f"no CPU request fits once per node only: {free}")
     return request
 
@@ -218,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fault-step", type=int, default=15)
     parser.add_argument("--max-steps", type=int, default=120)
-    parser.add_argument("--sleep-per-step", type=float, default=0.5)
+    # Long enough that the group is still reduced when the node is back (a minute or two).
+    parser.add_argument("--sleep-per-step", type=float, default=2.0)
     parser.add_argument("--shrink-after", type=int, default=30)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json")
