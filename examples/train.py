@@ -138,20 +138,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class TrainingState:
-    """Where the loop is; saved in every checkpoint through `register_for_checkpointing`."""
+    """Where the loop is; saved in every checkpoint through `register_for_checkpointing`.
+
+    The position in the epoch counts the micro-batches ALL processes consumed together, not one
+    process's: a run resumed at another world size (an elastic job at reduced size) skips the
+    same samples, so its data order follows the global step, not the world size."""
 
     def __init__(self) -> None:
         self.step = 0  # optimizer steps done
         self.epoch = 0
-        self.batch_in_epoch = 0  # micro-batches of `epoch` already consumed by this process
+        self.global_batches_in_epoch = 0  # micro-batches of `epoch` consumed by all processes
 
     def state_dict(self) -> dict[str, int]:
-        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+        return {"step": self.step, "epoch": self.epoch,
+                "global_batches_in_epoch": self.global_batches_in_epoch}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
-        self.batch_in_epoch = int(state["batch_in_epoch"])
+        self.global_batches_in_epoch = int(state["global_batches_in_epoch"])
+
+    def batches_to_skip(self, num_processes: int) -> int:
+        """This process's share of the micro-batches already consumed in the epoch. accelerate
+        deals whole batches round-robin to the processes, so the samples of every optimizer
+        step are the same at any world size with the same global batch."""
+        if self.global_batches_in_epoch % num_processes:
+            raise SystemExit(
+                f"the checkpoint stopped {self.global_batches_in_epoch} micro-batches into epoch "
+                f"{self.epoch}, which {num_processes} processes cannot split evenly: resume at a "
+                "world size whose global batch (processes x gradient accumulation) is the same"
+            )
+        return self.global_batches_in_epoch // num_processes
 
 
 def build_model(args: argparse.Namespace):
@@ -309,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         # The data order depends only on the seed and the epoch, so a resumed run sees the same
         # batches as an uninterrupted one.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # The scheduler steps once per optimizer step (below), whatever the world size: its
+        # saved position means the same step when a run resumes with fewer or more processes.
+        step_scheduler_with_optimizer=False,
         log_with=args.report_to,
     )
     # Every rank says where it is: a world size of 1 here means the job silently did not
@@ -322,13 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     except DistributedMismatch as error:
         raise SystemExit(f"error: {error}") from None
     if accelerator.gradient_accumulation_steps != args.gradient_accumulation_steps:
-        # accelerate lets $ACCELERATE_GRADIENT_ACCUMULATION_STEPS (set from a DeepSpeed config's
-        # gradient_accumulation_steps) win over the value passed to Accelerator().
+        # accelerate lets $ACCELERATE_GRADIENT_ACCUMULATION_STEPS win over the value passed to
+        # Accelerator(): the operator sets it on an elastic job (raised at a reduced size, so the
+        # global batch stays), the launcher from a DeepSpeed config's gradient_accumulation_steps.
         print_main(
             accelerator,
-            f"NOTE gradient_accumulation_steps={accelerator.gradient_accumulation_steps} from the "
-            f"accelerate config overrides --gradient-accumulation-steps "
-            f"{args.gradient_accumulation_steps}",
+            f"NOTE gradient_accumulation_steps={accelerator.gradient_accumulation_steps} "
+            f"(ACCELERATE_GRADIENT_ACCUMULATION_STEPS or the DeepSpeed config) overrides "
+            f"--gradient-accumulation-steps {args.gradient_accumulation_steps}",
         )
     set_seed(args.seed)
 
@@ -345,13 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay
     )
-    # accelerate steps a prepared scheduler once per process for every optimizer step (unless
-    # split_batches), so its horizon is counted in process-steps.
+    # Counted in optimizer steps: stepped once per optimizer step (step_scheduler_with_optimizer
+    # is off), not once per process as accelerate would by default.
     scheduler = get_scheduler(
-        "linear",
-        optimizer,
-        num_warmup_steps=args.warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_steps * accelerator.num_processes,
+        "linear", optimizer, num_warmup_steps=args.warmup_steps,
+        num_training_steps=args.max_steps,
     )
     model, optimizer, dataloader, scheduler = accelerator.prepare(
         model, optimizer, dataloader, scheduler
@@ -388,11 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     while state.step < args.max_steps:
         dataloader.set_epoch(state.epoch)
-        batches = (
-            accelerator.skip_first_batches(dataloader, state.batch_in_epoch)
-            if state.batch_in_epoch
-            else dataloader
-        )
+        skip = state.batches_to_skip(accelerator.num_processes)
+        batches = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
         for batch in batches:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
@@ -400,9 +416,10 @@ def main(argv: list[str] | None = None) -> int:
                 if accelerator.sync_gradients and args.max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 optimizer.step()
-                scheduler.step()
+                if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
+                    scheduler.step()
                 optimizer.zero_grad()
-            state.batch_in_epoch += 1
+            state.global_batches_in_epoch += accelerator.num_processes
             accumulated_loss += loss.detach().float()
             micro_batches += 1
             if not accelerator.sync_gradients:
@@ -446,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         else:  # the epoch ran out before max_steps
             state.epoch += 1
-            state.batch_in_epoch = 0
+            state.global_batches_in_epoch = 0
 
     if args.report_shards and accelerator.distributed_type == DistributedType.DEEPSPEED:
         from zero_shards import report_shards  # beside this script (in the image too)

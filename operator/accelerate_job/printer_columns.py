@@ -9,6 +9,7 @@ COLUMNS = (
     ("Queue", "string", ".status.queue.name", 0),
     ("Topology", "string", ".status.topology.summary", 0),
     ("Port", "integer", ".status.topology.masterPort", 1),
+    ("Size", "string", ".status.elastic.summary", 0),
     ("Ready", "string", ".status.readyNodes", 0),
     ("Restarts", "integer", ".status.restarts", 0),
     ("Counted", "integer", ".status.restartsCounted", 0),

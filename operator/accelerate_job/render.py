@@ -64,13 +64,16 @@ def summarize(job: Mapping[str, Any]) -> dict[str, Any]:
 
 def goodput_line(goodput: Mapping[str, Any] | None) -> str | None:
     """`87.5% of 1h20m kept; lost: recovery 40s, startup 15s (2 interruptions, the last
-    recovered in 21s)`, or None before the operator wrote any."""
+    recovered in 21s)`, or None before the operator wrote any; an elastic job's says how much
+    of what it kept ran at a reduced size (`... kept (20m of it reduced); ...`)."""
     if not goodput or goodput.get("percent") is None:
         return None
     lost = sorted(((seconds, cause) for cause, seconds in (goodput.get("lostSeconds") or {})
                    .items() if seconds), reverse=True)
     text = (f"{goodput['percent']:.1f}% of {format_duration(int(goodput.get('wallSeconds', 0)))}"
             " kept")
+    if goodput.get("reducedSeconds"):  # an elastic job's training on fewer nodes
+        text += f" ({format_duration(int(goodput['reducedSeconds']))} of it reduced)"
     if lost:
         text += "; lost: " + ", ".join(f"{cause} {format_duration(int(seconds))}"
                                        for seconds, cause in lost)

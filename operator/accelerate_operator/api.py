@@ -20,9 +20,11 @@ from typing import Any
 
 from accelerate_trainer.contract import CONFIG_KEY
 
-from .constants import API_VERSION, GPU_RESOURCE, KIND
+from .constants import API_VERSION, GPU_RESOURCE, KIND, QUEUE_LABEL
 
 DEFAULT_MASTER_PORT = 29500
+# spec.elastic.shrinkAfterSeconds when left out (the CRD's default too).
+DEFAULT_SHRINK_AFTER_SECONDS = 120
 # Pods are named <job>-<index>, a DNS label: at most 63 characters.
 MAX_HOSTNAME = 63
 # ConfigMap keys (the file names mounted beside the accelerate YAML).
@@ -80,6 +82,20 @@ class Code:
 
 
 @dataclass(frozen=True)
+class Elastic:
+    """spec.elastic: how far the job may shrink when nodes cannot be placed (elastic.py decides
+    the sizes and the accumulation at each)."""
+
+    min_nodes: int
+    # The accumulation at the size the job wants (numNodes); the operator passes the one for
+    # the size the group runs at, so the global batch stays.
+    gradient_accumulation_steps: int
+    shrink_after_seconds: int = DEFAULT_SHRINK_AFTER_SECONDS
+    # The size the job wants, once the group runs at another (elastic.at_size); else None.
+    wanted_nodes: int | None = None
+
+
+@dataclass(frozen=True)
 class TopologyRequest:
     """The topology fields as the spec gives them; None where the spec leaves one out."""
 
@@ -114,10 +130,18 @@ class JobSpec:
     # a GPU job...), found when the config is rendered (resources/configmap.prepare_config);
     # lifecycle.py names them in a Warning event and the ConfigWarnings condition.
     config_warnings: tuple[str, ...] = ()
+    elastic: Elastic | None = None
+    # The Kueue LocalQueue of a queued job (label kueue.x-k8s.io/queue-name), else None.
+    queue_name: str | None = None
 
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.nproc_per_node
+
+    @property
+    def wanted_nodes(self) -> int:
+        """numNodes, whatever size an elastic job's group runs at (elastic.at_size)."""
+        return (self.elastic.wanted_nodes if self.elastic else None) or self.num_nodes
 
     @property
     def owner_reference(self) -> dict[str, Any]:
@@ -220,13 +244,15 @@ def with_config(job: JobSpec, config: Mapping[str, Any]) -> JobSpec:
 
 
 def build_topology_status(job: JobSpec) -> dict[str, Any]:
-    """status.topology: what the job really runs, whichever side each number came from."""
+    """status.topology: what the job runs, whichever side each number came from; an elastic
+    job's at the size it wants (status.elastic has the size its group runs at)."""
+    nodes = job.wanted_nodes
     return {
-        "numNodes": job.num_nodes,
+        "numNodes": nodes,
         "numProcPerNode": job.nproc_per_node,
-        "worldSize": job.world_size,
+        "worldSize": nodes * job.nproc_per_node,
         "masterPort": job.master_port,
-        "summary": f"{job.num_nodes}x{job.nproc_per_node}",
+        "summary": f"{nodes}x{job.nproc_per_node}",
     }
 
 
@@ -292,6 +318,8 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
         topology_resolved=resolved,
         config_files=parse_config_files(spec.get("accelerateConfigFiles")),
         code=_code(spec),
+        elastic=_elastic(spec),
+        queue_name=(metadata.get("labels") or {}).get(QUEUE_LABEL) or None,
     )
 
 
@@ -308,6 +336,17 @@ def _code(spec: Mapping[str, Any]) -> Code | None:
         return None
     return Code(config_map=code["configMap"], sha256=code["sha256"],
                 requirements=code.get("requirements") or None)
+
+
+def _elastic(spec: Mapping[str, Any]) -> Elastic | None:
+    """The CRD requires both numbers and checks their ranges; shrinkAfterSeconds has a default."""
+    elastic = spec.get("elastic")
+    if not elastic:
+        return None
+    return Elastic(min_nodes=int(elastic["minNodes"]),
+                   gradient_accumulation_steps=int(elastic["gradientAccumulationSteps"]),
+                   shrink_after_seconds=int(elastic.get("shrinkAfterSeconds",
+                                                        DEFAULT_SHRINK_AFTER_SECONDS)))
 
 
 def _checkpoint(spec: Mapping[str, Any]) -> Checkpoint | None:

@@ -18,8 +18,9 @@ log = logging.getLogger("accelerate_operator")
 AUDIT_SECONDS = 300.0
 AUDIT_DELAY_SECONDS = 5.0
 # The owned kinds, and the index that keeps each.
-AUDITED = (("Pod", "job_pods"), ("Service", "job_services"), ("ConfigMap", "job_configmaps"),
-           ("PodDisruptionBudget", "job_pdbs"), ("Workload", "job_workloads"))
+AUDITED = (("Pod", "job_pods"), ("Pod", "job_placeholders"), ("Service", "job_services"),
+           ("ConfigMap", "job_configmaps"), ("PodDisruptionBudget", "job_pdbs"),
+           ("Workload", "job_workloads"))
 
 
 class Index(Protocol):

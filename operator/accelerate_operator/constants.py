@@ -17,6 +17,8 @@ WORKSPACE_VOLUME = "accelerate-workspace"
 REPORT_VOLUME = "accelerate-report"
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# The label that puts a job in a Kueue LocalQueue (kueue/ decides what that means).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 # Phases and condition types, as the CRD documents them.
 PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
@@ -25,9 +27,11 @@ PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
 CREATED = "Created"
 # A group that made no progress within spec.runPolicy.stallTimeoutSeconds (restarted).
 STALLED = "Stalled"
+# An elastic job's group runs at another size than numNodes (resize.py; reasons in elastic.py).
+RESIZED = "Resized"
 # A pod of the current attempt cannot start: the scheduler's or the kubelet's reason (startup.py).
 WAITING = "Waiting"
 FINISHED_PHASES = frozenset({SUCCEEDED, FAILED})
 # In the order status.conditions lists them.
-CONDITION_TYPES = (QUEUED, CREATED, WAITING, RUNNING, RESTARTING, STALLED, SUSPENDED, SUCCEEDED,
-                   FAILED)
+CONDITION_TYPES = (QUEUED, CREATED, WAITING, RUNNING, RESTARTING, STALLED, RESIZED, SUSPENDED,
+                   SUCCEEDED, FAILED)

@@ -144,7 +144,8 @@ class Reconciler(Protocol):
                         pods: Iterable[PodState], children: Iterable[tuple[str, str]] = (),
                         kueue: KueueView | None = None, *, configmap_ca: str | None = None,
                         endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT,
-                        report_ca: str | None = None) -> float | None: ...
+                        report_ca: str | None = None,
+                        placeholders: Iterable[PodState] = ()) -> float | None: ...
 
 
 class Controller:
@@ -278,6 +279,11 @@ class Controller:
         self.reports.keep_only(key, [p.uid for p in pods if p.attempt != -1])
         return pods
 
+    def placeholders_of(self, key: JobKey, uid: str) -> list[PodState]:
+        """An elastic job's placeholder pods (an earlier job's of the same name left out)."""
+        return [state for owner, state in self._values("job_placeholders", key)
+                if owner == uid and not self.audit.hides("Pod", key[0], state.name)]
+
     def pod_entries(self, key: JobKey) -> list[tuple[str | None, PodState]]:
         """(owner uid, pod) of every pod indexed under the job's key, ghosts left out."""
         return [(owner, state) for owner, state in self._values("job_pods", key)
@@ -359,7 +365,8 @@ class Controller:
         try:
             return await self.reconciler.reconcile(
                 state, body, self.pods_of(key, uid), children, self.kueue_of(key, uid),
-                configmap_ca=ca, endpoint=self.endpoint, report_ca=self.report_ca())
+                configmap_ca=ca, endpoint=self.endpoint, report_ca=self.report_ca(),
+                placeholders=self.placeholders_of(key, uid))
         except NamespaceTerminating:
             log.info("namespace %s is being deleted: job %s waits", key[0], key[1])
             state.terminating_until = self.clock() + TERMINATING_NAMESPACE_SECONDS

@@ -22,6 +22,7 @@ from accelerate_trainer.contract import REPORT_CA_KEY
 
 from .api import JobSpec, SpecError
 from .constants import FINISHED_PHASES
+from .elastic import group_size
 from .goodput import Moment, update_goodput
 from .kueue import (
     FLAVOR_WAIT_SECONDS,
@@ -39,6 +40,7 @@ from .outcome import Activity, Outcome
 from .progress import build_progress_status, build_trainer_status, progress_changed
 from .resources.configmap import ca_digest, prepare_config, with_report_ca
 from .resources.pdb import build_pdb
+from .resources.placeholder import build_placeholder_pod
 from .resources.pods import build_pod
 from .resources.service import build_service
 from .snapshot import Snapshot
@@ -82,15 +84,17 @@ class Archive:
 class Decision:
     """Everything one pass does, in the order the Applier does it: the lifecycle's `outcome` (the
     pods to delete, force-delete and tell the attempt, the events, the job's own deletion) and
-    what it takes built: the logs to archive, the Workload writes, the children and pods to
-    create, the CA bundle for the job's ConfigMap, the one status write (None: unchanged), and
-    when time alone will next change the job (seconds; None: never)."""
+    what it takes built: the logs to archive, the Workload writes, the children, pods and
+    placeholder pods to create, the CA bundle for the job's ConfigMap, the one status write
+    (None: unchanged), and when time alone will next change the job (seconds; None: never)."""
 
     outcome: Outcome = field(default_factory=Outcome)
     archive: Archive | None = None
     workload_writes: tuple[WorkloadWrite, ...] = ()
     children: tuple[dict[str, Any], ...] = ()  # ConfigMap, Service, PDB, Workload manifests
     pods: tuple[dict[str, Any], ...] = ()  # Pod manifests
+    # An elastic job's placeholder pods to create (refused, they fail nothing: reconciler.py).
+    placeholders: tuple[dict[str, Any], ...] = ()
     ca_patch: tuple[str, dict[str, str]] | None = None  # (ConfigMap, data to merge)
     status: dict[str, Any] | None = None
     # The status write carries a new status.progress: the next waits the progress write interval
@@ -102,11 +106,13 @@ class Decision:
 def decide(seen: Snapshot) -> Decision:
     """The whole decision of one pass."""
     job, children, render_error = render(seen)
+    job = group_size(job, seen.status)
     kueue = seen.kueue if seen.kueue is not None and seen.kueue.queue else None
     placement = _placement(seen, kueue, job)
     outcome = run_lifecycle(job, seen.status, seen.pods, seen.now,
                             error=job_error(seen, render_error, placement), kueue=kueue,
-                            activity=activity(seen), lost_nodes=seen.lost_nodes)
+                            activity=activity(seen), lost_nodes=seen.lost_nodes,
+                            placeholders=seen.placeholders)
     pods = build_pods(seen, job, outcome, placement)
     readings, progress_due = read_progress(seen)
     status = build_status_write(seen.status, outcome.status, readings, seen.created, seen.now)
@@ -118,6 +124,7 @@ def decide(seen: Snapshot) -> Decision:
         outcome=outcome, archive=archive(seen, outcome),
         workload_writes=_workload_writes(kueue, job, outcome, seen), children=new,
         pods=pods or (), ca_patch=ca_patch(seen), status=status,
+        placeholders=tuple(build_placeholder_pod(job, i) for i in outcome.placeholders),
         progress_written=readings.progress is not None,
         requeue_after=requeue_after(seen, status, waits))
 
@@ -294,7 +301,7 @@ def build_status_write(old: Mapping[str, Any], planned: Mapping[str, Any],
         return None
     moment = Moment(now, created, old.get("phase"), planned.get("phase"), attempt_of(old),
                     attempt_of(planned), readings.step, readings.step_time,
-                    readings.previous_step, readings.previous_time)
+                    readings.previous_step, readings.previous_time, reduced(old))
     goodput = update_goodput(old.get("goodput"), moment)
     if status is None and not ledger_moved(old.get("goodput"), goodput):
         goodput = {key: value for key, value in goodput.items() if key != "ledger"}
@@ -314,6 +321,12 @@ def ledger_moved(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
         return None if ledger is None else {key: value for key, value in ledger.items()
                                             if key not in LEDGER_STEP_KEYS}
     return without_step(old) is None or without_step(old) != without_step(new)
+
+
+def reduced(status: Mapping[str, Any]) -> bool:
+    """The group of an elastic job runs at a smaller size than the job wants (status.elastic)."""
+    elastic = status.get("elastic") or {}
+    return int(elastic.get("nodes") or 0) < int(elastic.get("wantedNodes") or 0)
 
 
 def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:

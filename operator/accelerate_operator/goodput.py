@@ -12,15 +12,17 @@ splits into productive time and time lost, by cause:
   had reported none) to the first step of the next group. A fault is a restart, whatever its
   cause, or a Kueue eviction: each counts as one interruption;
 - recomputed: time spent on steps at or below the highest step already reported, which a resume
-  from an older checkpoint trains again (read from two consecutive reports of one group).
+  from an older checkpoint trains again (read from two consecutive reports of one group);
+- idle: training time in which no step advanced: between two reports of the same step, and from
+  the last reported step to the job's end or suspension.
 
-productive = wall - lost. A step's time is when pod 0 saw its progress line (the report says;
+productive = wall - lost: the time between reports whose steps advanced, and no other. A job
+that never reports a step (a wrong script path, a script that prints no progress) kept nothing.
+Time trained by an elastic job's group at a reduced size counts as productive, and is shown
+apart (reducedSeconds). A step's time is when pod 0 saw its progress line (the report says;
 else when the operator read it), and pod 0 pushes a group's first progress at once, so a
 boundary is as precise as the clocks' agreement; between reports it is as fine as their
-spacing (a few seconds). Until a job's first report, the
-operator cannot tell a long startup from a script that reports nothing: a job that never
-reports counts its running time as productive, and its recovery ends when the new group runs.
-Pure: no clock, no I/O."""
+spacing (a few seconds). Pure: no clock, no I/O."""
 
 from __future__ import annotations
 
@@ -29,12 +31,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .constants import FAILED, FINISHED_PHASES, PENDING, QUEUED, RESTARTING, RUNNING, SUSPENDED
+from .constants import FINISHED_PHASES, PENDING, QUEUED, RESTARTING, RUNNING, SUSPENDED
 from .timefmt import format_time, parse_time
 
 WAITING, STARTUP, TRAINING, RECOVERY, DONE = "Waiting", "Startup", "Training", "Recovery", "Done"
 CAUSES = {WAITING: "waiting", STARTUP: "startup", RECOVERY: "recovery"}
-LOST_KEYS = ("waiting", "startup", "recovery", "recomputed")
+LOST_KEYS = ("waiting", "startup", "recovery", "recomputed", "idle")
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,16 @@ class Moment:
     # Restarted in place: the last step of the attempt before, and when pod 0 saw it.
     previous_step: int | None = None
     previous_time: datetime | None = None
+    # The group that reported runs at a reduced size (an elastic job, status.elastic).
+    reduced: bool = False
 
 
 @dataclass(frozen=True)
 class Ledger:
     """status.goodput's bookkeeping: closed lost time by cause, the open segment (what the job
     is doing since `since`), and the newest report (its step, when it was read, the highest step
-    ever reported)."""
+    ever reported); the training time at a reduced size, closed, and whether the open training
+    segment is at one."""
 
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_KEYS, 0.0))
     segment: str = WAITING
@@ -70,22 +75,30 @@ class Ledger:
     last_step: int | None = None
     last_step_time: datetime | None = None
     ended: datetime | None = None
+    reduced: float = 0.0
+    reduced_open: bool = False
 
-    def close(self, now: datetime, segment: str, since: datetime | None = None, *,
-              first_step: bool = False) -> Ledger:
-        """End the open segment at `now` (adding its time to its cause) and open `segment`. A
-        startup counts once some step was reported (`first_step`: this one)."""
-        lost = dict(self.lost)
-        cause = CAUSES.get(self.segment)
-        counted = cause is not None and (self.segment != STARTUP or self.highest is not None
-                                         or first_step)
-        if counted and self.since is not None:
-            lost[cause] += max((now - self.since).total_seconds(), 0.0)
-        last_recovery = self.last_recovery
-        if self.segment == RECOVERY and self.since is not None:
-            last_recovery = max((now - self.since).total_seconds(), 0.0)
+    def close(self, now: datetime, segment: str, since: datetime | None = None) -> Ledger:
+        """End the open segment at `now` (adding its time to its cause) and open `segment`."""
+        lost, cause = dict(self.lost), CAUSES.get(self.segment)
+        seconds = max((now - self.since).total_seconds(), 0.0) if self.since else 0.0
+        if cause is not None:
+            lost[cause] += seconds
+        last_recovery = seconds if self.segment == RECOVERY and self.since else \
+            self.last_recovery
+        reduced = self.reduced + (seconds if self.segment == TRAINING and self.reduced_open
+                                  else 0.0)
         return replace(self, lost=lost, segment=segment, since=since or now,
-                       last_recovery=last_recovery)
+                       last_recovery=last_recovery, reduced=reduced)
+
+    def idle_until(self, now: datetime, segment: str) -> Ledger:
+        """End a training segment at its last step, the time after it idle, and open
+        `segment` at `now`."""
+        if self.segment != TRAINING or self.last_step_time is None:
+            return self.close(now, segment)
+        closed = self.close(self.last_step_time, segment, now)
+        idle = max((now - self.last_step_time).total_seconds(), 0.0)
+        return replace(closed, lost={**closed.lost, "idle": closed.lost["idle"] + idle})
 
 
 def update_goodput(stored: Mapping[str, Any] | None, moment: Moment) -> dict[str, Any]:
@@ -96,12 +109,10 @@ def update_goodput(stored: Mapping[str, Any] | None, moment: Moment) -> dict[str
     # A report comes from the group the pass observed: a step it brings was trained before
     # whatever fault the same pass acts on.
     if moment.step is not None:
-        ledger = _reported(ledger, moment.step, _step_time(ledger, moment))
+        ledger = _reported(ledger, moment.step, _step_time(ledger, moment), moment.reduced)
     ledger = _stopped(ledger, moment)
     if moment.phase_after in FINISHED_PHASES and ledger.segment != DONE:
-        # A job that failed before any step was reported kept nothing: its startup is lost.
-        failed = moment.phase_after == FAILED
-        ledger = replace(ledger.close(moment.now, DONE, first_step=failed), ended=moment.now)
+        ledger = replace(ledger.idle_until(moment.now, DONE), ended=moment.now)
     return show(ledger, moment.created, moment.now)
 
 
@@ -129,7 +140,7 @@ def _stopped(ledger: Ledger, moment: Moment) -> Ledger:
         closed = ledger.close(since or moment.now, RECOVERY, since)
         return replace(closed, interruptions=ledger.interruptions + 1)
     if moment.phase_after == SUSPENDED and moment.phase_before != SUSPENDED:
-        return ledger.close(moment.now, WAITING)
+        return ledger.idle_until(moment.now, WAITING)
     return ledger
 
 
@@ -156,25 +167,26 @@ def _step_time(ledger: Ledger, moment: Moment) -> datetime:
 
 
 def _ran(ledger: Ledger, moment: Moment) -> Ledger:
-    """The group runs: waiting ends and startup begins. A job that has reported no step yet
-    ends its recovery here (it may never report one)."""
+    """The group runs: waiting ends and startup begins (a recovery goes on to the first step)."""
     if moment.phase_after != RUNNING or moment.phase_before == RUNNING:
         return ledger
     if ledger.segment == WAITING:
         return ledger.close(moment.now, STARTUP)
-    if ledger.segment == RECOVERY and ledger.highest is None:
-        return ledger.close(moment.now, TRAINING)
     return ledger
 
 
-def _reported(ledger: Ledger, step: int, now: datetime) -> Ledger:
-    """A report of `step`: the first one ends startup or recovery; later ones below the highest
-    step already reported are recomputation."""
+def _reported(ledger: Ledger, step: int, now: datetime, reduced: bool = False) -> Ledger:
+    """A report of `step`: the first one ends startup or recovery (training opens, at a reduced
+    size or not); a later one that did not advance was idle, one below the highest step already
+    reported recomputation."""
     if ledger.segment in (WAITING, STARTUP, RECOVERY):
-        ledger = ledger.close(now, TRAINING, first_step=True)
+        ledger = replace(ledger.close(now, TRAINING), reduced_open=reduced)
     elif ledger.segment == TRAINING and ledger.last_step_time is not None:
-        ledger = replace(ledger, lost={**ledger.lost, "recomputed": ledger.lost["recomputed"]
-                                       + _recomputed(ledger, step, now)})
+        seconds = max((now - ledger.last_step_time).total_seconds(), 0.0)
+        cause = "idle" if ledger.last_step is not None and step <= ledger.last_step \
+            else "recomputed"
+        counted = seconds if cause == "idle" else _recomputed(ledger, step, now)
+        ledger = replace(ledger, lost={**ledger.lost, cause: ledger.lost[cause] + counted})
     highest = step if ledger.highest is None else max(ledger.highest, step)
     return replace(ledger, highest=highest, last_step=step, last_step_time=now)
 
@@ -196,12 +208,19 @@ def show(ledger: Ledger, created: datetime, now: datetime) -> dict[str, Any]:
     ledger the next pass goes on from."""
     end = ledger.ended or now
     wall = max((end - created).total_seconds(), 0.0)
-    lost = ledger.close(end, ledger.segment).lost if ledger.segment != DONE else ledger.lost
+    now_closed = ledger.close(end, ledger.segment) if ledger.segment != DONE else ledger
+    lost = now_closed.lost
     lost_total = min(sum(lost.values()), wall)
-    percent = round(100.0 * (wall - lost_total) / wall, 1) if wall > 0 else 0.0
+    productive = wall - lost_total
+    percent = round(100.0 * productive / wall, 1) if wall > 0 else 0.0
+    reduced = min(now_closed.reduced, productive)
+    summary = f"{percent:.1f}%"
+    if reduced > 0:
+        summary += f" ({100.0 * reduced / productive:.0f}% reduced)"
     shown = {
-        "percent": percent, "summary": f"{percent:.1f}%",
-        "wallSeconds": _seconds(wall), "productiveSeconds": _seconds(wall - lost_total),
+        "percent": percent, "summary": summary,
+        "wallSeconds": _seconds(wall), "productiveSeconds": _seconds(productive),
+        "reducedSeconds": _seconds(reduced) if reduced > 0 else None,
         "lostSeconds": {key: _seconds(value) for key, value in lost.items()},
         "interruptions": ledger.interruptions,
         "lastRecoverySeconds": _seconds(ledger.last_recovery),
@@ -221,7 +240,9 @@ def _stored(ledger: Ledger) -> dict[str, Any]:
     stored = {"lost": {k: round(v, 3) for k, v in ledger.lost.items()},
               "segment": ledger.segment, "since": _stamp(ledger.since),
               "highestStep": ledger.highest, "lastStep": ledger.last_step,
-              "lastStepTime": _stamp(ledger.last_step_time), "ended": _stamp(ledger.ended)}
+              "lastStepTime": _stamp(ledger.last_step_time), "ended": _stamp(ledger.ended),
+              "reduced": round(ledger.reduced, 3) or None,
+              "reducedOpen": ledger.reduced_open or None}
     return {k: v for k, v in stored.items() if v is not None}
 
 
@@ -238,4 +259,5 @@ def read_ledger(stored: Mapping[str, Any] | None, created: datetime) -> Ledger:
                   last_recovery=stored.get("lastRecoverySeconds"),
                   highest=kept.get("highestStep"), last_step=kept.get("lastStep"),
                   last_step_time=parse_time(kept.get("lastStepTime")),
-                  ended=parse_time(kept.get("ended")))
+                  ended=parse_time(kept.get("ended")), reduced=float(kept.get("reduced") or 0.0),
+                  reduced_open=bool(kept.get("reducedOpen")))

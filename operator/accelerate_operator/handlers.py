@@ -3,7 +3,8 @@ own (each owned kind filtered on the server by our job-name label), keeps what a
 each object in its indexes, and hands every event to the controller (controller.py), whose work
 queue runs the job's pass.
 
-- Indexes (`@kopf.index`): the jobs, their pods (as PodState), Services, rendered ConfigMaps,
+- Indexes (`@kopf.index`): the jobs, their pods (as PodState), an elastic job's placeholder
+  pods (on the same watch: they carry the job-name label), Services, rendered ConfigMaps,
   PodDisruptionBudgets and, with the Kueue integration, Workloads, each by (namespace, job
   name).
 - Event handlers (`@kopf.on.event`): hand the event to the controller; kopf's `when=` filter is
@@ -31,7 +32,14 @@ import kopf
 from . import metrics
 from .constants import GROUP, PLURAL
 from .controller import Controller, hands_over
-from .indexes import configmap_entry, job_entry, owning_job, pod_entry, workload_entry
+from .indexes import (
+    configmap_entry,
+    is_placeholder,
+    job_entry,
+    owning_job,
+    pod_entry,
+    workload_entry,
+)
 from .kube import OWNED, Kube
 from .kueue import KUEUE_GROUP
 from .peering import PeeringFollower
@@ -235,7 +243,14 @@ async def job_bodies(body: kopf.Body, namespace: str, name: str, **_: Any) -> di
 @kopf.index("v1", "pods", id="job_pods")
 async def job_pods(body: kopf.Body, meta: Mapping[str, Any], **_: Any) -> dict | None:
     key = owning_job(meta)
-    return {key: pod_entry(body)} if key else None
+    return {key: pod_entry(body)} if key and not is_placeholder(meta) else None
+
+
+@kopf.index("v1", "pods", id="job_placeholders")
+async def job_placeholders(body: kopf.Body, meta: Mapping[str, Any],
+                           **_: Any) -> dict | None:
+    key = owning_job(meta)
+    return {key: pod_entry(body)} if key and is_placeholder(meta) else None
 
 
 @kopf.index("v1", "services", id="job_services")

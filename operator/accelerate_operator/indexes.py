@@ -12,6 +12,7 @@ from .constants import KIND
 from .kueue.workload import lean_workload
 from .pod_state import PodState, read_pod_state
 from .resources.configmap import read_ca_digest
+from .resources.placeholder import PLACEHOLDER_LABEL
 
 JobKey = tuple[str, str]  # (namespace, job name)
 # kubectl apply keeps a full copy of the object in this annotation; nothing here reads it.
@@ -31,6 +32,11 @@ def owning_job(metadata: Mapping[str, Any]) -> JobKey | None:
     """The job an object belongs to, by its job-name label."""
     name = (metadata.get("labels") or {}).get(JOB_NAME_LABEL)
     return (metadata.get("namespace") or "", name) if name else None
+
+
+def is_placeholder(metadata: Mapping[str, Any]) -> bool:
+    """An elastic job's placeholder pod (resources/placeholder.py): indexed apart from its pods."""
+    return PLACEHOLDER_LABEL in (metadata.get("labels") or {})
 
 
 def owner_uid(metadata: Mapping[str, Any]) -> str | None:

@@ -8,7 +8,11 @@ Facts, Counters and the status being built), as JobSet's failure_policy.go does:
 4. a queued job's group runs only while Kueue admits it (kueue/gate.py);
 5. a suspended job stops its pods, and starts a fresh group when resumed;
 6. past spec.runPolicy.activeDeadlineSeconds it fails;
-7. else the group's policy decides (group.py): restart, stall, create, run, succeed.
+7. an elastic job's group restarts at another size when its pods cannot all be placed, or when
+   capacity for the missing ones has returned (resize.py);
+8. else the group's policy decides (group.py): restart, stall, create, run, succeed;
+9. whichever policy ended it, an elastic job running reduced keeps its placeholders, and any
+   other gives them up (resize.hold_capacity).
 
 Pure: `run_lifecycle` takes everything as arguments (the clock too) and returns an Outcome;
 running it twice on the same input gives the same outcome, so a restarted operator, or two events
@@ -18,7 +22,7 @@ of `run_lifecycle`."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,6 +43,7 @@ from .outcome import (
     pods_to_clean,
 )
 from .pod_state import NodeState, PodState
+from .resize import hold_capacity, resize
 from .status import CONFIG_WARNINGS, CONFIG_WARNINGS_REASON, Event, StatusBuilder
 from .timefmt import parse_time
 
@@ -55,14 +60,23 @@ class JobError:
 def run_lifecycle(job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodState],
                   now: datetime, *, error: JobError | None = None,
                   kueue: KueueView | None = None, activity: Activity | None = None,
-                  lost_nodes: Mapping[str, NodeState] | None = None) -> Outcome:
-    """The whole lifecycle decision for one pass. `kueue` is set for a job queued with Kueue
-    (its group runs only while admitted); `activity` is what pod 0 last reported, for
-    spec.runPolicy.stallTimeoutSeconds; `lost_nodes` the nodes of its pods that are not Ready,
-    by name (reads.py reads them). The Outcome's `requeue_after` says when time alone will
-    change the decision (a TTL, a deadline, a stall, a timeout)."""
-    facts = Facts(job, status, tuple(pods), now, activity or Activity(), lost_nodes or {})
-    out, counters = StatusBuilder(job, status, now), Counters.of(status)
+                  lost_nodes: Mapping[str, NodeState] | None = None,
+                  placeholders: Sequence[PodState] = ()) -> Outcome:
+    """The whole lifecycle decision for one pass. `job` is at the size its group runs at
+    (elastic.group_size); `kueue` is set for a job queued with Kueue (its group runs only while
+    admitted); `activity` is what pod 0 last reported, for spec.runPolicy.stallTimeoutSeconds;
+    `lost_nodes` the nodes of its pods that are not Ready, by name (reads.py reads them);
+    `placeholders` an elastic job's placeholder pods. The Outcome's `requeue_after` says when
+    time alone will change the decision (a TTL, a deadline, a stall, a timeout, a shrink)."""
+    facts = Facts(job, status, tuple(pods), now, activity or Activity(), lost_nodes or {},
+                  tuple(placeholders))
+    return hold_capacity(facts, lifecycle(facts, error, kueue))
+
+
+def lifecycle(facts: Facts, error: JobError | None, kueue: KueueView | None) -> Outcome:
+    """The chain of policies, the first that ends the lifecycle deciding."""
+    job, status = facts.job, facts.status
+    out, counters = StatusBuilder(job, status, facts.now), Counters.of(status)
     if out.previous_phase in FINISHED_PHASES:
         return finished(facts, out, counters)
     if error is not None:
@@ -77,7 +91,19 @@ def run_lifecycle(job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodSta
         return suspend(facts, out, counters, release)
     if out.previous_phase == SUSPENDED:
         counters = resume(out, counters)
-    return deadline_exceeded(facts, out, counters) or run_group(facts, out, counters)
+    ended = deadline_exceeded(facts, out, counters)
+    if ended is not None:
+        return ended
+    resized, shrink_due = resize(facts, out, counters)
+    return resized or sooner(run_group(facts, out, counters), shrink_due)
+
+
+def sooner(outcome: Outcome, seconds: float | None) -> Outcome:
+    """`outcome`, looked at again in `seconds` at the latest."""
+    if seconds is None or (outcome.requeue_after is not None
+                           and outcome.requeue_after <= seconds):
+        return outcome
+    return replace(outcome, requeue_after=seconds)
 
 
 def finished(facts: Facts, out: StatusBuilder, counters: Counters) -> Outcome:

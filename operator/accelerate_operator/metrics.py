@@ -104,7 +104,7 @@ class _JobsByPhase:
 GOODPUT_FAMILIES = (
     ("job_goodput_ratio", "The share of a job's wall time spent on training that was kept"),
     ("job_lost_seconds", "Seconds of a job's wall time lost, by cause (waiting, startup, "
-     "recovery, recomputed)"),
+     "recovery, recomputed, idle)"),
     ("job_interruptions", "Faults that stopped a job's group (restarts, Kueue evictions)"),
     ("job_last_recovery_seconds", "A job's last fault to its next group's first step"),
 )

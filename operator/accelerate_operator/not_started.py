@@ -24,13 +24,16 @@ UNSCHEDULABLE = "Unschedulable"
 class NotStarted:
     """What keeps a pod from starting: Kubernetes' reason and message, and the container that
     cannot start (None: the pod itself, not yet scheduled); `exit_code` an init container's
-    last exit code."""
+    last exit code; `since` when the scheduler first found no node for it, as written (the
+    PodScheduled condition's lastTransitionTime: an elastic job shrinks after
+    spec.elastic.shrinkAfterSeconds of it)."""
 
     reason: str
     message: str = ""
     container: str | None = None
     init: bool = False
     exit_code: int | None = None
+    since: str | None = None
 
     @property
     def stuck(self) -> bool:
@@ -67,7 +70,8 @@ def read_not_started(pod: Mapping[str, Any]) -> NotStarted | None:
     for condition in status.get("conditions") or []:
         if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
                 and condition.get("reason") == UNSCHEDULABLE):
-            return NotStarted(UNSCHEDULABLE, condition.get("message") or "")
+            return NotStarted(UNSCHEDULABLE, condition.get("message") or "",
+                              since=condition.get("lastTransitionTime"))
     for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
         for container in status.get(key) or []:
             waiting = (container.get("state") or {}).get("waiting")

@@ -40,6 +40,8 @@ class Facts:
     activity: Activity = field(default_factory=Activity)
     # The nodes of the job's pods that are not Ready, by name (reads.py reads them).
     lost_nodes: Mapping[str, NodeState] = field(default_factory=dict)
+    # An elastic job's placeholder pods (resize.py), apart from its own.
+    placeholders: tuple[PodState, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,8 @@ class Outcome:
     """What the lifecycle decided: the new status, the attempt, the pods to create (indexes)
     and delete (names: gracefully, or with no grace period), the running pods to tell the new
     attempt (an in-place restart), the events, the job's own deletion (its TTL passed), when time
-    alone changes the decision, and whether an evicted Workload's quota goes back."""
+    alone changes the decision, whether an evicted Workload's quota goes back, and the
+    placeholders to create (the node indices they hold capacity for; resize.hold_capacity)."""
 
     status: dict[str, Any] = field(default_factory=dict)
     attempt: int = 0
@@ -83,6 +86,7 @@ class Outcome:
     delete_job: bool = False
     requeue_after: float | None = None
     release: bool = False
+    placeholders: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

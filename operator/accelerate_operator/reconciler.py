@@ -26,7 +26,7 @@ from typing import Any
 from .api import JobSpec, SpecError, parse_job
 from .decide import Archive, Decision, decide
 from .kube import Kube, Rejected
-from .kueue import KueueView, WorkloadWrite, priority_class, queue_name
+from .kueue import KueueView, WorkloadWrite, priority_class
 from .metrics import record_status_change
 from .pod_state import PodState
 from .reads import read
@@ -35,7 +35,7 @@ from .resources.logs import ARCHIVED_LINES, build_logs_configmap
 from .resources.pods import DEFAULT_REPORT_ENDPOINT, ReportEndpoint
 from .snapshot import Snapshot
 from .state import JobState, Refusal
-from .status import group_attempt, merge_patch
+from .status import Event, group_attempt, merge_patch
 from .timefmt import parse_time, utcnow
 
 log = logging.getLogger("accelerate_operator")
@@ -85,6 +85,7 @@ class Applier:
             if refused is not None:
                 state.refused = refused
                 return False
+        await self._create_placeholders(state, seen, decision.placeholders)
         if decision.ca_patch is not None:
             await self.kube.patch_configmap(job.namespace, *decision.ca_patch)
         if decision.status is not None:
@@ -97,6 +98,25 @@ class Applier:
             log.info("deleting %s/%s: ttlSecondsAfterFinished has passed", job.namespace, job.name)
             await self.kube.delete_job(job.namespace, job.name)
         return True
+
+    async def _create_placeholders(self, state: JobState, seen: Snapshot,
+                                   manifests: Sequence[Mapping[str, Any]]) -> None:
+        """An elastic job's placeholders: one the API server refuses (no PriorityClass
+        accelerate-operator-placeholder, a quota) fails nothing, the group trains on at its
+        size; a Warning event says why, once per cause."""
+        results = await asyncio.gather(*(self._create(m) for m in manifests),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if any(not isinstance(r, Rejected) for r in errors):
+            raise next(r for r in errors if not isinstance(r, Rejected))
+        if not errors or str(errors[0]) == state.placeholder_refused:
+            return
+        state.placeholder_refused = str(errors[0])
+        log.warning("%s/%s: %s", seen.job.namespace, seen.job.name, errors[0])
+        await self.kube.post_event(seen.body, Event(
+            "Warning", "PlaceholderRejected",
+            f"{errors[0]}; the job trains on at its reduced size, and grows back only once its "
+            "placeholder pods can be created (docs: Elastic jobs)"), seen.now)
 
     async def _write_status(self, state: JobState, seen: Snapshot, decision: Decision) -> None:
         """The one status write; then the JobState and the metrics learn of it."""
@@ -161,10 +181,12 @@ class Reconciler:
                         pods: Iterable[PodState], children: Iterable[tuple[str, str]] = (),
                         kueue: KueueView | None = None, *, configmap_ca: str | None = None,
                         endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT,
-                        report_ca: str | None = None) -> float | None:
+                        report_ca: str | None = None,
+                        placeholders: Iterable[PodState] = ()) -> float | None:
         """Bring one job's children and status in line with its spec. `pods` (each with its
         latest report) and `children` ((kind, name) of its ConfigMaps, Services, PDB) are what
-        the indexes show, `kueue` what they show of Kueue (None: the integration is off),
+        the indexes show, `placeholders` an elastic job's placeholder pods, `kueue` what they
+        show of Kueue (None: the integration is off),
         `configmap_ca` the digest of the CA bundle in its rendered ConfigMap (None: not
         indexed); the pods report to `endpoint`, whose certificate `report_ca` signs. Returns
         when time alone will next change the job (seconds), or None."""
@@ -177,7 +199,7 @@ class Reconciler:
             return None
         seen = self.snapshot(state, body, job, status, pods, children, kueue,
                              configmap_ca=configmap_ca, report_endpoint=endpoint,
-                             report_ca=report_ca)
+                             report_ca=report_ca, placeholders=tuple(placeholders))
         seen = await read(self.kube, seen)
         decision = decide(seen)
         done = await self.applier.apply(state, seen, decision)
@@ -192,7 +214,7 @@ class Reconciler:
         that the indexes do not show yet included; `reporting`: where the pods report."""
         clock, now = self.clock(), utcnow()
         if kueue is not None:
-            kueue = KueueView(kueue.workload, kueue.version, queue_name(body),
+            kueue = KueueView(kueue.workload, kueue.version, job.queue_name,
                               priority_class(body))
         all_pods, all_children = state.with_in_flight(group_attempt(status), pods, children,
                                                       clock)

@@ -42,6 +42,8 @@ class Snapshot:
     clock: float = 0.0
     next_progress_write: float = 0.0
     refused: Refusal | None = None
+    # An elastic job's placeholder pods (resources/placeholder.py), as their own index shows them.
+    placeholders: tuple[PodState, ...] = ()
     # Where the pods report (the operator's endpoint), the CA bundle its certificate is signed
     # by (None: not known yet), and the digest of the bundle the job's rendered ConfigMap holds
     # ("" none; None: the indexes do not show that ConfigMap).

@@ -55,6 +55,8 @@ class JobState:
       written again, however often pod 0 reports (report_settings.PROGRESS_WRITE_SECONDS).
     - `refused`: the API server refused one of the job's children for good: the next pass
       fails the job with its reason (reconciler.Applier).
+    - `placeholder_refused`: why the API server last refused an elastic job's placeholder pod
+      (its Warning event is posted once per cause: reconciler.Applier).
     - `check_exists`: a deletion asked for the next pass (controller.py, the grace check).
     - `terminating_until`: no pass before this (the operator's clock): the namespace refused a
       create for being deleted.
@@ -68,6 +70,7 @@ class JobState:
     in_flight: dict[tuple[str, str], _Created] = field(default_factory=dict)
     next_progress_write: float = 0.0
     refused: Refusal | None = None
+    placeholder_refused: str | None = None
     check_exists: bool = False
     terminating_until: float = 0.0
 

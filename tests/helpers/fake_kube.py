@@ -8,6 +8,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from accelerate_operator.indexes import is_placeholder
 from accelerate_operator.kube import ConfigMapMissing, NamespaceTerminating, Rejected
 from accelerate_operator.pod_state import PodState, read_pod_state
 from accelerate_operator.resources.configmap import ConfigSource
@@ -161,7 +162,13 @@ class FakeKube:
 
     # ---- what the stores would show -------------------------------------------------------
     def pods(self) -> list[PodState]:
-        return [read_pod_state(o) for (kind, _), o in self.objects.items() if kind == "Pod"]
+        return [read_pod_state(o) for (kind, _), o in self.objects.items()
+                if kind == "Pod" and not is_placeholder(o["metadata"])]
+
+    def placeholders(self) -> list[PodState]:
+        """An elastic job's placeholder pods: an index of their own, as the controller has."""
+        return [read_pod_state(o) for (kind, _), o in self.objects.items()
+                if kind == "Pod" and is_placeholder(o["metadata"])]
 
     def children(self) -> set[tuple[str, str]]:
         return {key for key in self.objects if key[0] in ("ConfigMap", "Service")}

@@ -89,6 +89,14 @@ class JobBuilder:
         self.body["spec"]["checkpoint"] = {"volumeName": volume, "mountPath": mount_path}
         return self
 
+    def elastic(self, min_nodes: int, accumulation: int, **fields: Any) -> JobBuilder:
+        """spec.elastic, with a checkpoint volume (an elastic job needs one)."""
+        self.body["spec"]["elastic"] = {"minNodes": min_nodes,
+                                        "gradientAccumulationSteps": accumulation, **fields}
+        if "checkpoint" not in self.body["spec"]:
+            self.volume(name="ckpt", emptyDir={}).checkpoint("ckpt")
+        return self
+
     def spec(self, **fields: Any) -> JobBuilder:
         self.body["spec"].update(fields)
         return self

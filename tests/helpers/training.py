@@ -93,6 +93,10 @@ def machine_env(
             # Two cores are shared by every process of the job: no thread oversubscription.
             "OMP_NUM_THREADS": "1",
             "ACCELERATE_TRAINER_RENDEZVOUS_TIMEOUT": "120",
+            # The checkout's trainer, not the venv's installed copy (which may lag behind it):
+            # the trainer and the script's imports of accelerate_trainer both read this.
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(ROOT / "trainer"), env.get("PYTHONPATH")])),
         }
     )
     env.update(extra or {})

@@ -152,6 +152,22 @@ DNS1035 = ("metadata.name must be a DNS-1035 label (lowercase letters, digits an
 CHECKPOINT = "spec.checkpoint.volumeName must name a volume of spec.template.spec.volumes"
 DEEPSPEED = ("DeepSpeed across several nodes needs "
              "spec.accelerateConfig.deepspeed_config.deepspeed_multinode_launcher: standard")
+ELASTIC_CHECKPOINT = ("spec.elastic needs spec.checkpoint: each resize restarts the group from "
+                      "its last complete checkpoint")
+ELASTIC_MIN = "spec.elastic.minNodes must be at most numNodes (the size the job wants)"
+ELASTIC_DIVIDES = ("spec.elastic.minNodes must divide numNodes x "
+                   "spec.elastic.gradientAccumulationSteps")
+ELASTIC_WAIT = ("spec.elastic.shrinkAfterSeconds must be less than "
+                "spec.runPolicy.waitingTimeoutSeconds")
+ELASTIC_ENV = ("an elastic job's trainer container may not set "
+               "ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+
+
+def elastic(**values: Any) -> Mutation:
+    """spec.elastic on a job with a checkpoint volume, as an elastic job needs."""
+    return chain(spec(elastic=values, checkpoint={"volumeName": "ckpt"}),
+                 pod_spec(volumes=[{"name": "ckpt", "emptyDir": {}}]))
+
 
 MALFORMED = [
     # numNodes
@@ -301,6 +317,27 @@ MALFORMED = [
                        pod_spec(volumes=[{"name": "ckpt", "emptyDir": {}}])),
                  ["spec.checkpoint.mountPath in body should match '^/'"],
                  id="checkpoint-relative-mountPath"),
+    # elastic
+    pytest.param(spec(elastic={"minNodes": 1, "gradientAccumulationSteps": 1}),
+                 [ELASTIC_CHECKPOINT], id="elastic-without-checkpoint"),
+    pytest.param(elastic(minNodes=3, gradientAccumulationSteps=3), [ELASTIC_MIN],
+                 id="elastic-minNodes-above-numNodes"),
+    pytest.param(chain(drop("spec", "numNodes"), drop("spec", "numProcPerNode"),
+                       config(num_machines=2), elastic(minNodes=3, gradientAccumulationSteps=3)),
+                 [ELASTIC_MIN], id="elastic-minNodes-above-yaml-num_machines"),
+    pytest.param(chain(spec(numNodes=4), elastic(minNodes=3, gradientAccumulationSteps=1)),
+                 [ELASTIC_DIVIDES], id="elastic-minNodes-does-not-divide"),
+    pytest.param(elastic(minNodes=0, gradientAccumulationSteps=1),
+                 ["spec.elastic.minNodes in body should be greater than or equal to 1"],
+                 id="elastic-minNodes-0"),
+    pytest.param(elastic(minNodes=1), ["spec.elastic.gradientAccumulationSteps: Required value"],
+                 id="elastic-without-accumulation"),
+    pytest.param(chain(elastic(minNodes=1, gradientAccumulationSteps=1, shrinkAfterSeconds=900)),
+                 [ELASTIC_WAIT], id="elastic-shrinks-after-the-job-fails"),
+    pytest.param(chain(elastic(minNodes=1, gradientAccumulationSteps=1),
+                       trainer(env=[{"name": "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+                                     "value": "8"}])),
+                 [ELASTIC_ENV], id="elastic-with-its-own-accumulation-env"),
     # runPolicy
     pytest.param(run_policy(cleanPodPolicy="Always"),
                  ['spec.runPolicy.cleanPodPolicy: Unsupported value: "Always"',
@@ -340,6 +377,16 @@ def test_longest_names_that_fit_a_pod_hostname_are_accepted(
     body = valid_job(job_name, admission_ns, nodes=nodes, procs=1)
     proc = server_apply(kubeconfig, body)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_elastic_job_is_accepted_with_its_wait_defaulted(kubeconfig: str, admission_ns: str):
+    """The control of the elastic cases: 4 nodes x accumulation 3 may shrink to 3 or 2."""
+    body = valid_job("elastic", admission_ns, nodes=4)
+    elastic(minNodes=2, gradientAccumulationSteps=3)(body)
+    proc = server_apply(kubeconfig, body, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["spec"]["elastic"] == {
+        "minNodes": 2, "gradientAccumulationSteps": 3, "shrinkAfterSeconds": 120}
 
 
 def test_topology_left_out_of_the_spec_is_not_defaulted(kubeconfig: str, admission_ns: str):
@@ -427,6 +474,8 @@ IMMUTABLE_PATCHES = [
                            "accelerateConfigFrom": {"configMapKeyRef": {"name": "cfg",
                                                                         "key": "config.yaml"}}}},
                  IMMUTABLE_CONFIG, id="accelerateConfig-to-accelerateConfigFrom"),
+    pytest.param({"spec": {"elastic": {"minNodes": 1, "gradientAccumulationSteps": 1}}},
+                 "spec.elastic cannot be added or removed", id="elastic-added"),
 ]
 
 

@@ -222,6 +222,9 @@ def test_status_shows_the_goodput_and_where_the_rest_went():
             "(2 interruptions, the last recovered in 21s)") in text.splitlines()
     assert "ledger" not in render.summarize(job(goodput=goodput))["goodput"]
     assert "Goodput:" not in render.render_status(job())
+    reduced = render.render_status(job(goodput={**goodput, "reducedSeconds": 1200.0,
+                                                "summary": "87.5% (29% reduced)"}))
+    assert "Goodput:      87.5% of 1h20m kept (20m of it reduced); lost: recovery 9m" in reduced
 
 
 def test_status_before_any_report():
@@ -336,7 +339,7 @@ def test_list_is_the_table_kubectl_get_prints(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
     code, out, _ = run("list")
     assert out.splitlines()[0].split() == [
-        "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "READY", "RESTARTS", "COUNTED",
+        "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "SIZE", "READY", "RESTARTS", "COUNTED",
         "GOODPUT", "PROGRESS", "ETA", "AGE"] == table.header()
     (row,) = cells(out)
     assert {k: row[k] for k in ("NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA")} == {

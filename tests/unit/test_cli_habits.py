@@ -193,7 +193,7 @@ def test_get_prints_one_job_or_every_job_as_kubectl_does(fake):
     fake(Client(ajob("a"), ajob("b", "Succeeded")))
     code, out, _ = run("get")
     assert code == 0 and out.splitlines()[0].split() == [
-        "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "READY", "RESTARTS", "COUNTED",
+        "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "SIZE", "READY", "RESTARTS", "COUNTED",
         "GOODPUT", "PROGRESS", "ETA", "AGE"]
     assert [line.split()[:2] for line in out.splitlines()[1:]] == [["a", "Running"],
                                                                    ["b", "Succeeded"]]
@@ -332,6 +332,7 @@ def test_status_wide_adds_the_table_columns_its_block_does_not_show(fake):
     code, out, _ = run("status", "a", "-o", "wide")
     lines = out.splitlines()
     assert code == 0 and lines[0] == "Name:         a (namespace team)"
-    assert lines[-6:] == ["Reason:       -", "Queue:        team-q", "Topology:     2x4",
-                          "Port:         29500", "Counted:      -", "Accelerate:   -"]
+    assert lines[-7:] == ["Reason:       -", "Queue:        team-q", "Topology:     2x4",
+                          "Port:         29500", "Size:         -", "Counted:      -",
+                          "Accelerate:   -"]
     assert any(line.startswith("Restarts:") for line in lines)  # the attempt is said there

@@ -14,6 +14,7 @@ import accelerate_trainer.__main__ as trainer_main
 import pytest
 from accelerate.utils import DistributedType
 from accelerate_trainer.config import ConfigError, check_distribution
+from accelerate_trainer.deepspeed_checks import check_accumulation_from_env
 from accelerate_trainer.deepspeed_cpu import (
     ENV_DEEPSPEED_ON_CPU,
     ENV_EXPECTED_DISTRIBUTED_TYPE,
@@ -60,6 +61,30 @@ def test_opted_in_deepspeed_launches_on_cpu_telling_each_rank_what_to_expect(ter
     assert "ACCELERATE_USE_CPU" not in env
     assert "--cpu" not in argv and "--multi_gpu" not in argv
     assert argv[argv.index("--deepspeed_multinode_launcher") + 1] == "standard"
+
+
+def test_a_json_accumulation_that_would_override_the_asked_for_one_is_refused(termination_log,
+                                                                            no_exec):
+    """ds_zero3.json says gradient_accumulation_steps: 1, which accelerate would use over the
+    pod's ACCELERATE_GRADIENT_ACCUMULATION_STEPS (an elastic job's, at a reduced size)."""
+    env = job_env(**{ENV_DEEPSPEED_ON_CPU: "1", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"})
+    assert trainer_main.main(["train.py"], env) == 78
+    assert ("gradient_accumulation_steps is 1, and accelerate would use it over "
+            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4; set it to \"auto\" in the JSON"
+            ) in termination_log.read_text()
+    assert no_exec == []
+
+
+@pytest.mark.parametrize(("value", "refused"), [("auto", False), (4, False), (2, True),
+                                                (None, True)])
+def test_only_auto_or_the_same_number_lets_the_env_decide(value, refused):
+    ds_json = {} if value is None else {"gradient_accumulation_steps": value}
+    if refused:
+        with pytest.raises(ConfigError, match="accelerate would use it over X=4"):
+            check_accumulation_from_env(ds_json, 4, "X")
+    else:
+        check_accumulation_from_env(ds_json, 4, "X")
+    check_accumulation_from_env(None, 4, "X")  # no JSON: the command line decides
 
 
 def test_use_cpu_with_deepspeed_stays_refused_and_names_the_opt_in():

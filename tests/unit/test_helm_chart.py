@@ -162,6 +162,7 @@ def test_default_render_has_exactly_the_expected_kinds(helm):
             "Service": 2,  # the metrics Service, the report endpoint's
             "Role": 1,  # the report endpoint's TLS Secret, in the release namespace
             "RoleBinding": 1,
+            "PriorityClass": 1,  # elastic jobs' placeholder pods
         }
     )
 
@@ -495,3 +496,17 @@ def test_grafana_dashboard_ships_as_a_sidecar_labelled_configmap_of_every_metric
                      "accelerate_operator_job_interruptions",
                      "accelerate_operator_job_last_recovery_seconds"}
     assert all(name in exprs for name in names), exprs
+
+
+def test_the_placeholder_priority_class_is_the_one_the_operator_names_lowest_and_never_preempts(
+        helm):
+    """Elastic jobs' placeholders (resources/placeholder.py) name this PriorityClass: the chart
+    installs it, unless another release already has (cluster-scoped)."""
+    from accelerate_operator.resources.placeholder import PLACEHOLDER_PRIORITY_CLASS
+
+    priority = only(render(helm), "PriorityClass")
+    assert priority["metadata"]["name"] == PLACEHOLDER_PRIORITY_CLASS
+    assert (priority["value"], priority["preemptionPolicy"], priority["globalDefault"]) == (
+        -10, "Never", False)
+    kinds = {d["kind"] for d in render(helm, "elastic.placeholderPriorityClass=false")}
+    assert "PriorityClass" not in kinds

@@ -175,7 +175,8 @@ def test_service_is_headless_and_publishes_not_ready_pods():
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {"accelerate-operator.io/job-name": "train"},
+            "selector": {"accelerate-operator.io/job-name": "train",
+                         "app.kubernetes.io/name": "accelerate-job"},
             "ports": [{"name": "rendezvous", "port": 29500, "protocol": "TCP"}],
         },
     }
@@ -234,7 +235,8 @@ def test_pod_disruption_budget_is_built_whole_and_planned_only_when_asked():
         "metadata": {"name": "train", "namespace": "ml", "labels": LABELS,
                      "ownerReferences": [OWNER]},
         "spec": {"minAvailable": 2,
-                 "selector": {"matchLabels": {"accelerate-operator.io/job-name": "train"}},
+                 "selector": {"matchLabels": {"accelerate-operator.io/job-name": "train",
+                                              "app.kubernetes.io/name": "accelerate-job"}},
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
     children = frozenset({("ConfigMap", "train-accelerate-config"), ("Service", "train")})

@@ -4,53 +4,14 @@ pure step, decide, is also tested alone, and when a pass asks to be run again (r
 
 from __future__ import annotations
 
-import asyncio
-
 from accelerate_operator.decide import RESYNC_SECONDS, decide, requeue_after
-from accelerate_operator.naming import configmap_name
-from accelerate_operator.reconciler import Reconciler
 from accelerate_operator.resources.configmap import ConfigSource, read_ca_digest
 from accelerate_operator.snapshot import Snapshot
 from accelerate_operator.state import JobState
 
 from tests.helpers.fake_kube import FakeKube
 from tests.helpers.jobs import JobBuilder, pod
-from tests.helpers.passes import snapshot
-
-
-class Cluster:
-    """The fake API plus a job whose status follows the operator's writes, as the watch would
-    deliver them."""
-
-    def __init__(self, body: dict, kube: FakeKube | None = None):
-        self.kube = kube or FakeKube()
-        self.body = body
-        self.reconciler = Reconciler(self.kube, clock=lambda: 0.0)
-        self.state = JobState(body["metadata"]["uid"])
-        self.report_ca: str | None = None  # the bundle the operator's certificate is signed by
-
-    def reconcile(self, *, indexed: bool = True) -> float | None:
-        """One pass, and another at once when it asks for one (a child the API server refused
-        ends a pass: the next fails the job), as the work queue runs them."""
-        for _ in range(5):
-            pods = self.kube.pods() if indexed else []
-            children = self.kube.children() if indexed else set()
-            rendered = self.kube.objects.get(("ConfigMap", configmap_name(self.name)))
-            requeue = asyncio.run(self.reconciler.reconcile(
-                self.state, self.body, pods, children, report_ca=self.report_ca,
-                configmap_ca=read_ca_digest(rendered) if rendered and indexed else None))
-            for status in self.kube.statuses:
-                self.body.setdefault("status", {}).update(status)
-            if requeue != 0:
-                return requeue
-        raise AssertionError("the pass asked to run again at once, five times in a row")
-
-    @property
-    def name(self) -> str:
-        return self.body["metadata"]["name"]
-
-    def phase(self) -> str | None:
-        return (self.body.get("status") or {}).get("phase")
+from tests.helpers.passes import Cluster, snapshot
 
 
 def test_a_new_job_gets_its_configmap_service_and_pods_in_one_pass():

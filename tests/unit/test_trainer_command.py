@@ -21,7 +21,8 @@ def load(name: str) -> dict:
     return parse_accelerate_yaml((CONFIGS / name).read_text())
 
 
-def topology(name: str, *, num_nodes: int, nproc_per_node: int, node_rank: int = 0) -> Topology:
+def topology(name: str, *, num_nodes: int, nproc_per_node: int, node_rank: int = 0,
+             gradient_accumulation: int | None = None) -> Topology:
     return Topology(
         master_addr="job-node-0.job",
         master_port=29500,
@@ -30,6 +31,7 @@ def topology(name: str, *, num_nodes: int, nproc_per_node: int, node_rank: int =
         nproc_per_node=nproc_per_node,
         world_size=num_nodes * nproc_per_node,
         config_file=str(CONFIGS / name),
+        gradient_accumulation=gradient_accumulation,
     )
 
 
@@ -341,14 +343,22 @@ def test_fsdp2_config_reaches_the_fsdp_plugin_as_version_2(monkeypatch):
     assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
 
 
-def deepspeed_env(name: str, *, num_nodes: int) -> tuple[list[str] | None, dict[str, str]]:
+def deepspeed_env(name: str, *, num_nodes: int, gradient_accumulation: int | None = None,
+                  drop_flag: bool = False) -> tuple[list[str] | None, dict[str, str]]:
+    """`drop_flag`: without the --gradient_accumulation_steps build_launch_plan adds."""
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
     plan = build_launch_plan(
-        topology(name, num_nodes=num_nodes, nproc_per_node=8, node_rank=num_nodes - 1),
+        topology(name, num_nodes=num_nodes, nproc_per_node=8, node_rank=num_nodes - 1,
+                 gradient_accumulation=gradient_accumulation),
         load(name),
         ["train.py"],
     )
+    if drop_flag:
+        argv = list(plan.argv)
+        index = argv.index("--gradient_accumulation_steps")
+        del argv[index:index + 2]
+        plan = LaunchPlan(tuple(argv), plan.env)
     args, defaults, mixed_precision_from_config = accelerate_args(plan)
     assert args.use_deepspeed
     # What launch_command() adds before calling deepspeed_launcher().
@@ -413,3 +423,48 @@ def test_deepspeed_config_reaches_the_deepspeed_plugin(
     assert plugin.offload_param_device == offload
     assert plugin.offload_optimizer_device == offload
     assert plugin.deepspeed_config["zero_optimization"]["stage"] == stage
+
+
+# ---- the accumulation an elastic job's pods are told (ACCELERATE_GRADIENT_ACCUMULATION_STEPS) --
+
+
+def test_an_asked_for_accumulation_reaches_every_rank_through_accelerates_variable():
+    plan = build_launch_plan(
+        topology("multi_cpu.yaml", num_nodes=1, nproc_per_node=2, gradient_accumulation=4),
+        load("multi_cpu.yaml"), ["train.py"])
+    assert plan.env == {"ACCELERATE_USE_CPU": "1", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}
+    assert "--gradient_accumulation_steps" not in plan.argv  # a DeepSpeed-only flag
+
+
+def test_a_deepspeed_launch_passes_it_on_the_command_line():
+    plan = build_launch_plan(
+        topology("deepspeed_zero2.yaml", num_nodes=1, nproc_per_node=8, gradient_accumulation=4),
+        load("deepspeed_zero2.yaml"), ["train.py"])
+    assert plan.argv[-3:] == ("--gradient_accumulation_steps", "4", "train.py")
+
+
+def test_deepspeeds_launcher_takes_our_accumulation_over_the_yamls():
+    """deepspeed_zero2.yaml says gradient_accumulation_steps: 1: accelerate's launcher would set
+    the ranks' variable from it, over the pod's, without the command-line flag."""
+    _, env = deepspeed_env("deepspeed_zero2.yaml", num_nodes=1, gradient_accumulation=4)
+    assert env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "4"
+    _, env = deepspeed_env("deepspeed_zero2.yaml", num_nodes=1, gradient_accumulation=4,
+                           drop_flag=True)
+    assert env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "1"
+
+
+
+def test_a_universal_checkpoints_json_replaces_the_yamls_for_accelerate():
+    """deepspeed_universal.py's copy of the JSON (with checkpoint.load_universal) reaches
+    accelerate over the deepspeed_config_file the YAML names."""
+    yaml_path = Path(__file__).parent / "deepspeed_on_cpu" / "accelerate.yaml"
+    universal = "/ckpt/.accelerate-trainer/deepspeed-universal.json"
+    plan = build_launch_plan(
+        Topology(master_addr="job-0.job", master_port=29500, node_rank=0, num_nodes=1,
+                 nproc_per_node=2, world_size=2, config_file=str(yaml_path)),
+        parse_accelerate_yaml(yaml_path.read_text()), ["train.py"],
+        deepspeed_config_file=universal)
+    assert plan.argv[-3:] == ("--deepspeed_config_file", universal, "train.py")
+    args, defaults, _ = accelerate_args(plan)
+    assert defaults.deepspeed_config["deepspeed_config_file"] == "ds_zero3.json"
+    assert args.deepspeed_config_file == universal

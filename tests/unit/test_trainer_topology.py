@@ -125,3 +125,16 @@ def test_parse_does_not_read_the_process_environment(monkeypatch):
     assert parse_topology(GOOD_ENV).master_addr == "job-node-0.job"
     with pytest.raises(TopologyError, match="MASTER_ADDR"):
         parse_topology({})
+
+
+def test_an_asked_for_gradient_accumulation_is_read_where_set():
+    env = env_with(ACCELERATE_GRADIENT_ACCUMULATION_STEPS="4")
+    assert parse_topology(env).gradient_accumulation == 4
+    assert parse_topology(GOOD_ENV).gradient_accumulation is None
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_gradient_accumulation_is_named(value):
+    with pytest.raises(TopologyError, match="ACCELERATE_GRADIENT_ACCUMULATION_STEPS"):
+        parse_topology(env_with(ACCELERATE_GRADIENT_ACCUMULATION_STEPS=value))
+

@@ -16,13 +16,15 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import deepspeed_cpu, supervise
 from .checkpoints import find_resume_checkpoint
-from .command import build_launch_plan
+from .command import LaunchPlan, build_launch_plan
 from .config import (
     OTHER_ACCELERATORS,
     ConfigError,
@@ -38,9 +40,11 @@ from .contract import (
     CONFIG_ERROR_EXIT_CODE,
     ENV_CHECKPOINT_DIR,
     ENV_CONFIG_FILE,
+    ENV_GRADIENT_ACCUMULATION,
     REQUIREMENTS_EXIT_CODE,
 )
-from .deepspeed_checks import parse_deepspeed_json
+from .deepspeed_checks import check_accumulation_from_env, parse_deepspeed_json
+from .deepspeed_universal import prepare_universal_resume
 from .error_files import launch_env as hook_env
 from .fast_exit import ENV_FAST_EXIT
 from .ignored import check_in_pod, probe_hardware
@@ -106,6 +110,9 @@ def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None,
                    master_port=topology.master_port, deepspeed_json=deepspeed_json,
                    deepspeed_source=deepspeed_source, fsdp_names=schema.fsdp)
     dtype = distributed_type(config)
+    if topology.gradient_accumulation is not None and dtype == "DEEPSPEED":
+        check_accumulation_from_env(deepspeed_json, topology.gradient_accumulation,
+                                    ENV_GRADIENT_ACCUMULATION, deepspeed_source)
     if str(config.get("mixed_precision")).lower() == "fp8" and (
             is_cpu_job(config) or visible_gpus == 0):
         raise ConfigError(
@@ -174,6 +181,46 @@ def fast_exit_python(environ: Mapping[str, str]) -> str | None:
     return sys.executable
 
 
+def resume_point(topology: Topology, config: Mapping, environ: Mapping[str, str],
+                 deepspeed_json: Mapping | None) -> tuple[Path | None, str | None]:
+    """The newest complete checkpoint, and the DeepSpeed JSON to load it with where it must load
+    as a universal checkpoint (`deepspeed_resume`; None: the configured one)."""
+    checkpoint_dir = environ.get(ENV_CHECKPOINT_DIR)
+    resume_from = find_resume_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    if resume_from:
+        log.info("resuming from %s", resume_from)
+    return resume_from, deepspeed_resume(topology, config, resume_from, deepspeed_json,
+                                         checkpoint_dir)
+
+
+def log_launch(topology: Topology, plan: LaunchPlan) -> None:
+    accumulation = topology.gradient_accumulation
+    log.info(
+        "node %d/%d, %d process(es) per node, world size %d%s: %s",
+        topology.node_rank, topology.num_nodes, topology.nproc_per_node, topology.world_size,
+        "" if accumulation is None else
+        f", gradient accumulation {accumulation} ({ENV_GRADIENT_ACCUMULATION})",
+        " ".join(plan.argv),
+    )
+
+
+def deepspeed_resume(topology: Topology, config: Mapping, resume_from: Path | None,
+                     deepspeed_json: Mapping | None, checkpoint_dir: str | None) -> str | None:
+    """The DeepSpeed JSON to launch with when the checkpoint was written by another number of
+    ranks (an elastic job that changed size): pod 0 converts it to DeepSpeed's universal form
+    first (deepspeed_universal.py). None: the launch as configured."""
+    if resume_from is None or distributed_type(config) != "DEEPSPEED":
+        return None
+    started = time.monotonic()
+    path = prepare_universal_resume(resume_from, dp_size=topology.world_size,
+                                    node_rank=topology.node_rank, ds_json=deepspeed_json,
+                                    workdir=checkpoint_dir or resume_from.parent)
+    if path is not None:
+        log.info("%s loads as a DeepSpeed universal checkpoint at world size %d (%s, %.1fs)",
+                 resume_from, topology.world_size, path, time.monotonic() - started)
+    return str(path) if path else None
+
+
 def fail(message: str, exit_code: int) -> int:
     log.error("%s", message)
     write_termination_message(message)
@@ -214,10 +261,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except RequirementsError as error:
         return fail(f"requirements: {error}", REQUIREMENTS_EXIT_CODE)
 
-    checkpoint_dir = environ.get(ENV_CHECKPOINT_DIR)
-    resume_from = find_resume_checkpoint(checkpoint_dir) if checkpoint_dir else None
-    if resume_from:
-        log.info("resuming from %s", resume_from)
+    try:
+        resume_from, universal_json = resume_point(topology, config, environ, deepspeed_json)
+    except ConfigError as error:
+        return fail(f"invalid configuration: {error}", CONFIG_ERROR_EXIT_CODE)
+    except subprocess.CalledProcessError as error:
+        return fail(f"DeepSpeed's converter could not make {resume_from} a universal checkpoint "
+                    f"(exit {error.returncode}; its output is above)", 1)
 
     try:
         wait_for_master(topology, timeout=timeout)
@@ -227,12 +277,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     plan = build_launch_plan(
         topology, config, script, resume_from=str(resume_from) if resume_from else None,
         fast_exit_python=fast_exit_python(environ), rendezvous_timeout=timeout,
+        deepspeed_config_file=universal_json,
     )
-    log.info(
-        "node %d/%d, %d process(es) per node, world size %d: %s",
-        topology.node_rank, topology.num_nodes, topology.nproc_per_node, topology.world_size,
-        " ".join(plan.argv),
-    )
+    log_launch(topology, plan)
     env = {**environ, **plan.env, **launch_env}
     env.update(hook_env(env))  # each process explains its own failure (error_files.py)
     return launch(plan.argv, env, topology.node_rank)

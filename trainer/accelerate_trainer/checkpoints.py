@@ -117,6 +117,11 @@ def resume_from_checkpoint(accelerator: Any, path: str | Path | None) -> bool:
     if not path:
         return False
     accelerator.load_state(str(path))
+    # load_state also restores accelerate's micro-batch counter (`step`), whose count per
+    # optimizer step is the gradient accumulation: resumed at another accumulation (an elastic
+    # job at another size), the first step would sync early. A checkpoint is saved at an
+    # optimizer-step boundary, where the counter starts over.
+    accelerator.step = 0
     config.iteration = max(config.iteration, checkpoint_iteration(path) + 1)
     return True
 

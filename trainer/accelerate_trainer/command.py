@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import distributed_type, is_cpu_job
+from .contract import ENV_GRADIENT_ACCUMULATION
 from .deepspeed_cpu import build_expectation_env
 from .topology import Topology
 
@@ -34,9 +35,11 @@ def build_launch_plan(
     resume_from: str | None = None,
     fast_exit_python: str | None = None,
     rendezvous_timeout: int = DEFAULT_RENDEZVOUS_TIMEOUT,
+    deepspeed_config_file: str | None = None,
 ) -> LaunchPlan:
     """Every topology flag is passed explicitly: accelerate reads none of MASTER_ADDR, RANK or
-    PET_* for itself, and a value on the command line wins over the YAML.
+    PET_* for itself, and a value on the command line wins over the YAML. `deepspeed_config_file`
+    replaces the YAML's DeepSpeed JSON (a copy that loads a universal checkpoint).
 
     With fast_exit_python (an interpreter that has accelerate and this package), the launcher
     and every rank run under fast_exit, which ends each process as soon as its program has
@@ -72,6 +75,9 @@ def build_launch_plan(
         argv.append("--same_network")
     if distributed_type(config) == "DEEPSPEED" and topology.num_nodes > 1:
         argv += ["--deepspeed_multinode_launcher", "standard"]
+    flags, elastic_env = _resize_flags(topology, config, deepspeed_config_file)
+    argv += flags
+    env.update(elastic_env)
     # Each rank can check that accelerate set up what was launched (deepspeed_cpu.py).
     env.update(build_expectation_env(distributed_type(config), topology.world_size))
     if resume_from:
@@ -84,3 +90,23 @@ def build_launch_plan(
         script = script[1:]
     argv += list(script)
     return LaunchPlan(argv=tuple(argv), env=env)
+
+
+def _resize_flags(topology: Topology, config: Mapping[str, Any],
+                  deepspeed_config_file: str | None) -> tuple[list[str], dict[str, str]]:
+    """What a group at another size than its checkpoint's needs: the gradient accumulation the
+    operator asks for, and the DeepSpeed JSON that loads a universal checkpoint."""
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    if topology.gradient_accumulation is not None:
+        # Every rank's Accelerator takes it over the script's value. accelerate's DeepSpeed
+        # launcher would set the variable again from the YAML's deepspeed_config, where the
+        # command line wins.
+        env[ENV_GRADIENT_ACCUMULATION] = str(topology.gradient_accumulation)
+        if distributed_type(config) == "DEEPSPEED":
+            argv += ["--gradient_accumulation_steps", str(topology.gradient_accumulation)]
+    if deepspeed_config_file:
+        # deepspeed_universal.py's copy of the JSON: the command line wins over the YAML's.
+        argv += ["--deepspeed_config_file", deepspeed_config_file]
+    return argv, env
+

@@ -34,6 +34,12 @@ ENV_JOB_NAME = "ACCELERATE_JOB_NAME"
 # the whole group)... Set on the pod for its first launch; the supervisor sets it for the
 # launches after an in-place restart (RUN_ATTEMPT_FILE).
 ENV_JOB_ATTEMPT = "ACCELERATE_JOB_ATTEMPT"
+# accelerate's own name: `Accelerator` takes it over the gradient_accumulation_steps the script
+# passes (accelerate 1.15 accelerator.py, parse_choice_from_env). The operator sets it on the pods
+# of an elastic job (spec.elastic): the accumulation at the size the group runs at, so the global
+# batch stays; the trainer also passes it to a DeepSpeed launch, whose launcher would otherwise
+# set it from the accelerate YAML.
+ENV_GRADIENT_ACCUMULATION = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 
 # ---- the rendered accelerate YAML, mounted from the ConfigMap `<job>-accelerate-config` ----
 CONFIG_MOUNT_PATH = "/etc/accelerate"

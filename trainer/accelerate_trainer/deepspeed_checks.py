@@ -185,3 +185,20 @@ def _check_batch_sizes(ds_json: Mapping[str, Any], world_size: int, source: str)
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_accumulation_from_env(ds_json: Mapping[str, Any] | None, steps: int, env_name: str,
+                                source: str = "the DeepSpeed config") -> None:
+    """With a DeepSpeed JSON, accelerate fills only an "auto" gradient_accumulation_steps from
+    the environment: a number there (or none, which accelerate reads as 1) wins over `env_name`
+    and would change the global batch the pod asks for."""
+    if ds_json is None:
+        return
+    value = ds_json.get("gradient_accumulation_steps")
+    if value != "auto" and value != steps:
+        shown = "left out (accelerate then uses 1)" if value is None else f"{value!r}"
+        raise ConfigError(
+            f"{source}: gradient_accumulation_steps is {shown}, and accelerate would use it "
+            f"over {env_name}={steps}; set it to \"auto\" in the JSON"
+        )
+

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .contract import (
     CONFIG_FILE,
     ENV_CONFIG_FILE,
+    ENV_GRADIENT_ACCUMULATION,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_NODE_RANK,
@@ -34,6 +35,9 @@ class Topology:
     nproc_per_node: int
     world_size: int
     config_file: str
+    # The gradient accumulation the operator asks for (an elastic job's, at the size its group
+    # runs at); None: the script's own.
+    gradient_accumulation: int | None = None
 
     @property
     def is_master(self) -> bool:
@@ -57,7 +61,8 @@ def _positive_int(env: Mapping[str, str], name: str, *, minimum: int = 1) -> int
 
 def parse_topology(env: Mapping[str, str]) -> Topology:
     """Read and cross-check MASTER_ADDR, MASTER_PORT, NODE_RANK, NUM_NODES, NPROC_PER_NODE and
-    WORLD_SIZE. Raises TopologyError naming the first bad variable."""
+    WORLD_SIZE, and ACCELERATE_GRADIENT_ACCUMULATION_STEPS where set. Raises TopologyError naming
+    the first bad variable."""
     master_addr = env.get(ENV_MASTER_ADDR, "").strip()
     if not master_addr:
         raise TopologyError(
@@ -72,6 +77,8 @@ def parse_topology(env: Mapping[str, str]) -> Topology:
         nproc_per_node=_positive_int(env, ENV_NPROC_PER_NODE),
         world_size=_positive_int(env, ENV_WORLD_SIZE),
         config_file=env.get(ENV_CONFIG_FILE) or DEFAULT_CONFIG_FILE,
+        gradient_accumulation=(_positive_int(env, ENV_GRADIENT_ACCUMULATION)
+                               if env.get(ENV_GRADIENT_ACCUMULATION) else None),
     )
     if topology.master_port > 65535:
         raise TopologyError(f"MASTER_PORT={topology.master_port} is not a TCP port (1-65535)")

@@ -28,11 +28,10 @@ from .workload import (
     choose_kueue_version,
     lean_workload,
     priority_class,
-    queue_name,
 )
 from .writes import WorkloadWrite, build_workload, workload_writes
 
 __all__ = ["FLAVOR_WAIT_SECONDS", "KUEUE_GROUP", "KUEUE_VERSION", "KueueVersionError",
            "KueueView", "Placement", "WorkloadWrite", "admitted_placement", "build_workload",
-           "choose_kueue_version", "gate", "lean_workload", "priority_class", "queue_name",
+           "choose_kueue_version", "gate", "lean_workload", "priority_class",
            "read_kueue", "with_placement", "workload_writes"]

@@ -19,7 +19,6 @@ SUPPORTED_VERSIONS = (V1BETA2, V1BETA1)  # in order of preference
 # The default until discovery says otherwise (and the version of a Workload with no apiVersion).
 KUEUE_VERSION = V1BETA1
 KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
-QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
 PRIORITY_LABEL = f"{KUEUE_GROUP}/priority-class"
 WORKLOAD_PRIORITY_SOURCE = f"{KUEUE_GROUP}/workloadpriorityclass"
 POD_SET = "main"
@@ -70,12 +69,6 @@ def choose_kueue_version(group: Mapping[str, Any] | None) -> str | None:
 
 def api_version(version: str) -> str:
     return f"{KUEUE_GROUP}/{version}"
-
-
-def queue_name(body: Mapping[str, Any]) -> str | None:
-    """The LocalQueue the job asks for, or None: the job is not Kueue's to admit."""
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    return labels.get(QUEUE_LABEL) or None
 
 
 def priority_class(body: Mapping[str, Any]) -> str | None:

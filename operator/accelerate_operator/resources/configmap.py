@@ -41,6 +41,7 @@ from accelerate_trainer.ignored import check_ignored_values, gpu_ids_of
 
 from ..api import JobSpec, SpecError, with_config
 from ..constants import GPU_RESOURCE
+from ..elastic import check_elastic
 from ..labels import job_labels
 from ..naming import configmap_name
 
@@ -160,9 +161,14 @@ def _render(
         # A CPU job uses no GPU, and on one machine accelerate refuses fewer than two ids: the
         # key goes, with the warning above saying so.
         del rendered["gpu_ids"]
+    check_elastic(job, rendered, deepspeed_json, deepspeed_source)
     rendered["num_machines"] = job.num_nodes
     rendered["num_processes"] = job.world_size
     rendered["main_process_port"] = job.master_port
+    if job.elastic is not None:
+        # The group of an elastic job runs at several sizes: the trainer passes both on the
+        # command line at the size it runs at, and the YAML must not say another.
+        del rendered["num_machines"], rendered["num_processes"]
     if distributed_type(rendered) == "DEEPSPEED" and job.num_nodes > 1:
         deepspeed = dict(rendered.get("deepspeed_config") or {})
         deepspeed["deepspeed_multinode_launcher"] = "standard"

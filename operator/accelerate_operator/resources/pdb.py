@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerate_trainer.contract import JOB_NAME_LABEL
-
 from ..api import JobSpec
-from ..labels import job_labels
+from ..labels import job_labels, pod_selector
 from ..naming import pdb_name
 
 
@@ -33,7 +31,7 @@ def build_pdb(job: JobSpec) -> dict[str, Any]:
         },
         "spec": {
             "minAvailable": job.num_nodes,
-            "selector": {"matchLabels": {JOB_NAME_LABEL: job.name}},
+            "selector": {"matchLabels": pod_selector(job.name)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -46,6 +46,7 @@ from accelerate_trainer.contract import (
 
 from ..api import JobSpec
 from ..constants import CODE_VOLUME, CONFIG_VOLUME, REPORT_VOLUME, SHM_VOLUME, WORKSPACE_VOLUME
+from ..elastic import build_elastic_env
 from ..labels import pod_labels
 from ..naming import configmap_name, master_address, pod_name, report_path, service_name
 
@@ -106,6 +107,7 @@ def build_topology_env(job: JobSpec, index: int, attempt: int = 0) -> list[dict[
         ENV_JOB_NAME: job.name,
         ENV_JOB_ATTEMPT: str(attempt),
         "PYTHONUNBUFFERED": "1",
+        **build_elastic_env(job),
     }
     if job.checkpoint:
         env[ENV_CHECKPOINT_DIR] = job.checkpoint.mount_path

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerate_trainer.contract import JOB_NAME_LABEL
-
 from ..api import JobSpec
-from ..labels import job_labels
+from ..labels import job_labels, pod_selector
 from ..naming import service_name
 
 
@@ -26,7 +24,7 @@ def build_service(job: JobSpec) -> dict[str, Any]:
             # Workers must resolve the master before it is Ready: it only listens once the
             # trainer starts, and nothing marks it Ready before that.
             "publishNotReadyAddresses": True,
-            "selector": {JOB_NAME_LABEL: job.name},
+            "selector": pod_selector(job.name),
             "ports": [{"name": "rendezvous", "port": job.master_port, "protocol": "TCP"}],
         },
     }
