@@ -1,10 +1,10 @@
 """The command line of `accelerate-job` (and `kubectl accelerate`), in kubectl's habits: the
 cluster flags (-n, --context, --kubeconfig, -A, -o) go anywhere, before or after the command;
 `get` and `describe`; `wait --for=condition=X --timeout=10m`; several names or -l for get,
-delete and wait. The older spellings (`list`, `status`, `--for Succeeded`,
-`--timeout 300`, `--attempt N`) stay. argparse does the parsing: the global flags are one
-parent parser, added to the top level and (with SUPPRESS defaults, so they do not overwrite
-what was given before the command) to every command."""
+delete and wait; and what kubectl has no command for: `status` (one job, or a live progress bar
+with -w), `top`, `logs --attempt N`. argparse does the parsing: the global flags are one parent
+parser, added to the top level and (with SUPPRESS defaults, so they do not overwrite what was
+given before the command) to every command."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ KINDS = "AccelerateJobs (also: ajob)"
 OUTPUTS = {
     "submit": ("", "yaml", "json"),
     "get": ("", "wide", "name", "json", "yaml", "jsonpath"),
-    "list": ("text", "wide", "name", "json", "yaml"),
     "status": ("text", "wide", "json", "yaml"),
     "top": ("text", "wide"),
     "describe": ("",), "logs": ("",), "wait": ("",), "delete": ("", "name"),
@@ -121,14 +120,6 @@ def _add_reading(commands: Any, parent: argparse.ArgumentParser) -> None:
     get.add_argument("-w", "--watch", action="store_true",
                      help="keep the table live (as `top` does)")
 
-    listing = commands.add_parser(
-        "list", parents=[parent], help="the jobs of a namespace (-o json|yaml: summaries)",
-        description="The table of `get`. Its -o json and yaml print one summary per job "
-        "(name, phase, progress, goodput, conditions), as the older form did.")
-    _selector(listing)
-    listing.add_argument("-w", "--watch", action="store_true",
-                         help="keep the table live, as `top` does")
-
     describe = commands.add_parser(
         "describe", parents=[parent], help="a job's story: conditions, events, pods, failure",
         description="What happened to a job: its phase and progress, conditions, goodput, the "
@@ -187,11 +178,9 @@ def _add_wait_delete(commands: Any, parent: argparse.ArgumentParser) -> None:
     _selector(wait)
     wait.add_argument("--for", dest="wait_for", type=options.wait_for,
                       default=options.wait_for("condition=Succeeded"), metavar="TARGET",
-                      help="condition=TYPE, jsonpath=TEMPLATE[=VALUE] or delete "
-                           "(a bare TYPE also works)")
+                      help="condition=TYPE, jsonpath=TEMPLATE[=VALUE] or delete")
     wait.add_argument("--timeout", type=options.duration, default=3600.0, metavar="DURATION",
-                      help="give up after this long: 30s, 10m, 1h (default 1h; a bare number "
-                           "is seconds)")
+                      help="give up after this long: 30s, 10m, 1h (default 1h)")
 
     delete = commands.add_parser("delete", parents=[parent],
                                  help="delete jobs with their pods and ConfigMaps")

@@ -248,7 +248,7 @@ class FakeClient:
     def get(self, name):
         if name not in self.jobs:
             raise JobNotFound(f"no AccelerateJob {name} in namespace team; list them with "
-                              "`accelerate-job list`")
+                              "`accelerate-job get`")
         return self.jobs[name]
 
     def list(self, all_namespaces=False, selector=None):
@@ -263,10 +263,10 @@ def test_a_missing_job_says_how_to_list_them(fake):
     fake(FakeClient())
     assert run("status", "nope") == (
         1, "", "error: no AccelerateJob nope in namespace team; list them with "
-               "`accelerate-job list`\n")
+               "`accelerate-job get`\n")
 
 
-def test_status_and_list_print_json_for_scripts(fake):
+def test_status_prints_json_for_scripts(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
     code, out, _ = run("status", "llm", "-o", "json")
     assert code == 0
@@ -275,8 +275,6 @@ def test_status_and_list_print_json_for_scripts(fake):
         "restarts": 1, "attempt": 1, "lastFailure": None, "progress": PROGRESS,
         "goodput": None, "conditions": [],
     }
-    code, out, _ = run("list", "-o", "json")
-    assert [item["name"] for item in json.loads(out)] == ["llm"]
 
 
 def test_status_watch_ends_with_the_job(fake):
@@ -301,7 +299,7 @@ def test_top_prints_the_table_with_bars_after_each_change_when_not_a_terminal(fa
     other = {**job(phase="Queued"), "metadata": {**job()["metadata"], "name": "bert"}}
     fake(FakeClient([job(progress=PROGRESS)], versions=[other, job(phase="Succeeded", progress={
         **PROGRESS, "step": 40, "summary": "40/40 (100%)", "eta": "0s"})]))
-    for command in (["top"], ["list", "-w"]):
+    for command in (["top"], ["get", "-w"]):
         code, out, _ = run(*command)
         first, second, third = out.split("\n\n")
         assert first.splitlines()[0].split() == list(render.COLUMNS)
@@ -321,9 +319,9 @@ def test_status_view_draws_a_bar_and_colours_the_phase():
     assert "━" in progress_line and "12/40 (30%)  epoch 0" in progress_line
 
 
-def test_list_is_a_table_like_kubectl_get(fake):
+def test_get_is_a_table_like_kubectl_gets(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
-    code, out, _ = run("list")
+    code, out, _ = run("get")
     header, row = out.splitlines()
     assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "PROGRESS", "ETA", "AGE"]
     assert row.split()[:7] == ["llm", "Running", "2/2", "1", "12/40", "(30%)", "1m20s"]
@@ -335,32 +333,30 @@ def in_namespace(body, namespace, name=None):
     return {**body, "metadata": metadata}
 
 
-def test_list_all_namespaces_puts_the_namespace_first_as_kubectl_does(fake):
+def test_get_all_namespaces_puts_the_namespace_first_as_kubectl_does(fake):
     client = fake(FakeClient([in_namespace(job(progress=PROGRESS), "team-a"),
                               in_namespace(job(phase="Queued"), "team-b", "bert")]))
-    code, out, _ = run("list", "-A")
+    code, out, _ = run("get", "-A")
     header, *rows = out.splitlines()
     assert code == 0 and client.all_namespaces is True
     assert header.split() == ["NAMESPACE", *render.COLUMNS]
     assert [row.split()[:3] for row in rows] == [["team-b", "bert", "Queued"],
                                                  ["team-a", "llm", "Running"]]
-    assert run("list", "--all-namespaces")[1] == out
+    assert run("get", "--all-namespaces")[1] == out
 
 
-def test_list_wide_adds_topology_port_counted_attempt_queue_and_accelerate(fake):
+def test_get_wide_adds_topology_port_counted_attempt_queue_and_accelerate(fake):
     fake(FakeClient([job(progress=PROGRESS, restartsCounted=0,
                          topology={"summary": "2x2", "masterPort": 29500},
                          trainer={"versions": {"accelerate": "1.15.0"}})]))
-    code, out, _ = run("list", "-o", "wide")
+    code, out, _ = run("get", "-o", "wide")
     header, row = out.splitlines()
     assert header.split() == [*render.COLUMNS, *render.WIDE_COLUMNS]
     assert row.split()[-6:] == ["2x2", "29500", "0", "1", "-", "1.15.0"]
 
 
-def test_list_and_status_print_yaml_for_scripts(fake):
+def test_status_prints_yaml_for_scripts(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
-    code, out, _ = run("list", "-o", "yaml")
-    assert code == 0 and [item["name"] for item in yaml.safe_load(out)] == ["llm"]
     code, out, _ = run("status", "llm", "-o", "yaml")
     assert yaml.safe_load(out) == render.summarize(job(progress=PROGRESS))
 
@@ -373,10 +369,10 @@ def test_status_watch_as_yaml_prints_one_document_per_change(fake):
     assert [d["phase"] for d in yaml.safe_load_all(out)] == ["Running", "Succeeded"]
 
 
-def test_list_watch_as_json_is_refused_saying_what_works(fake):
+def test_get_watch_as_json_is_refused_saying_what_works(fake):
     fake(FakeClient([job()]))
-    code, out, err = run("list", "-w", "-o", "json")
-    assert (code, out) == (1, "") and "use -o text or -o wide" in err
+    code, out, err = run("get", "-w", "-o", "json")
+    assert (code, out) == (1, "") and "`status NAME -w -o json`" in err
 
 
 def test_top_watches_every_namespace_with_a():
