@@ -118,7 +118,8 @@ def check(wheels: list[Path], machine: str = platform.machine()) -> int:
         return 1
     if problems:
         shown = "".join(f"  {p[:300]}\n" for p in problems[:SHOWN])
-        more = f"  ... and {len(problems) - SHOWN} more functions\n" if len(problems) > SHOWN else ""
+        left = len(problems) - SHOWN
+        more = f"  ... and {left} more functions\n" if left > 0 else ""
         sys.stderr.write(
             f"deepspeed_ops: {len(problems)} functions with instructions beyond the {machine} "
             f"baseline ({BASELINES[machine][0]}): the image would die with SIGILL on older CPUs. "
