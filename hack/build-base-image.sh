@@ -15,23 +15,28 @@ if bah inspect --type image "$LOCAL_BASE_IMAGE" >/dev/null 2>&1; then
   echo "$LOCAL_BASE_IMAGE"
   exit 0
 fi
-if ! command -v mmdebstrap >/dev/null; then
-  echo ">> installing mmdebstrap" >&2
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+if ! command -v mmdebstrap >/dev/null || [[ ! -s $KEYRING ]]; then
+  echo ">> installing mmdebstrap and Debian's archive keyring" >&2
   DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap debian-archive-keyring >&2
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/base-image.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-# The host's own apt sources (deb822 or one-line), so a mirror configured here is used there too.
+# On a Debian host, its own apt sources (deb822 or one-line), so a mirror configured here is used
+# there too; elsewhere (Ubuntu: GitHub's runners) Debian's archive, checked with Debian's keyring,
+# so the base is the same bookworm on every machine.
 sources=()
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-  [[ -s $f ]] && grep -qE '^(deb |Types:)' "$f" && sources+=("$f")
-done
-[[ ${#sources[@]} -gt 0 ]] || sources=(http://deb.debian.org/debian)
+if grep -qx 'ID=debian' /etc/os-release 2>/dev/null; then
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [[ -s $f ]] && grep -qE '^(deb |Types:)' "$f" && sources+=("$f")
+  done
+fi
+[[ ${#sources[@]} -gt 0 ]] || sources=("deb [signed-by=$KEYRING] http://deb.debian.org/debian bookworm main")
 
 echo ">> mmdebstrap: Debian bookworm with python3 (about a minute)" >&2
-mmdebstrap --variant=minbase --quiet \
+mmdebstrap --variant=minbase --quiet --keyring="$KEYRING" \
   --include=python3,python3-venv,python-is-python3,ca-certificates,passwd \
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \

@@ -6,7 +6,9 @@
     python hack/check-changelog.py --tag v0.2.0 --notes  # print that section: the release notes
 
 Every `## ` heading is `[Unreleased]` or `[X.Y.Z] - YYYY-MM-DD`, no version twice, newest first;
-every `### ` heading one of Keep a Changelog's kinds. Exits 1 naming the line and the fix."""
+every `### ` heading one of Keep a Changelog's kinds, and the oldest section (the first release,
+or `[Unreleased]` before there is one) only `### Added`: nothing came before it to change, fix or
+remove. Exits 1 naming the line and the fix."""
 
 from __future__ import annotations
 
@@ -48,15 +50,26 @@ def _heading_error(line: str, seen: list[str]) -> str | None:
     return None
 
 
+def _first_section_errors(kinds: list[tuple[int, str]]) -> list[str]:
+    """The oldest section's kinds (line, kind) other than Added: they would describe changes to
+    a version that was never released."""
+    return [f"CHANGELOG.md:{number}: `### {kind}` in the oldest section: no earlier version "
+            "was released to change; say what this one has under `### Added`"
+            for number, kind in kinds if kind != "Added"]
+
+
 def check(text: str) -> tuple[list[str], dict[str, str]]:
     """(the errors, each `path:line: ...`; each release's version -> its section's text)."""
     errors, seen, sections = [], [], {}
     current: str | None = None
+    kinds: list[tuple[int, str]] = []  # the (line, kind) headings of the section being read
     if not text.startswith("# Changelog"):
         errors.append("CHANGELOG.md:1: start with `# Changelog`")
     for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("### "):
+            kinds.append((number, line[4:].strip()))
         if line.startswith("## "):
-            current = None
+            current, kinds = None, []
             match = RELEASE.match(line)
             if match:
                 current = match.group(1)
@@ -69,6 +82,7 @@ def check(text: str) -> tuple[list[str], dict[str, str]]:
                 seen.append(current)
         if current is not None and not line.startswith("## "):
             sections[current] += line + "\n"
+    errors += _first_section_errors(kinds)
     return errors, {version: body.strip() + "\n" for version, body in sections.items()}
 
 

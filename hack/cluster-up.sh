@@ -5,6 +5,8 @@
 # On a fresh machine this builds everything first: the control plane, kubelet and kube-proxy
 # (hack/build-control-plane.sh), the Debian base, pause and CoreDNS images, and the project's
 # operator and trainer-cpu images (hack/build-images.sh), all cached outside the repository.
+# Last, kubectl, helm and accelerate-job go into one folder for a shell's PATH
+# (hack/install-cli.sh); the line to run is printed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CLUSTER_IMAGES="${CLUSTER_IMAGES:-operator trainer-cpu}"
@@ -26,4 +28,7 @@ run_step "load images into the nodes (hack/load-images.sh)"
 "$ROOT/hack/load-images.sh" $images
 run_step "operator (hack/deploy-operator.sh)"
 KUBECONFIG="$kubeconfig" "$ROOT/hack/deploy-operator.sh" >&2
+path_dir=$("$ROOT/hack/install-cli.sh" | tail -n1)
+echo ">> cluster-up: kubectl, helm and accelerate-job for any shell:" >&2
+echo "   export PATH=\"$path_dir:\$PATH\" KUBECONFIG=\"$kubeconfig\"" >&2
 echo "$kubeconfig"

@@ -11,7 +11,8 @@ started=$(date +%s)
 echo "== 1/3 local cluster and operator (the first run builds Kubernetes, the nodes and the images: ~35 min)"
 kubeconfig=$("$ROOT/hack/cluster-up.sh" | tail -n1)
 export KUBECONFIG="$kubeconfig"
-export PATH="$("$ROOT/hack/build-control-plane.sh" | tail -n1):$PATH"
+PATH_DIR="$("$ROOT/hack/install-cli.sh" | tail -n1)"
+export PATH="$PATH_DIR:$PATH"
 echo "   cluster ready in $(( $(date +%s) - started ))s; KUBECONFIG=$KUBECONFIG"
 
 echo "== 2/3 kubectl apply -f examples/cpu-ddp.yaml (namespace $NAMESPACE)"
@@ -50,10 +51,12 @@ kubectl -n "$NAMESPACE" logs "$JOB-0" | grep -E '^TRAINING_DONE' | sed 's/^/   /
 cat <<NEXT
 
 Succeeded in $(( $(date +%s) - submitted ))s after submission ($(( $(date +%s) - started ))s in all).
-Next:
-  export KUBECONFIG=$KUBECONFIG
+Next, in any shell (kubectl, helm and accelerate-job are in $PATH_DIR):
+  export PATH="$PATH_DIR:\$PATH" KUBECONFIG="$KUBECONFIG"
   kubectl -n $NAMESPACE describe ajob $JOB         # conditions and events: the job's story
   kubectl -n $NAMESPACE logs $JOB-0                # rank 0 and 1; $JOB-1 has ranks 2 and 3
   kubectl -n $NAMESPACE get configmap $JOB-accelerate-config -o yaml   # the rendered accelerate config
-  make cluster-down                                # stop the local cluster
+  accelerate-job -n $NAMESPACE logs $JOB --all --tail 5   # every node's log, through restarts
+  helm -n accelerate-system status accelerate-operator    # the operator's release
+  make -C $ROOT cluster-down                       # stop the local cluster
 NEXT

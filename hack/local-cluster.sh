@@ -2,8 +2,9 @@
 # A real Kubernetes cluster without Docker: etcd, kube-apiserver, kube-controller-manager and
 # kube-scheduler on the host, and $NODES nodes, each a kubelet + kube-proxy + containerd/runc with
 # CNI bridge networking in network and mount namespaces of its own (hack/lib/nodes.sh), with
-# CoreDNS behind the kube-dns Service. All of it is built from the Go module proxy and Debian's
-# packages; images are built locally and loaded into every node (hack/load-images.sh). Needs root.
+# CoreDNS behind the kube-dns Service (two replicas on different nodes, as kubeadm and kind run
+# it). All of it is built from the Go module proxy and Debian's packages; images are built
+# locally and loaded into every node (hack/load-images.sh). Needs root.
 #
 #   hack/local-cluster.sh up              start (idempotent); last stdout line: kubeconfig path
 #   hack/local-cluster.sh down [--purge]  stop everything; --purge also deletes cluster state
@@ -306,9 +307,11 @@ start_nodes() {
 start_nodes_and_check() { start_nodes; nodes_ready; }
 
 # ---------------------------------------------------------------- cluster DNS
-dns_ready() {
-  [[ $(kc -n kube-system get deployment coredns --request-timeout=5s \
-    -o jsonpath='{.status.readyReplicas}' 2>/dev/null) -ge 1 ]]
+dns_ready() {  # every replica Ready (one per node, hack/manifests/coredns.yaml)
+  local ready
+  ready=$(kc -n kube-system get deployment coredns --request-timeout=5s \
+    -o jsonpath='{.status.readyReplicas}/{.spec.replicas}' 2>/dev/null) || return 1
+  [[ $ready =~ ^([0-9]+)/([0-9]+)$ ]] && ((BASH_REMATCH[1] >= BASH_REMATCH[2]))
 }
 
 deploy_dns() {  # CoreDNS as a Deployment behind the kube-dns Service, as kubeadm and kind do

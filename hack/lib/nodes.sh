@@ -72,8 +72,27 @@ node_mounts() {  # a mount namespace in which the standard paths are this node's
   ' sh "$dir" "$run"
 }
 
-node_cgroups() {  # cgroup v1: the kubelet's cgroupRoot must exist in every hierarchy
-  local i=$1 name h; name=$(node_name "$i")
+cgroup_v2() { [[ -e /sys/fs/cgroup/cgroup.controllers ]]; }  # unified (Ubuntu 22.04+), or v1
+
+node_cgroup_dirs() {  # the node's cgroup root: one folder (v2), or one in each hierarchy (v1)
+  local name; name=$(node_name "$1")
+  if cgroup_v2; then echo "/sys/fs/cgroup/$name"; return; fi
+  local h
+  for h in /sys/fs/cgroup/*/; do [[ -e $h/cgroup.procs ]] && echo "$h$name"; done
+}
+
+node_cgroups() {  # the kubelet's cgroupRoot must exist (in every hierarchy, with cgroup v1)
+  local i=$1 name h c; name=$(node_name "$i")
+  if cgroup_v2; then
+    # Every controller the host has, handed down to the node's root (the kubelet's cgroup
+    # manager enables them below it).
+    mkdir -p "/sys/fs/cgroup/$name"
+    for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+      echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+      echo "+$c" >"/sys/fs/cgroup/$name/cgroup.subtree_control" 2>/dev/null || true
+    done
+    return
+  fi
   for h in /sys/fs/cgroup/*/; do
     [[ -e $h/cgroup.procs ]] || continue
     mkdir -p "$h$name"
@@ -214,14 +233,16 @@ node_stop() {
   stop_one "kube-proxy@$name" 5
   stop_one "containerd@$name" 10
   # The containers and their shims outlive containerd: end them by cgroup and by namespace.
-  kill_cgroup_tree "/sys/fs/cgroup/pids/$name"
+  local pids_dir=/sys/fs/cgroup/pids/$name d
+  cgroup_v2 && pids_dir=/sys/fs/cgroup/$name
+  kill_cgroup_tree "$pids_dir"
   if [[ -e /run/netns/$name ]]; then
     for pid in $(ip netns pids "$name" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
   fi
   sleep 0.2
-  kill_cgroup_tree "/sys/fs/cgroup/pids/$name"
-  for h in /sys/fs/cgroup/*/; do
-    [[ -d $h$name ]] && find "$h$name" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  kill_cgroup_tree "$pids_dir"
+  for d in $(node_cgroup_dirs "$i"); do
+    [[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
   # With no process left in it, unmounting the namespace file frees every mount made inside.
   umount -l "$(node_mnt "$i")" 2>/dev/null || true

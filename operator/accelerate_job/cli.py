@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TextIO
 
-from .commands import cmd_delete, cmd_describe, cmd_get, cmd_list, cmd_logs, cmd_status, cmd_top
+from .commands import cmd_delete, cmd_describe, cmd_get, cmd_logs, cmd_status, cmd_top
 from .errors import AccelerateJobError
 from .parser import PROG, build_parser, check_output
 from .session import CommandError, Terminal
@@ -21,7 +21,7 @@ from .waiting import cmd_wait
 
 COMMANDS = {"submit": cmd_submit, "get": cmd_get, "describe": cmd_describe,
             "status": cmd_status, "logs": cmd_logs, "wait": cmd_wait, "delete": cmd_delete,
-            "list": cmd_list, "top": cmd_top}
+            "top": cmd_top}
 
 
 def program_name(argv0: str) -> str:

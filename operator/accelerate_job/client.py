@@ -35,7 +35,7 @@ from .submission import build_submission, owned_by
 if TYPE_CHECKING:
     import kubernetes
 
-LIST_HINT = "list them with `accelerate-job list`"
+LIST_HINT = "list them with `accelerate-job get`"
 # How long the API server holds one watch open before the client starts the next one from the
 # last resourceVersion (the server's own default is 30-60 minutes; a shorter one survives
 # idle-connection reaping by proxies).

@@ -1,4 +1,4 @@
-"""The commands that read and remove jobs: get, list, describe, status, top, logs, delete.
+"""The commands that read and remove jobs: get, describe, status, top, logs, delete.
 Each takes the parsed arguments and a Terminal, asks the client (session.client), and prints
 what render, printing and describe build."""
 
@@ -19,7 +19,6 @@ from . import session
 from .describe import render_describe
 from .printing import RESOURCE, render_jobs
 from .render import (
-    dump_data,
     jobs_table,
     render_status,
     render_table,
@@ -76,29 +75,6 @@ def cmd_get(args: argparse.Namespace, term: Terminal) -> int:
         return 0
     term.out.write(render_jobs(jobs, args.output, _now(), single=len(args.names) == 1,
                                namespaces=args.all_namespaces))
-    return 0
-
-
-def cmd_list(args: argparse.Namespace, term: Terminal) -> int:
-    """`get`, except that -o json and yaml print each job's summary (the older form, kept
-    for scripts)."""
-    output = session.output_kind(args)
-    if args.watch:
-        if output not in ("text", "wide"):
-            raise CommandError("list -w draws a table: use -o text or -o wide with it, or "
-                               "`status NAME -w -o json` to follow one job as JSON")
-        return cmd_top(args, term)
-    client = session.client(args)
-    jobs = client.list(all_namespaces=args.all_namespaces, selector=args.selector)
-    if output in ("json", "yaml"):
-        dump_data([summarize(job) for job in jobs], output, term.out)
-    elif output == "name":
-        term.out.write("".join(f"{RESOURCE}/{job['metadata']['name']}\n" for job in jobs))
-    elif not jobs:
-        term.err.write(f"no AccelerateJobs in {_where(client, args.all_namespaces)}\n")
-    else:
-        term.out.write(render_table(jobs, _now(), namespaces=args.all_namespaces,
-                                    wide=output == "wide") + "\n")
     return 0
 
 

@@ -18,21 +18,14 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
 def duration(value: str) -> float:
-    """Seconds, from a Go duration as kubectl takes it (`10m`, `1h30m`, `2.5s`, `0`), or a bare
-    number of seconds (the spelling `--timeout 300` of earlier versions)."""
+    """Seconds, from a Go duration as kubectl takes it (`10m`, `1h30m`, `2.5s`, `0`)."""
     text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = None
-    if seconds is None and text and _DURATION_PART.sub("", text) == "":
-        seconds = sum(float(number) * _UNITS[unit]
-                      for number, unit in _DURATION_PART.findall(text))
-    if seconds is None or seconds < 0:
+    if text == "0":
+        return 0.0
+    if not text or _DURATION_PART.sub("", text) != "":
         raise argparse.ArgumentTypeError(
-            f"must be a duration such as 30s, 10m or 1h30m (or a number of seconds), "
-            f"not {value!r}")
-    return seconds
+            f"must be a duration with its unit, such as 30s, 10m or 1h30m, not {value!r}")
+    return sum(float(number) * _UNITS[unit] for number, unit in _DURATION_PART.findall(text))
 
 
 def positive(value: str, what: str = "a positive integer") -> int:
@@ -95,14 +88,13 @@ class WaitFor:
 
 
 def wait_for(value: str) -> WaitFor:
-    """`condition=Succeeded`, `jsonpath={.status.phase}=Running`, `delete`, or a bare condition
-    name (the spelling `--for Succeeded` of earlier versions)."""
+    """`condition=Succeeded`, `jsonpath={.status.phase}=Running` or `delete`, as kubectl's."""
     kind, sep, rest = value.partition("=")
     if value == "delete":
         return WaitFor("delete")
     if kind == "jsonpath" and sep:
         return _jsonpath_target(rest)
-    condition = rest if kind == "condition" and sep else value
+    condition = rest if kind == "condition" and sep else None
     if condition not in CONDITION_TYPES:
         raise argparse.ArgumentTypeError(
             f"{value!r}: wait for condition=TYPE (TYPE one of {', '.join(CONDITION_TYPES)}), "

@@ -1,10 +1,10 @@
 """The command line of `accelerate-job` (and `kubectl accelerate`), in kubectl's habits: the
 cluster flags (-n, --context, --kubeconfig, -A, -o) go anywhere, before or after the command;
 `get` and `describe`; `wait --for=condition=X --timeout=10m`; several names or -l for get,
-delete and wait. The older spellings (`list`, `status`, `--for Succeeded`,
-`--timeout 300`, `--attempt N`) stay. argparse does the parsing: the global flags are one
-parent parser, added to the top level and (with SUPPRESS defaults, so they do not overwrite
-what was given before the command) to every command."""
+delete and wait; and what kubectl has no command for: `status` (one job, or a live progress bar
+with -w), `top`, `logs --attempt N`. argparse does the parsing: the global flags are one parent
+parser, added to the top level and (with SUPPRESS defaults, so they do not overwrite what was
+given before the command) to every command."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ KINDS = "AccelerateJobs (also: ajob)"
 OUTPUTS = {
     "submit": ("", "yaml", "json"),
     "get": ("", "wide", "name", "json", "yaml", "jsonpath"),
-    "list": ("text", "wide", "name", "json", "yaml"),
     "status": ("text", "wide", "json", "yaml"),
     "top": ("text", "wide"),
     "describe": ("",), "logs": ("",), "wait": ("",), "delete": ("", "name"),
@@ -39,7 +38,7 @@ def _global_options(suppress: bool) -> argparse.ArgumentParser:
     group.add_argument("-n", "--namespace", default=default(None),
                        help="namespace (default: the context's, else default)")
     group.add_argument("-A", "--all-namespaces", action="store_true", default=default(False),
-                       help="every namespace (get, list, top; needs cluster-wide list)")
+                       help="every namespace (get, top; needs cluster-wide list)")
     group.add_argument("-o", "--output", type=options.output, default=default(None),
                        metavar="FORMAT",
                        help="name, wide, json, yaml or jsonpath=TEMPLATE, where the command "
@@ -110,7 +109,7 @@ def _add_submit_code(submit: argparse.ArgumentParser) -> None:
 
 
 def _add_reading(commands: Any, parent: argparse.ArgumentParser) -> None:
-    for add in (_add_get, _add_list, _add_describe, _add_status, _add_top):
+    for add in (_add_get, _add_describe, _add_status, _add_top):
         add(commands, parent)
 
 
@@ -126,16 +125,6 @@ def _add_get(commands: Any, parent: argparse.ArgumentParser) -> None:
     _selector(get)
     get.add_argument("-w", "--watch", action="store_true",
                      help="keep the table live (as `top` does)")
-
-
-def _add_list(commands: Any, parent: argparse.ArgumentParser) -> None:
-    listing = commands.add_parser(
-        "list", parents=[parent], help="the jobs of a namespace (-o json|yaml: summaries)",
-        description="The table of `get`. Its -o json and yaml print one summary per job "
-        "(name, phase, progress, goodput, conditions), as the older form did.")
-    _selector(listing)
-    listing.add_argument("-w", "--watch", action="store_true",
-                         help="keep the table live, as `top` does")
 
 
 def _add_describe(commands: Any, parent: argparse.ArgumentParser) -> None:
@@ -201,11 +190,9 @@ def _add_wait_delete(commands: Any, parent: argparse.ArgumentParser) -> None:
     _selector(wait)
     wait.add_argument("--for", dest="wait_for", type=options.wait_for,
                       default=options.wait_for("condition=Succeeded"), metavar="TARGET",
-                      help="condition=TYPE, jsonpath=TEMPLATE[=VALUE] or delete "
-                           "(a bare TYPE also works)")
+                      help="condition=TYPE, jsonpath=TEMPLATE[=VALUE] or delete")
     wait.add_argument("--timeout", type=options.duration, default=3600.0, metavar="DURATION",
-                      help="give up after this long: 30s, 10m, 1h (default 1h; a bare number "
-                           "is seconds)")
+                      help="give up after this long: 30s, 10m, 1h (default 1h)")
 
     delete = commands.add_parser("delete", parents=[parent],
                                  help="delete jobs with their pods and ConfigMaps")

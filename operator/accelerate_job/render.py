@@ -1,5 +1,5 @@
 """What the CLI prints: job summaries, the status block with its progress bar, the table of
-`get`, `list` and `top` (the columns of `kubectl get ajob`, table.py), and objects as YAML or
+`get` and `top` (the columns of `kubectl get ajob`, table.py), and objects as YAML or
 JSON. Pure: jobs in, text or `rich` renderables out
 (rich draws the tables and the live bar, and leaves colours out when the output is no terminal);
 nothing here writes to a terminal."""
@@ -250,10 +250,3 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 
 _BlockDumper.add_representer(str, _represent_str)
 
-
-def dump_data(data: Any, output: str, out: TextIO) -> None:
-    """Summaries (`status`, `list`) as JSON or as one YAML document."""
-    if output == "json":
-        out.write(json.dumps(data, indent=2) + "\n")
-    else:
-        out.write(yaml.dump(data, Dumper=_BlockDumper, sort_keys=False))

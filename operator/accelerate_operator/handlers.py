@@ -77,12 +77,13 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 
 def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-    """In a pod, the service account; elsewhere the kubeconfig, through the official client
-    (exec plugins, OIDC and token refresh included), else kopf's own kubeconfig reader, which
-    reads $KUBECONFIG as it is now (the client read it at its import)."""
+    """Through the official client: in a pod, its service account at the API server's address
+    (KUBERNETES_SERVICE_HOST/PORT, as client-go does: cluster DNS, which kopf's own service
+    account login needs for kubernetes.default.svc, may be down with a lost node); elsewhere the
+    kubeconfig (exec plugins, OIDC and token refresh included), else kopf's own kubeconfig reader,
+    which reads $KUBECONFIG as it is now (the client read it at its import)."""
     failures = []
-    for way in (kopf.login_with_service_account, kopf.login_via_client,
-                kopf.login_with_kubeconfig):
+    for way in (kopf.login_via_client, kopf.login_with_kubeconfig):
         try:
             info = way(settings=settings, logger=log)
         except Exception as error:  # noqa: BLE001 - the next way may work

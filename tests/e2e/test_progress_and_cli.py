@@ -78,7 +78,7 @@ def test_progress_logs_across_a_restart_and_the_cli(kubeconfig, namespace, tmp_p
     assert missing.returncode == 1 and "no archived logs for attempt 7" in missing.stderr
 
     # Wait through the CLI, then the client: both see Succeeded.
-    waited = cli("wait", NAME, "--timeout", "300", kubeconfig=kubeconfig,
+    waited = cli("wait", NAME, "--timeout", "300s", kubeconfig=kubeconfig,
                  namespace=namespace, timeout=330)
     assert "Succeeded" in waited.stdout
     print(f"Succeeded after {time.monotonic() - started:.0f}s")
@@ -95,7 +95,7 @@ def test_progress_logs_across_a_restart_and_the_cli(kubeconfig, namespace, tmp_p
     assert f"[node 0] TRAINING_DONE steps={MAX_STEPS}" in logs.stdout
     assert f"[node 0] FAILING on purpose rank=1 step={FAIL_AT_STEP}" in logs.stdout
     assert "--attempt N" not in logs.stderr  # nothing archived: no hint
-    assert NAME in cli("list", kubeconfig=kubeconfig, namespace=namespace).stdout
+    assert NAME in cli("get", kubeconfig=kubeconfig, namespace=namespace).stdout
 
     # Delete: the job goes, and its ConfigMaps with it (owner references).
     cli("delete", NAME, kubeconfig=kubeconfig, namespace=namespace)
@@ -103,7 +103,7 @@ def test_progress_logs_across_a_restart_and_the_cli(kubeconfig, namespace, tmp_p
     gone = cli("status", NAME, kubeconfig=kubeconfig, namespace=namespace, check=False)
     assert gone.returncode == 1
     assert gone.stderr == (f"error: no AccelerateJob {NAME} in namespace {namespace}; "
-                           "list them with `accelerate-job list`\n")
+                           "list them with `accelerate-job get`\n")
     wait_for(lambda: not [
         cm for cm in json.loads(kubectl("-n", namespace, "get", "configmaps", "-o", "json",
                                         kubeconfig=kubeconfig).stdout)["items"]

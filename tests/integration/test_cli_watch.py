@@ -189,12 +189,12 @@ def test_top_shows_every_job_live_as_it_is_created_and_changes(kubeconfig, ns):
         cli.stop()
 
 
-def test_list_and_top_with_a_see_the_jobs_of_every_namespace(kubeconfig, ns):
+def test_get_and_top_with_a_see_the_jobs_of_every_namespace(kubeconfig, ns):
     other = create_namespace(kubeconfig, prefix="cli-watch-other")
     try:
         create_job(kubeconfig, ns, "gamma")
         create_job(kubeconfig, other, "gamma")
-        listing = Cli(kubeconfig, ns, "list", "-A", "-o", "wide")
+        listing = Cli(kubeconfig, ns, "get", "-A", "-o", "wide")
         assert listing.exit_code() == 0, listing.stderr()
         rows = [line.split() for line in iter(lambda: listing.lines.get(timeout=10), None)]
         assert rows[0][:2] == ["NAMESPACE", "NAME"] and "TOPOLOGY" in rows[0]

@@ -71,6 +71,10 @@ def test_a_tag_without_a_section_fails_saying_how_to_add_it(changelog, capsys):
     (RELEASED.replace("[0.1.0]", "[0.3.0]"), "newest first, so 0.3.0 goes above 0.2.0"),
     (RELEASED.replace("[0.1.0]", "[0.2.0]"), "0.2.0 has a section already"),
     (RELEASED.replace("# Changelog", "# Changes"), ":1: start with `# Changelog`"),
+    (RELEASED.replace("### Added\n\n- the first", "### Changed\n\n- the first"),
+     ":17: `### Changed` in the oldest section: no earlier version was released to change"),
+    ("# Changelog\n\n## [Unreleased]\n\n### Fixed\n\n- before any release\n",
+     ":5: `### Fixed` in the oldest section"),
 ])
 def test_a_changelog_out_of_form_fails_naming_the_line(changelog, capsys, broken, says):
     changelog(broken)

@@ -253,7 +253,7 @@ class FakeClient:
     def get(self, name):
         if name not in self.jobs:
             raise JobNotFound(f"no AccelerateJob {name} in namespace team; list them with "
-                              "`accelerate-job list`")
+                              "`accelerate-job get`")
         return self.jobs[name]
 
     def list(self, all_namespaces=False, selector=None):
@@ -268,10 +268,10 @@ def test_a_missing_job_says_how_to_list_them(fake):
     fake(FakeClient())
     assert run("status", "nope") == (
         1, "", "error: no AccelerateJob nope in namespace team; list them with "
-               "`accelerate-job list`\n")
+               "`accelerate-job get`\n")
 
 
-def test_status_and_list_print_json_for_scripts(fake):
+def test_status_prints_json_for_scripts(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
     code, out, _ = run("status", "llm", "-o", "json")
     assert code == 0
@@ -280,8 +280,6 @@ def test_status_and_list_print_json_for_scripts(fake):
         "restarts": 1, "attempt": 1, "lastFailure": None, "progress": PROGRESS,
         "goodput": None, "conditions": [],
     }
-    code, out, _ = run("list", "-o", "json")
-    assert [item["name"] for item in json.loads(out)] == ["llm"]
 
 
 def test_status_watch_ends_with_the_job(fake):
@@ -306,7 +304,7 @@ def test_top_prints_the_table_with_bars_after_each_change_when_not_a_terminal(fa
     other = {**job(phase="Queued"), "metadata": {**job()["metadata"], "name": "bert"}}
     fake(FakeClient([job(progress=PROGRESS)], versions=[other, job(phase="Succeeded", progress={
         **PROGRESS, "step": 40, "summary": "40/40 (100%)", "eta": "0s"})]))
-    for command in (["top"], ["list", "-w"]):
+    for command in (["top"], ["get", "-w"]):
         code, out, _ = run(*command)
         first, second, third = out.split("\n\n")
         assert first.splitlines()[0].split() == table.header()
@@ -335,9 +333,9 @@ def cells(text: str) -> list[dict[str, str]]:
              in zip(names, starts, [*starts[1:], None], strict=True)} for line in lines]
 
 
-def test_list_is_the_table_kubectl_get_prints(fake):
+def test_get_is_the_table_kubectl_get_prints(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
-    code, out, _ = run("list")
+    code, out, _ = run("get")
     assert out.splitlines()[0].split() == [
         "NAME", "PHASE", "REASON", "QUEUE", "TOPOLOGY", "SIZE", "READY", "RESTARTS", "COUNTED",
         "GOODPUT", "PROGRESS", "ETA", "AGE"] == table.header()
@@ -354,23 +352,23 @@ def in_namespace(body, namespace, name=None):
     return {**body, "metadata": metadata}
 
 
-def test_list_all_namespaces_puts_the_namespace_first_as_kubectl_does(fake):
+def test_get_all_namespaces_puts_the_namespace_first_as_kubectl_does(fake):
     client = fake(FakeClient([in_namespace(job(progress=PROGRESS), "team-a"),
                               in_namespace(job(phase="Queued"), "team-b", "bert")]))
-    code, out, _ = run("list", "-A")
+    code, out, _ = run("get", "-A")
     header, *rows = out.splitlines()
     assert code == 0 and client.all_namespaces is True
     assert header.split() == ["NAMESPACE", *table.header()]
     assert [row.split()[:3] for row in rows] == [["team-b", "bert", "Queued"],
                                                  ["team-a", "llm", "Running"]]
-    assert run("list", "--all-namespaces")[1] == out
+    assert run("get", "--all-namespaces")[1] == out
 
 
-def test_list_wide_adds_the_columns_kubectl_wide_adds(fake):
+def test_get_wide_adds_the_columns_kubectl_wide_adds(fake):
     fake(FakeClient([job(progress=PROGRESS, restartsCounted=0,
                          topology={"summary": "2x2", "masterPort": 29500},
                          trainer={"versions": {"accelerate": "1.15.0"}})]))
-    code, out, _ = run("list", "-o", "wide")
+    code, out, _ = run("get", "-o", "wide")
     assert out.splitlines()[0].split() == table.header(wide=True)
     assert set(table.header(wide=True)) - set(table.header()) == {"PORT", "ACCELERATE"}
     (row,) = cells(out)
@@ -378,10 +376,8 @@ def test_list_wide_adds_the_columns_kubectl_wide_adds(fake):
         "2x2", "29500", "0", "", "1.15.0"]
 
 
-def test_list_and_status_print_yaml_for_scripts(fake):
+def test_status_prints_yaml_for_scripts(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
-    code, out, _ = run("list", "-o", "yaml")
-    assert code == 0 and [item["name"] for item in yaml.safe_load(out)] == ["llm"]
     code, out, _ = run("status", "llm", "-o", "yaml")
     assert yaml.safe_load(out) == render.summarize(job(progress=PROGRESS))
 
@@ -394,10 +390,10 @@ def test_status_watch_as_yaml_prints_one_document_per_change(fake):
     assert [d["phase"] for d in yaml.safe_load_all(out)] == ["Running", "Succeeded"]
 
 
-def test_list_watch_as_json_is_refused_saying_what_works(fake):
+def test_get_watch_as_json_is_refused_saying_what_works(fake):
     fake(FakeClient([job()]))
-    code, out, err = run("list", "-w", "-o", "json")
-    assert (code, out) == (1, "") and "use -o text or -o wide" in err
+    code, out, err = run("get", "-w", "-o", "json")
+    assert (code, out) == (1, "") and "`status NAME -w -o json`" in err
 
 
 def test_top_watches_every_namespace_with_a():
