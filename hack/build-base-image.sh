@@ -9,34 +9,17 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=hack/lib/buildah.sh
 source "$ROOT/hack/lib/buildah.sh"
+# shellcheck source=hack/lib/debian.sh
+source "$ROOT/hack/lib/debian.sh"
 ensure_buildah
 
 if bah inspect --type image "$LOCAL_BASE_IMAGE" >/dev/null 2>&1; then
   echo "$LOCAL_BASE_IMAGE"
   exit 0
 fi
-if ! command -v mmdebstrap >/dev/null; then
-  echo ">> installing mmdebstrap" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2
-fi
-
 work="$(mktemp -d "${TMPDIR:-/tmp}/base-image.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-# The host's own apt sources (deb822 or one-line), so a mirror configured here is used there too.
-sources=()
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-  [[ -s $f ]] && grep -qE '^(deb |Types:)' "$f" && sources+=("$f")
-done
-[[ ${#sources[@]} -gt 0 ]] || sources=(http://deb.debian.org/debian)
-
-echo ">> mmdebstrap: Debian bookworm with python3 (about a minute)" >&2
-mmdebstrap --variant=minbase --quiet \
-  --include=python3,python3-venv,python-is-python3,ca-certificates,passwd \
-  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
-  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-  --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
-  bookworm "$work/rootfs.tar" "${sources[@]}" >&2
+debian_rootfs "$work/rootfs.tar" python3 python3-venv python-is-python3 ca-certificates passwd
 
 ctr=$(bah from scratch)
 bah add "$ctr" "$work/rootfs.tar" / >&2
