@@ -65,6 +65,14 @@ command -v kubectl >/dev/null || PATH="$(hack/build-control-plane.sh | tail -n1)
 PYTHON_ENV="$(bash hack/python-env.sh)"
 export KUBECONFIG="$ARTIFACTS/kubeconfig"
 
+# Before DOCKER_HOST may name our own engine below: build-images.sh must not take that for one
+# to build with.
+if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+  log "building $IMAGES"
+  IMAGES="$IMAGES" TAG="$TAG" REGISTRY="$REGISTRY" bash hack/build-images.sh >/dev/null
+  step_done build-images
+fi
+
 NODE_IMAGE="${KIND_NODE_IMAGE:-}"
 if [[ -z $NODE_IMAGE ]]; then
   if docker info >/dev/null 2>&1; then NODE_IMAGE=released; else NODE_IMAGE=local; fi
@@ -129,12 +137,6 @@ load() {
     fi
   done
 }
-
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-  log "building $IMAGES"
-  IMAGES="$IMAGES" TAG="$TAG" REGISTRY="$REGISTRY" bash hack/build-images.sh >/dev/null
-  step_done build-images
-fi
 
 log "creating kind cluster $CLUSTER ($NODE_IMAGE)"
 kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
