@@ -137,6 +137,19 @@ archive() {  # archive IMAGE REFERENCE: IMAGE from buildah's storage as a docker
   bah push --quiet "$1" "docker-archive:$WORK/archives/$(tr '/:' '__' <<<"$2").tar:$2" >&2
 }
 
+coredns_image() {  # coredns_image IMAGE: ours, with CoreDNS's own image's file capability
+  # kubeadm runs CoreDNS as the image's non-root user with NET_BIND_SERVICE added and no privilege
+  # escalation: port 53 is bound through the binary's file capability, which CoreDNS's Dockerfile
+  # sets (setcap). The local cluster binds it through a sysctl instead (hack/manifests/coredns.yaml).
+  local ctr mnt
+  ctr=$(bah from "$COREDNS_IMAGE")
+  mnt=$(bah mount "$ctr")
+  setcap cap_net_bind_service=+ep "$mnt/coredns"
+  bah umount "$ctr" >/dev/null
+  bah rmi "$1" >/dev/null 2>&1 || true
+  bah commit --rm "$ctr" "$1" >&2
+}
+
 node_images() {  # every image the node runs, as docker archives under the names it runs them by
   local name
   for name in kube-apiserver kube-controller-manager kube-scheduler; do
@@ -147,7 +160,8 @@ node_images() {  # every image the node runs, as docker archives under the names
   archive "$LOCAL/kube-proxy:$K8S_VERSION" "$(kubeadm_image kube-proxy)"
   image_with "$LOCAL/etcd:$etcd_version" scratch "" "$ETCD"
   archive "$LOCAL/etcd:$etcd_version" "$ETCD_REF"
-  archive "$COREDNS_IMAGE" "$COREDNS_REF"
+  coredns_image "$LOCAL/coredns:${COREDNS_REF##*:}"
+  archive "$LOCAL/coredns:${COREDNS_REF##*:}" "$COREDNS_REF"
   archive "$PAUSE_IMAGE" "$SANDBOX"
   image_with "$PODNET_IMAGE" "$IPTABLES_BASE" '["/usr/local/bin/podnet.sh"]' \
     "$BIN/kubectl" "$ROOT/hack/kind/podnet.sh"
