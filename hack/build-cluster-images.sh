@@ -42,7 +42,7 @@ fi
 
 if ! have_image "$COREDNS_IMAGE"; then
   echo ">> building CoreDNS $COREDNS_VERSION from the Go module proxy (a few minutes cold)" >&2
-  src="$WORK/coredns-src"
+  src="$WORK/coredns-src-$COREDNS_VERSION"  # one per version: two builds never share a folder
   mkdir -p "$src"
   # Only the plugins the Corefile needs, in CoreDNS's plugin.cfg order: building all of them
   # would download every cloud provider's SDK. client-go is pinned to the control plane's
@@ -77,21 +77,24 @@ func init() {
 
 func main() { coremain.Run() }
 GO
+  # COREDNS_OWN_DEPENDENCIES=1 keeps CoreDNS's own client-go: an older CoreDNS (kubeadm's, for
+  # the kind node image) may not build against a newer one.
+  pins=""
+  [[ ${COREDNS_OWN_DEPENDENCIES:-0} == 1 ]] || for m in api apimachinery client-go; do
+    pins+=$'\n'"	k8s.io/$m v0.${K8S_VERSION#v1.}"
+  done
   cat >"$src/go.mod" <<GOMOD
 module accelerate-operator.io/coredns
 
 go 1.24
 
 require (
-	github.com/coredns/coredns $COREDNS_VERSION
-	k8s.io/api v0.${K8S_VERSION#v1.}
-	k8s.io/apimachinery v0.${K8S_VERSION#v1.}
-	k8s.io/client-go v0.${K8S_VERSION#v1.}
+	github.com/coredns/coredns $COREDNS_VERSION$pins
 )
 GOMOD
   (cd "$src" && GOFLAGS=-mod=mod go mod tidy >&2 \
-    && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$WORK/bin/coredns" . >&2)
-  image_from_binary "$COREDNS_IMAGE" "$WORK/bin/coredns" '["/coredns"]' --user 65532:65532 --port 53/udp
+    && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$WORK/bin/$COREDNS_VERSION/coredns" . >&2)
+  image_from_binary "$COREDNS_IMAGE" "$WORK/bin/$COREDNS_VERSION/coredns" '["/coredns"]' --user 65532:65532 --port 53/udp
 fi
 echo "$PAUSE_IMAGE"
 echo "$COREDNS_IMAGE"
