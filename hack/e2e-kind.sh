@@ -56,7 +56,7 @@ step_done() {  # step_done NAME: the seconds since the last step, logged and kep
   STEP_STARTED=$SECONDS
 }
 
-mkdir -p "$ARTIFACTS"
+mkdir -p "$ARTIFACTS" /tmp/accelerate-operator-shared  # the workers' shared folder (hack/kind/cluster.yaml)
 : >"$ARTIFACTS/timings.txt"
 TOOLS="$(INSTALL_TOOLS="helm kind" bash hack/install-tools.sh | tail -n1)"
 export PATH="$TOOLS:$PATH"
