@@ -148,7 +148,7 @@ def test_a_local_script_with_its_workdir_trains_to_succeeded(kubeconfig, namespa
         == [("AccelerateJob", NAME, job["metadata"]["uid"])]
     assert code_cm.get("immutable") is True
 
-    waited = cli("wait", NAME, "--timeout", "480", kubeconfig=kubeconfig, namespace=namespace,
+    waited = cli("wait", NAME, "--timeout", "480s", kubeconfig=kubeconfig, namespace=namespace,
                  timeout=510, check=False)
     logs = cli("logs", NAME, "--all", kubeconfig=kubeconfig, namespace=namespace,
                check=False).stdout

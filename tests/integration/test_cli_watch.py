@@ -112,7 +112,7 @@ class Cli:
 
 def test_wait_returns_as_soon_as_the_status_says_succeeded(kubeconfig, ns):
     create_job(kubeconfig, ns, "w")
-    cli = Cli(kubeconfig, ns, "wait", "w", "--timeout", "120")
+    cli = Cli(kubeconfig, ns, "wait", "w", "--timeout", "120s")
     try:
         time.sleep(3)  # the watch is open; the job is still Pending
         assert cli.proc.poll() is None
@@ -131,7 +131,7 @@ def test_wait_returns_as_soon_as_the_status_says_succeeded(kubeconfig, ns):
 
 def test_wait_exits_1_with_the_reason_when_the_job_fails(kubeconfig, ns):
     create_job(kubeconfig, ns, "wf")
-    cli = Cli(kubeconfig, ns, "wait", "wf", "--timeout", "120")
+    cli = Cli(kubeconfig, ns, "wait", "wf", "--timeout", "120s")
     try:
         time.sleep(2)
         set_status(kubeconfig, ns, "wf", phase="Failed", conditions=condition(

@@ -70,7 +70,8 @@ def grant(kubeconfig: str, namespace: str, accounts: list[str]) -> None:
     own (the one a cut deletes)."""
     rules = [rule for rule in kubectl_json("get", "clusterrole", CLUSTER_ROLE,
                                            kubeconfig=kubeconfig)["rules"]
-             if "kopf.dev" not in rule.get("apiGroups", []) and "nodes" not in rule["resources"]]
+             if "kopf.dev" not in rule.get("apiGroups", []) and "resources" in rule
+             and "nodes" not in rule["resources"]]
     objects = [role("operator", rules), role("peering", [PEERING_RULE])]
     for account in accounts:
         objects += [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
