@@ -1,12 +1,12 @@
 """End to end: a job started by the previous release's operator keeps training through
-`helm upgrade` to this one. The chart and images of the newest `v*` tag at or before HEAD (or
-ACCELERATE_UPGRADE_FROM, a ref to upgrade from instead) are installed over the running release, a
-two-node CPU job trains on its trainer image, the release is upgraded to this checkout
-mid-training, and the job ends Succeeded with 0 restarts: the same pods (uids), no container
-restarted, no Restarting, Stalled or Failed condition (the job has a stall timeout shorter than
-what it trains after the upgrade: the switch of operators must not look like a stall), and its
-progress never erased or moved back (docs/operating.md, Upgrade). With no tag to start from the
-test fails; it never skips."""
+`helm upgrade` to this one. The chart and images of the newest release at or before HEAD (its
+`v*` tag or, in a clone without tags, its commit in hack/releases.tsv; ACCELERATE_UPGRADE_FROM
+names another ref) are installed over the running release, a two-node CPU job trains on its
+trainer image, the release is upgraded to this checkout mid-training, and the job ends Succeeded
+with 0 restarts: the same pods (uids), no container restarted, no Restarting, Stalled or Failed
+condition (the job has a stall timeout shorter than what it trains after the upgrade: the switch
+of operators must not look like a stall), and its progress never erased or moved back
+(docs/operating.md, Upgrade). With no release to start from the test fails; it never skips."""
 
 from __future__ import annotations
 
@@ -45,25 +45,44 @@ def git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
 
 
+RELEASES = ROOT / "hack" / "releases.tsv"
+
+
+def recorded_releases() -> dict[str, str]:
+    """hack/releases.tsv: each release's tag and commit, for clones made without tags."""
+    rows = (line.split("\t") for line in RELEASES.read_text().splitlines()
+            if line.strip() and not line.startswith("#"))
+    return {tag: commit for tag, commit in rows}
+
+
+def contains(commit: str) -> bool:
+    return git("merge-base", "--is-ancestor", commit, "HEAD").returncode == 0
+
+
 def base_ref() -> str:
-    """The version upgraded from: the newest release tag HEAD contains; fails (never skips) when
-    there is none in this clone."""
-    ref = os.environ.get("ACCELERATE_UPGRADE_FROM") or git(
-        "describe", "--tags", "--abbrev=0", "--match", "v*", "HEAD").stdout.strip()
-    if not ref:
+    """The version upgraded from: ACCELERATE_UPGRADE_FROM, else the newest release tag HEAD
+    contains, else (a clone without tags, as CI makes) the newest release hack/releases.tsv
+    records that HEAD contains. A tag and its record must agree. Fails, never skips, when
+    there is no base."""
+    if os.environ.get("ACCELERATE_UPGRADE_FROM"):
+        return os.environ["ACCELERATE_UPGRADE_FROM"]
+    recorded = recorded_releases()
+    tag = git("describe", "--tags", "--abbrev=0", "--match", "v*", "HEAD").stdout.strip()
+    if tag:
+        commit = git("rev-parse", f"{tag}^{{commit}}").stdout.strip()
+        assert recorded.get(tag, commit) == commit, (
+            f"tag {tag} is {commit} but hack/releases.tsv records {recorded[tag]}: "
+            "record the tag's commit")
+        return tag
+    released = [commit for commit in recorded.values() if contains(commit)]
+    if not released:
         shallow = git("rev-parse", "--is-shallow-repository").stdout.strip() == "true"
-        pytest.fail("no release tag (v*) at or before HEAD to upgrade from"
-                    f"{' in this shallow clone' if shallow else ''}: fetch the tags (`git fetch "
-                    f"{'--unshallow ' if shallow else ''}--tags origin`; CI: actions/checkout "
-                    "with fetch-depth: 0), or set ACCELERATE_UPGRADE_FROM to a ref to upgrade "
-                    "from")
-    if git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
-        shallow = git("rev-parse", "--is-shallow-repository").stdout.strip() == "true"
-        pytest.fail(f"the upgrade base {ref} is not in this clone"
-                    f"{' (a shallow clone)' if shallow else ''}: fetch it with `git fetch "
-                    f"{'--unshallow ' if shallow else ''}--tags origin` (CI: actions/checkout "
-                    f"with fetch-depth: 0), or set ACCELERATE_UPGRADE_FROM to a ref it has")
-    return ref
+        pytest.fail("no release to upgrade from: no v* tag at or before HEAD and no commit of "
+                    f"hack/releases.tsv in this {'shallow ' if shallow else ''}clone: fetch the "
+                    f"history (`git fetch {'--unshallow ' if shallow else ''}--tags origin`; "
+                    "CI: actions/checkout with fetch-depth: 0), or set ACCELERATE_UPGRADE_FROM "
+                    "to a ref to upgrade from")
+    return released[-1]
 
 
 def export(ref: str, dest: Path) -> None:
