@@ -241,9 +241,11 @@ def _stored(ledger: Ledger) -> dict[str, Any]:
               "segment": ledger.segment, "since": _stamp(ledger.since),
               "highestStep": ledger.highest, "lastStep": ledger.last_step,
               "lastStepTime": _stamp(ledger.last_step_time), "ended": _stamp(ledger.ended),
-              "reduced": round(ledger.reduced, 3) or None,
-              "reducedOpen": ledger.reduced_open or None}
-    return {k: v for k, v in stored.items() if v is not None}
+              "reduced": round(ledger.reduced, 3) or None}
+    # Always written, false too: status writes are merge patches, and a key left out would
+    # keep a reduced segment open after the group grew back.
+    return {**{k: v for k, v in stored.items() if v is not None},
+            "reducedOpen": ledger.reduced_open}
 
 
 def read_ledger(stored: Mapping[str, Any] | None, created: datetime) -> Ledger:

@@ -282,6 +282,7 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
             kubeconfig, namespace, ELASTIC,
             lambda job: (job["status"].get("elastic") or {}).get("nodes") == 1,
             timeout=300, description="the group to shrink to the node left")
+        shrink_seen = time.time()
         reduced_attempt = shrinking["status"]["attempt"]
         before = (shrinking["status"].get("progress") or {}).get("updateTime")
         shrunk = wait_for_job(
@@ -299,6 +300,7 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
         grown = wait_for_job(kubeconfig, namespace, ELASTIC,
                              lambda job: (job["status"].get("elastic") or {}).get("nodes") == 2,
                              timeout=300, description="the group to grow back to 2 nodes")
+        grow_seen = time.time()
     finally:
         if node_down:
             restore(victim, kubeconfig)
@@ -354,6 +356,9 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
 
     goodput = final["goodput"]
     assert goodput["reducedSeconds"] > 0 and "reduced)" in goodput["summary"], goodput
+    # Only the time between the shrink and the growth ran reduced (polls a few seconds late).
+    assert goodput["reducedSeconds"] <= grow_seen - shrink_seen + 10, (
+        goodput, grow_seen - shrink_seen)
     print(f"\nelastic: node {victim} lost at step {last_full_step}; shrunk and training on 1 "
           f"node {shrunk_after:.0f}s after the kill (resumed from step {resumed_step}, "
           f"{len(reduced)} steps at accumulation 4), grown back at step {grown_from} "

@@ -336,6 +336,36 @@ def test_progress_writes_leave_the_goodput_ledger_and_the_next_write_of_it_has_t
     assert restart["goodput"]["lostSeconds"]["recovery"] == 2.0  # from step 5, not step 1
 
 
+def test_an_elastic_job_grown_back_trains_at_full_size_through_merge_patched_writes():
+    """Shrunk, then grown back: each write a merge patch over the stored status, as the API
+    server applies it. The training after the growth is not reduced time, and the reduced
+    training (steps 11 to 20, 20 s) stays counted apart."""
+    full, reduced = {"nodes": 2, "wantedNodes": 2}, {"nodes": 1, "wantedNodes": 2}
+    status: dict = {"phase": "Running", "attempt": 1, "elastic": full}
+
+    def apply(seconds: float, step: int | None = None, **planned) -> dict:
+        nonlocal status
+        readings = Readings({"step": step}, step=step, step_time=NOW + timedelta(
+            seconds=seconds)) if step is not None else Readings()
+        written = build_status_write(status, {**status, **planned}, readings, NOW,
+                                     NOW + timedelta(seconds=seconds))
+        status = merge_patch(status, written or {})
+        return status["goodput"]
+
+    for step in range(1, 11):
+        apply(2 * step, step)
+    apply(25, phase="Restarting", attempt=2, elastic=reduced)
+    apply(30, phase="Running")
+    for step in range(11, 21):
+        apply(30 + 2 * step, step)  # 52 s to 70 s: the first step ends recovery
+    apply(71, phase="Restarting", attempt=3, elastic=full)
+    apply(75, phase="Running")
+    for step in range(21, 61):
+        grown = apply(40 + 2 * step, step)
+    assert grown["reducedSeconds"] == 18.0  # step 11 at 52 s to step 20 at 70 s
+    assert grown["ledger"]["reducedOpen"] is False
+
+
 def test_a_held_back_step_still_reaches_goodput():
     body = running_body({"trainer": {"attempt": 1}, "progress": build_progress_status(
         {"step": 1}, NOW)})
