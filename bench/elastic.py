@@ -13,8 +13,8 @@ the pods' PodScheduled condition for when the replacement became unschedulable):
                node left; the target is at most 1.5 x start
   recomputed   steps computed twice; the target is at most the checkpoint interval
   grow         the operator saw the placeholder placed (status.elastic.lastResizeTime) -> the
-               first step at full size (and its steps computed twice: 0, the group saved on
-               SIGTERM)
+               first step at full size (and its steps computed twice: the steps after the
+               checkpoint the grown group resumed from; docs/elastic.md has what was measured)
 
 Usage: python bench/elastic.py [--fault-step 15] [--max-steps 120] [--shrink-after 30]
        [--json FILE]
@@ -162,7 +162,7 @@ def grow_phase(cluster: Cluster, namespace: str, timeline: Timeline, restored: f
 def group_started(cluster: Cluster, namespace: str, since: float) -> float | None:
     """When the last of the job's 2 pods started its container after `since`; None before."""
     pods = cluster.core.list_namespaced_pod(
-        namespace, label_selector=f"accelerate-operator.io/job-name={NAME}").items
+        namespace, label_selector=f"{JOB_LABEL}={NAME}").items
     started = [c.state.running.started_at.timestamp() for p in pods
                for c in (p.status.container_statuses or []) if c.state and c.state.running]
     fresh = [when for when in started if when >= since - 1]

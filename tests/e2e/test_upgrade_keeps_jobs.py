@@ -64,8 +64,12 @@ def base_ref() -> str:
     contains, else (a clone without tags, as CI makes) the newest release hack/releases.tsv
     records that HEAD contains. A tag and its record must agree. Fails, never skips, when
     there is no base."""
-    if os.environ.get("ACCELERATE_UPGRADE_FROM"):
-        return os.environ["ACCELERATE_UPGRADE_FROM"]
+    ref = os.environ.get("ACCELERATE_UPGRADE_FROM")
+    if ref:
+        if git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
+            pytest.fail(f"ACCELERATE_UPGRADE_FROM={ref} is not a commit of this clone: fetch "
+                        "it, or name a ref it has")
+        return ref
     recorded = recorded_releases()
     tag = git("describe", "--tags", "--abbrev=0", "--match", "v*", "HEAD").stdout.strip()
     if tag:

@@ -339,7 +339,7 @@ def test_progress_writes_leave_the_goodput_ledger_and_the_next_write_of_it_has_t
 def test_an_elastic_job_grown_back_trains_at_full_size_through_merge_patched_writes():
     """Shrunk, then grown back: each write a merge patch over the stored status, as the API
     server applies it. The training after the growth is not reduced time, and the reduced
-    training (steps 11 to 20, 20 s) stays counted apart."""
+    training (step 11 at 52 s to step 20 at 70 s: 18 s) stays counted apart."""
     full, reduced = {"nodes": 2, "wantedNodes": 2}, {"nodes": 1, "wantedNodes": 2}
     status: dict = {"phase": "Running", "attempt": 1, "elastic": full}
 
