@@ -306,6 +306,18 @@ start_nodes() {
 
 start_nodes_and_check() { start_nodes; nodes_ready; }
 
+record_pod_cidrs() {  # spec.podCIDR, as kind's and kubeadm's node IPAM sets it: the range the
+  # node's host-local IPAM gives out (node_network routes it), so a pod's range is read from
+  # its node on every cluster. Set once: the API server refuses to change it.
+  local i name cidr
+  for ((i = 0; i < NODES; i++)); do
+    name=$(node_name "$i") cidr=$(node_pod_cidr "$i")
+    [[ -n $(kc get node "$name" -o jsonpath='{.spec.podCIDR}') ]] && continue
+    kc patch node "$name" --type merge \
+      -p "{\"spec\": {\"podCIDR\": \"$cidr\", \"podCIDRs\": [\"$cidr\"]}}" >&2
+  done
+}
+
 # ---------------------------------------------------------------- cluster DNS
 dns_ready() {  # every replica Ready (one per node, hack/manifests/coredns.yaml)
   local ready
@@ -359,6 +371,7 @@ cmd_up() {
   fi
   start_others
   wait_until 180 "$NODES Ready nodes" start_nodes_and_check
+  record_pod_cidrs
   wait_until 120 "the default ServiceAccount in namespace default" default_sa
   deploy_dns
   wait_until 180 "CoreDNS (kubectl -n kube-system get pods)" dns_ready

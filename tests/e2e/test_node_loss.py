@@ -292,6 +292,13 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
             and (job["status"].get("progress") or {}).get("updateTime") != before,
             timeout=300, description="the reduced group to train")
         shrunk_after = time.time() - killed
+        # Goodput counts training between two reports: capacity returns only after the reduced
+        # group reported a later step (restored at its first, the grow can leave it none).
+        first_reduced = shrunk["status"]["progress"]["step"]
+        wait_for_job(kubeconfig, namespace, ELASTIC,
+                     lambda job: job["status"]["attempt"] == reduced_attempt
+                     and (job["status"].get("progress") or {}).get("step", 0) > first_reduced,
+                     timeout=120, description="the reduced group to report a later step")
         table = kubectl("-n", namespace, "get", "ajob", ELASTIC, kubeconfig=kubeconfig).stdout
         assert re.search(r"\s1/2\s", table), table  # SIZE: the nodes now over the nodes wanted
         # Capacity returns: the placeholder is placed, and the group grows back at a checkpoint.

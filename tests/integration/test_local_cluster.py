@@ -7,6 +7,7 @@ through CoreDNS, volumes, real garbage collection and in-cluster API access unde
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 from pathlib import Path
@@ -47,6 +48,14 @@ def logs(kubeconfig: str, namespace: str, pod: str) -> str:
     return kubectl("-n", namespace, "logs", pod, kubeconfig=kubeconfig).stdout
 
 
+def in_its_nodes_pod_cidr(kubeconfig: str, pod: dict) -> bool:
+    """The pod's IP is in the range its node was given (spec.podCIDR): the cluster's CNI placed
+    it, whatever pod subnet this cluster uses (the local cluster's, kind's)."""
+    node = kubectl_json("get", "node", pod["spec"]["nodeName"], kubeconfig=kubeconfig)
+    return ipaddress.ip_address(pod["status"]["podIP"]) in \
+        ipaddress.ip_network(node["spec"]["podCIDR"])
+
+
 def test_pod_that_exits_zero_succeeds_and_its_logs_are_served(kubeconfig: str, namespace: str):
     code = "import os; print('hello from', os.environ['POD_NAME'], os.environ['POD_NS'])"
     create(kubeconfig, python_pod("printer", namespace, code, container={"env": [
@@ -55,10 +64,10 @@ def test_pod_that_exits_zero_succeeds_and_its_logs_are_served(kubeconfig: str, n
 
     assert wait_for_phase(kubeconfig, namespace, "printer", ("Succeeded", "Failed")) == "Succeeded"
     assert f"hello from printer {namespace}" in logs(kubeconfig, namespace, "printer")
-    status = kubectl_json("-n", namespace, "get", "pod", "printer", kubeconfig=kubeconfig)["status"]
-    terminated = status["containerStatuses"][0]["state"]["terminated"]
+    pod = kubectl_json("-n", namespace, "get", "pod", "printer", kubeconfig=kubeconfig)
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
-    assert status["podIP"].startswith("10.244.")
+    assert in_its_nodes_pod_cidr(kubeconfig, pod), pod["status"]["podIP"]
 
 
 def test_pod_exit_code_and_termination_message_are_reported(kubeconfig: str, namespace: str):
@@ -125,10 +134,13 @@ def test_pods_reach_each_other_by_hostname_while_another_namespace_uses_the_same
             for pod in ("job-0", "job-1"):
                 assert wait_for_phase(kubeconfig, ns, pod, ("Succeeded", "Failed"),
                                       timeout=90) == "Succeeded", logs(kubeconfig, ns, pod)
-            assert f"got token-{ns} from 10.244." in logs(kubeconfig, ns, "job-1")
             assert "served" in logs(kubeconfig, ns, "job-0")
             pods = {pod: kubectl_json("-n", ns, "get", "pod", pod, kubeconfig=kubeconfig)
                     for pod in ("job-0", "job-1")}
+            # job-0.job resolved to job-0's own pod IP, one its node's range holds.
+            server_ip = pods["job-0"]["status"]["podIP"]
+            assert f"got token-{ns} from {server_ip}\n" in logs(kubeconfig, ns, "job-1")
+            assert all(in_its_nodes_pod_cidr(kubeconfig, pod) for pod in pods.values())
             nodes = {p["spec"]["nodeName"] for p in pods.values()}
             subnets = {p["status"]["podIP"].rsplit(".", 1)[0] for p in pods.values()}
             assert len(nodes) == 2 and len(subnets) == 2, (nodes, subnets)
