@@ -294,7 +294,7 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
         shrunk_after = time.time() - killed
         # Goodput counts training between two reports: capacity returns only after the reduced
         # group reported a later step (restored at its first, the grow can leave it none).
-        first_reduced = shrunk["status"]["progress"]["step"]
+        first_reduced = (shrunk["status"].get("progress") or {}).get("step", 0)
         wait_for_job(kubeconfig, namespace, ELASTIC,
                      lambda job: job["status"]["attempt"] == reduced_attempt
                      and (job["status"].get("progress") or {}).get("step", 0) > first_reduced,
