@@ -22,8 +22,12 @@
 #   IMAGES             the images built and loaded (default "operator trainer-cpu"; "operator"
 #                      is enough for the tests that train nothing, tests/integration)
 #   KEEP_CLUSTER=1     keep the cluster afterwards (to debug); SKIP_BUILD=1 reuse built images
-# Kueue is not installed here: tests/e2e/test_kueue.py installs it (hack/install-kueue.sh,
-# KUEUE_VERSION) and removes it again.
+#   KUEUE_FROM         where tests/e2e/test_kueue.py's Kueue comes from: "release" (its release
+#                      manifests and registry.k8s.io image; the default with the released node
+#                      image) or "source" (hack/build-kueue.sh from the Go module proxy, loaded
+#                      into the workers; the default with the local one: no registry here)
+# Kueue is not installed here: tests/e2e/test_kueue.py installs it (hack/install-kueue.sh) and
+# removes it again.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -80,6 +84,7 @@ fi
 case "$NODE_IMAGE" in
   released) NODE_IMAGE="$RELEASED_NODE_IMAGE" ;;
   local)
+    : "${KUEUE_FROM:=source}"
     log "no usable Docker engine for kind here: starting our own (hack/kind-docker.sh)"
     DOCKER_HOST="$(hack/kind-docker.sh up | tail -n1)"
     export DOCKER_HOST
@@ -148,6 +153,15 @@ step_done create-cluster
 log "loading the images into the workers"
 load "${IMAGE_REFS[@]}"
 step_done load-images
+
+if [[ ${KUEUE_FROM:-release} == source ]]; then
+  log "building Kueue from the Go module proxy (hack/build-kueue.sh) and loading it"
+  kueue="$(hack/build-kueue.sh)"
+  load "$(sed -n 1p <<<"$kueue")"
+  KUEUE_MANIFESTS="$(sed -n 2p <<<"$kueue")"
+  export KUEUE_MANIFESTS  # hack/install-kueue.sh applies these instead of the release's
+  step_done load-kueue
+fi
 
 log "installing the operator with the chart"
 export ACCELERATE_OPERATOR_NAMESPACE="$NAMESPACE"

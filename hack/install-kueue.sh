@@ -5,7 +5,8 @@
 # webhooks at their endpoints' pod IPs (--enable-aggregator-routing, hack/local-cluster.sh): it
 # runs on the host, which routes pod IPs but not Service ClusterIPs.
 # On an external cluster (kind: ACCELERATE_OPERATOR_EXTERNAL_CLUSTER=1) Kueue's release manifests
-# are applied instead: the newest release by default (KUEUE_VERSION, v0.20.0: v1beta2 only).
+# are applied instead: the newest release by default (KUEUE_VERSION, v0.20.0: v1beta2 only), or
+# KUEUE_MANIFESTS (hack/e2e-kind.sh sets them to hack/build-kueue.sh's where no registry answers).
 # Then Kueue's read access to AccelerateJobs (hack/kueue-acceleratejob-rbac.yaml, docs/kueue.md).
 # Idempotent; exit code 3 passes on build-kueue.sh's "Kueue cannot be had here".
 # `--uninstall` removes it all again: Kueue's default webhooks fail closed on every pod and
@@ -45,7 +46,6 @@ fi
 if [[ ${ACCELERATE_OPERATOR_EXTERNAL_CLUSTER:-0} == 1 ]]; then
   # kind and other clusters that pull images: Kueue's own release manifests and image.
   version="${KUEUE_VERSION:-v0.20.0}"
-  image="registry.k8s.io/kueue/kueue:$version"
   manifests="${KUEUE_MANIFESTS:-https://github.com/kubernetes-sigs/kueue/releases/download/$version/manifests.yaml}"
 else
   set +e
@@ -53,11 +53,10 @@ else
   rc=$?
   set -e
   [[ $rc -eq 0 ]] || exit "$rc"
-  image=$(sed -n 1p <<<"$out")
   manifests=$(sed -n 2p <<<"$out")
-  "$ROOT/hack/load-images.sh" "$image" >&2
+  "$ROOT/hack/load-images.sh" "$(sed -n 1p <<<"$out")" >&2
 fi
-echo ">> applying Kueue ($image)" >&2
+echo ">> applying Kueue ($manifests)" >&2
 "$KUBECTL" apply --server-side --force-conflicts -f "$manifests" >&2
 "$KUBECTL" -n kueue-system rollout status deployment/kueue-controller-manager --timeout=300s >&2
 
