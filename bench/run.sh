@@ -20,9 +20,12 @@
 #                                    job, ours and Kubeflow's PyTorchJob (the Go training-operator
 #                                    as for `kubeflow`) side by side; about 20 minutes; not in the
 #                                    default set: it powers one node off and back on
+#   bench/run.sh status-write        the API server's CPU per progress write, and the CRD's CEL
+#                                    rules' share of it (its own etcd and kube-apiserver; about
+#                                    2 minutes); not in the default set
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
-# BENCH_KUBEFLOW_ARGS, BENCH_RUNNING_ARGS, BENCH_RECOVERY_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode
+# BENCH_KUBEFLOW_ARGS, BENCH_RUNNING_ARGS, BENCH_RECOVERY_ARGS, BENCH_STATUS_WRITE_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode
 # both", BENCH_RUNNING_ARGS="--mode bare"). Raw results, one JSON line per benchmark, go to
 # $BENCH_JSON (default: a file under /tmp, named at the end).
 set -euo pipefail
@@ -34,8 +37,8 @@ selected=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    startup|throughput|overhead|kubeflow|running|recovery) selected+=("$arg") ;;
-    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [kubeflow] [running] [recovery]" >&2
+    startup|throughput|overhead|kubeflow|running|recovery|status-write) selected+=("$arg") ;;
+    *) echo "usage: $0 [--quick] [startup] [throughput] [overhead] [kubeflow] [running] [recovery] [status-write]" >&2
        exit 2 ;;
   esac
 done
@@ -76,6 +79,7 @@ for bench in "${selected[@]}"; do
     kubeflow) "$PY" bench/kubeflow_compare.py $kubeflow_args ${BENCH_KUBEFLOW_ARGS:-} ;;
     running) "$PY" bench/running.py $running_args ${BENCH_RUNNING_ARGS:-} ;;
     recovery) "$PY" bench/recovery.py $recovery_args ${BENCH_RECOVERY_ARGS:-} ;;
+    status-write) "$PY" bench/status_write.py ${BENCH_STATUS_WRITE_ARGS:-} ;;
   esac
   echo
 done

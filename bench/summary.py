@@ -92,6 +92,9 @@ def rows(results: list[dict]) -> list[tuple[str, float | None, str]]:
                                 r[f"{name}_per_job_ms"], "ms/s"))
             if r.get("progress_age_max_s") is not None:
                 out.append((f"status.progress age, max {label}", r["progress_age_max_s"], "s"))
+        elif r["benchmark"] == "status_write":
+            out.append(("API server CPU per progress write", r["rules_ms"], "ms"))
+            out.append(("of which the CRD's CEL rules", r["rules_ms"] - r["no_rules_ms"], "ms"))
         elif r["benchmark"] == "overhead":
             out.append(("training steps/s, operator / bare", r["steps_ratio_median"], ""))
             out.append(("wall time, operator / bare", r["wall_ratio_median"], "ratio"))

@@ -2,9 +2,10 @@
 # `make test`: everything CI runs, in the order that fails fastest, each layer stopping the run:
 #   1 lint    ruff, import contracts, drift checks, the docs site, helm lint, actionlint
 #   2 unit    seconds, no cluster
-#   3 build   the cluster, its images and Kueue (hack/cluster-up.sh, hack/build-kueue.sh): built
-#             before any cluster test, so no test's time limit pays for a cold build, and in
-#             the background from the start, beside the steps above
+#   3 build   the cluster and its images (hack/cluster-up.sh): built before any cluster test, so
+#             no test's time limit pays for a cold build, and in the background from the start,
+#             beside the steps above; then Kueue (hack/build-kueue.sh), which only the e2e layer
+#             installs, in the background beside the integration layer
 #   4 integration, 5 e2e   against that cluster
 # Each layer writes a JUnit file; at the end (pass or fail) test-reports/durations.txt lists
 # every test by duration, slowest first, so the suite's time can be compared run to run.
@@ -29,6 +30,7 @@ rm -f "$REPORTS"/*.xml "$REPORTS/durations.txt"
 finish() {
   local code=$1
   [[ -n $build ]] && kill -- "-$build" 2>/dev/null
+  [[ -n $kueue_build ]] && kill -- "-$kueue_build" 2>/dev/null
   VENV="$(hack/python-env.sh 2>/dev/null | tail -n1)" || VENV=""
   if [[ -n $VENV ]] && compgen -G "$REPORTS/*.xml" >/dev/null; then
     "$VENV/bin/python" hack/test_durations.py "$REPORTS" >"$REPORTS/durations.txt" || true
@@ -78,17 +80,35 @@ pytest_layer() {
 }
 
 build_cluster() {
-  # Everything the cluster tests need, in the background while the Python environment, lint and
-  # unit tests run (on a cold machine the downloads and the compiles overlap); its output goes
-  # to $REPORTS/build.log and its last line is the kubeconfig.
+  # The cluster and its images, in the background while the Python environment, lint and unit
+  # tests run (on a cold machine the downloads and the compiles overlap); its output goes to
+  # $REPORTS/build.log and its last line is the kubeconfig.
   # In a session of its own, so that a failed lint or unit test stops the whole build with it.
-  setsid bash -c 'hack/cluster-up.sh && hack/build-kueue.sh >/dev/null' \
-    >"$REPORTS/kubeconfig" 2>"$REPORTS/build.log" &
+  setsid hack/cluster-up.sh >"$REPORTS/kubeconfig" 2>"$REPORTS/build.log" &
   build=$!
 }
 
+build_kueue() {
+  # Kueue's image and manifests (a Go build, minutes cold, seconds warm): only tests/e2e/
+  # test_kueue.py installs it, so it builds beside the integration layer, not before it.
+  setsid hack/build-kueue.sh >/dev/null 2>"$REPORTS/build-kueue.log" &
+  kueue_build=$!
+}
+
+await_kueue() {
+  begin "build: waiting for Kueue ($REPORTS/build-kueue.log)"
+  local code=0
+  wait "$kueue_build" || code=$?
+  kueue_build=""
+  if [[ $code -ne 0 ]]; then
+    tail -n 40 "$REPORTS/build-kueue.log" >&2
+    echo "make test: the Kueue build failed ($REPORTS/build-kueue.log)" >&2
+    return 1
+  fi
+}
+
 await_cluster() {
-  begin "build: waiting for the cluster, its images, the operator and Kueue ($REPORTS/build.log)"
+  begin "build: waiting for the cluster, its images and the operator ($REPORTS/build.log)"
   if ! wait "$build"; then
     tail -n 40 "$REPORTS/build.log" >&2
     echo "make test: the build failed; the step is named above ($REPORTS/build.log)" >&2
@@ -102,6 +122,7 @@ await_cluster() {
 }
 
 build=""
+kueue_build=""
 trap 'finish $?' EXIT
 begin "disk"; check_disk
 if wants integration || wants e2e; then begin "build: started in the background"; build_cluster; fi
@@ -109,6 +130,8 @@ begin "python environment"; VENV="$(hack/python-env.sh | tail -n1)"
 if wants lint; then begin "lint"; make --no-print-directory lint; fi
 if wants unit; then begin "unit"; run_pytest unit unit -n 2 --dist loadscope; fi
 if wants integration || wants e2e; then await_cluster; fi
+if wants e2e; then build_kueue; fi
 if wants integration; then begin "integration"; pytest_layer integration 3; fi
+if wants e2e; then await_kueue; fi
 # Trainings are CPU-bound: more than two side by side on two cores only slow every one down.
 if wants e2e; then begin "e2e"; pytest_layer e2e "$E2E_WORKERS"; fi

@@ -1,0 +1,211 @@
+"""What one progress write of a running job costs the API server, and how much of it is the CRD's
+validation rules (x-kubernetes-validations, CEL).
+
+A status write is a running job's main control-plane cost (docs/performance.md, "Reporting").
+The API server validates the whole object on every write to the status subresource, the spec's
+CEL rules included: apiextensions' status strategy runs every rule of the schema against the new
+and old object, however little of the status changed. This benchmark measures that apart from
+everything else on a cluster: its own etcd and kube-apiserver (the binaries of
+hack/build-control-plane.sh, nothing else running on them), two copies of our CRD (as shipped,
+and the same schema without its rules, under another group), one `examples/cpu-ddp.yaml` job in
+each, and the operator's progress write (progress.build_progress_status and the goodput totals)
+sent to each in turn, sequentially. It reads the API server's CPU time from /proc around each
+block and prints the CPU per write for both, and the rules' share.
+
+Usage: python bench/status_write.py [--writes 600] [--rounds 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+from common import emit_result, machine_line, median
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from kubernetes import client
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "operator"))
+from accelerate_operator.progress import build_progress_status  # noqa: E402
+
+CRD = ROOT / "crds" / "accelerate-operator.io_acceleratejobs.yaml"
+JOB = ROOT / "examples" / "cpu-ddp.yaml"
+TOKEN = "status-write-bench"
+NAMESPACE = "bench"
+GROUPS = {"rules": "accelerate-operator.io", "no_rules": "norules.bench.accelerate-operator.io"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_key(path: Path) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.TraditionalOpenSSL,
+                                       serialization.NoEncryption()))
+
+
+@contextmanager
+def api_server(work: Path) -> Iterator[tuple[client.ApiClient, int]]:
+    """etcd and kube-apiserver of our pinned version on free ports; the client and the API
+    server's pid."""
+    bin_dir = Path(subprocess.run([str(ROOT / "hack" / "build-control-plane.sh")], check=True,
+                                  stdout=subprocess.PIPE, text=True).stdout.split()[-1])
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    write_key(work / "sa.key")
+    (work / "tokens.csv").write_text(f"{TOKEN},bench,1,system:masters\n")
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    etcd = subprocess.Popen([bin_dir / "etcd", "--data-dir", work / "etcd",
+                             "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+                             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([
+        bin_dir / "kube-apiserver", "--etcd-servers", etcd_url, "--bind-address", "127.0.0.1",
+        "--secure-port", str(api_port), "--cert-dir", work / "certs",
+        "--token-auth-file", work / "tokens.csv", "--authorization-mode", "AlwaysAllow",
+        "--service-account-issuer", "https://kubernetes.default.svc",
+        "--service-account-key-file", work / "sa.key",
+        "--service-account-signing-key-file", work / "sa.key",
+        "--service-cluster-ip-range", "10.96.0.0/16"],
+        stdout=subprocess.DEVNULL, stderr=open(work / "apiserver.log", "w"))
+    try:
+        config = client.Configuration()
+        config.host, config.verify_ssl = f"https://127.0.0.1:{api_port}", False
+        config.api_key = {"authorization": f"Bearer {TOKEN}"}
+        api = client.ApiClient(config)
+        wait_ready(api, server)
+        yield api, server.pid
+    finally:
+        for process in (server, etcd):
+            process.terminate()
+            process.wait(30)
+
+
+def wait_ready(api: client.ApiClient, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"kube-apiserver exited {server.returncode}")
+        try:
+            client.CoreV1Api(api).list_namespace(_request_timeout=5)
+            return
+        except Exception:  # noqa: BLE001 (not up yet: connection refused, 503, ...)
+            time.sleep(1)
+    raise RuntimeError("kube-apiserver not ready in 120 s")
+
+
+def without_rules(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: without_rules(value) for key, value in node.items()
+                if key != "x-kubernetes-validations"}
+    if isinstance(node, list):
+        return [without_rules(value) for value in node]
+    return node
+
+
+def install(api: client.ApiClient) -> None:
+    """Both CRDs, the namespace, one job in each, and the status of a running job."""
+    shipped = yaml.safe_load(CRD.read_text())
+    bare = without_rules(shipped)
+    bare["spec"]["group"] = GROUPS["no_rules"]
+    bare["metadata"]["name"] = f"{bare['spec']['names']['plural']}.{GROUPS['no_rules']}"
+    extensions, custom = client.ApiextensionsV1Api(api), client.CustomObjectsApi(api)
+    for crd in (shipped, bare):
+        extensions.create_custom_resource_definition(crd)
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+    job = yaml.safe_load(JOB.read_text())
+    for group in GROUPS.values():
+        body = {**copy.deepcopy(job), "apiVersion": f"{group}/v1alpha1"}
+        for _ in range(60):  # until the new CRD is served
+            try:
+                custom.create_namespaced_custom_object(group, "v1alpha1", NAMESPACE,
+                                                       "acceleratejobs", body)
+                break
+            except client.ApiException:
+                time.sleep(1)
+        patch_status(api, group, running_status())
+
+
+def running_status() -> dict[str, Any]:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"phase": "Running", "reason": "Running", "observedGeneration": 1, "startTime": now,
+            "conditions": [{"type": kind, "status": "True", "reason": kind, "message": kind,
+                            "lastTransitionTime": now} for kind in ("Created", "Running")]}
+
+
+def progress_write(step: int) -> dict[str, Any]:
+    """What the operator sends when only pod 0's progress moved (decide.build_status_write)."""
+    report = {"step": step, "total_steps": 100_000, "loss": 1 + 1 / step, "epoch": 0.5,
+              "samples_per_second": 64.0, "eta_seconds": 100_000 - step}
+    goodput = {"percent": 97.5, "summary": "97.5%", "wallSeconds": step + 30.0,
+               "productiveSeconds": step + 29.0, "lostSeconds": {"startup": 1.0},
+               "interruptions": 0}
+    return {"progress": build_progress_status(report, datetime.now(timezone.utc)),
+            "goodput": goodput}
+
+
+def patch_status(api: client.ApiClient, group: str, status: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        group, "v1alpha1", NAMESPACE, "acceleratejobs", "cpu-ddp", {"status": status})
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(api: client.ApiClient, pid: int, writes: int, rounds: int) -> dict[str, list]:
+    """API server CPU ms per write, per round, the two CRDs alternating (a warm-up first)."""
+    per_write: dict[str, list] = {name: [] for name in GROUPS}
+    step = 1
+    for round_ in range(rounds + 1):
+        for name, group in GROUPS.items():
+            count = writes if round_ else writes // 10
+            before = cpu_seconds(pid)
+            for _ in range(count):
+                step += 1
+                patch_status(api, group, progress_write(step))
+            if round_:
+                per_write[name].append(1000 * (cpu_seconds(pid) - before) / count)
+    return per_write
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--writes", type=int, default=600, help="writes per CRD per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="append the result as a JSON line to this file")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="status-write-") as work, \
+            api_server(Path(work)) as (api, pid):
+        install(api)
+        per_write = measure(api, pid, args.writes, args.rounds)
+    rules, bare = median(per_write["rules"]), median(per_write["no_rules"])
+    print(machine_line())
+    print(f"API server CPU per progress write, median of {args.rounds} rounds of {args.writes}:")
+    print(f"  CRD as shipped:         {rules:6.2f} ms  {per_write['rules']}")
+    print(f"  same CRD without rules: {bare:6.2f} ms  {per_write['no_rules']}")
+    print(f"  the rules' share:       {rules - bare:6.2f} ms = {100 * (rules - bare) / rules:.0f}%")
+    emit_result("status_write", {"rules_ms": rules, "no_rules_ms": bare,
+                                 "rules_share": (rules - bare) / rules, "rounds": per_write},
+                args.json)
+
+
+if __name__ == "__main__":
+    main()
