@@ -13,6 +13,11 @@ from tests.helpers.jobs import JobBuilder, apply_job, phase_is, wait_for_job
 from tests.helpers.shared_volume import SharedDir, shared_dir
 
 MAX_STEPS, CHECKPOINT_EVERY, FAIL_AT = 30, 10, 25
+# Goodput counts training between two reports whose steps advanced, and pod 0 reports at most
+# every 8 s: at a fraction of a second per step, an attempt can end before its second report,
+# and a loaded `make test` saw 0.0% for this job. Half a second per step (the first attempt
+# trains 25 steps, the second 10) gives each attempt more than one report.
+SECONDS_PER_STEP = 0.5
 
 
 def resumable_job(shared: SharedDir) -> dict:
@@ -20,7 +25,8 @@ def resumable_job(shared: SharedDir) -> dict:
             .checkpoint("checkpoints", "/checkpoints").volume(**shared.volume())
             .args("/opt/accelerate/examples/train.py", f"--max-steps={MAX_STEPS}",
                   "--log-every=1", f"--checkpoint-every={CHECKPOINT_EVERY}",
-                  f"--fail-at-step={FAIL_AT}", "--fail-rank=3")
+                  f"--fail-at-step={FAIL_AT}", "--fail-rank=3",
+                  f"--sleep-per-step={SECONDS_PER_STEP}")
             .env(ACCELERATE_FAIL_ONCE_MARKER="/checkpoints/failed-once")
             .build())
 
