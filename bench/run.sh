@@ -22,7 +22,7 @@
 #                                    default set: it powers one node off and back on
 #   bench/run.sh status-write        the API server's CPU per progress write, and the CRD's CEL
 #                                    rules' share of it (its own etcd and kube-apiserver; about
-#                                    2 minutes); not in the default set
+#                                    a minute); not in the default set
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
 # BENCH_KUBEFLOW_ARGS, BENCH_RUNNING_ARGS, BENCH_RECOVERY_ARGS, BENCH_STATUS_WRITE_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode

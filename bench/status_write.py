@@ -10,7 +10,8 @@ hack/build-control-plane.sh, nothing else running on them), two copies of our CR
 and the same schema without its rules, under another group), one `examples/cpu-ddp.yaml` job in
 each, and the operator's progress write (progress.build_progress_status and the goodput totals)
 sent to each in turn, sequentially. It reads the API server's CPU time from /proc around each
-block and prints the CPU per write for both, and the rules' share.
+block (common.OperatorProcess, as bench/running.py reads the control plane's) and prints the
+CPU per write for both, and the rules' share.
 
 Usage: python bench/status_write.py [--writes 600] [--rounds 3] [--json FILE]
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import socket
 import subprocess
 import sys
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import emit_result, machine_line, median
+from common import OperatorProcess, emit_result, machine_line, median
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from kubernetes import client
@@ -75,6 +75,7 @@ def api_server(work: Path) -> Iterator[tuple[client.ApiClient, int]]:
                              "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
                              "--listen-peer-urls", f"http://127.0.0.1:{peer_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(work / "apiserver.log", "w")  # its tail goes into the error if it never serves
     server = subprocess.Popen([
         bin_dir / "kube-apiserver", "--etcd-servers", etcd_url, "--bind-address", "127.0.0.1",
         "--secure-port", str(api_port), "--cert-dir", work / "certs",
@@ -83,31 +84,31 @@ def api_server(work: Path) -> Iterator[tuple[client.ApiClient, int]]:
         "--service-account-key-file", work / "sa.key",
         "--service-account-signing-key-file", work / "sa.key",
         "--service-cluster-ip-range", "10.96.0.0/16"],
-        stdout=subprocess.DEVNULL, stderr=open(work / "apiserver.log", "w"))
+        stdout=subprocess.DEVNULL, stderr=log)
     try:
         config = client.Configuration()
         config.host, config.verify_ssl = f"https://127.0.0.1:{api_port}", False
         config.api_key = {"authorization": f"Bearer {TOKEN}"}
         api = client.ApiClient(config)
-        wait_ready(api, server)
+        wait_ready(api, server, work / "apiserver.log")
         yield api, server.pid
     finally:
         for process in (server, etcd):
             process.terminate()
             process.wait(30)
+        log.close()
 
 
-def wait_ready(api: client.ApiClient, server: subprocess.Popen) -> None:
+def wait_ready(api: client.ApiClient, server: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"kube-apiserver exited {server.returncode}")
+    while time.monotonic() < deadline and server.poll() is None:
         try:
             client.CoreV1Api(api).list_namespace(_request_timeout=5)
             return
         except Exception:  # noqa: BLE001 (not up yet: connection refused, 503, ...)
             time.sleep(1)
-    raise RuntimeError("kube-apiserver not ready in 120 s")
+    tail = "\n".join(log.read_text().splitlines()[-20:])
+    raise RuntimeError(f"kube-apiserver did not serve in 120 s (exit {server.poll()}):\n{tail}")
 
 
 def without_rules(node: Any) -> Any:
@@ -165,24 +166,20 @@ def patch_status(api: client.ApiClient, group: str, status: dict[str, Any]) -> N
         group, "v1alpha1", NAMESPACE, "acceleratejobs", "cpu-ddp", {"status": status})
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(api: client.ApiClient, pid: int, writes: int, rounds: int) -> dict[str, list]:
     """API server CPU ms per write, per round, the two CRDs alternating (a warm-up first)."""
+    server = OperatorProcess(pid)
     per_write: dict[str, list] = {name: [] for name in GROUPS}
     step = 1
     for round_ in range(rounds + 1):
         for name, group in GROUPS.items():
             count = writes if round_ else writes // 10
-            before = cpu_seconds(pid)
+            before = server.cpu_seconds()
             for _ in range(count):
                 step += 1
                 patch_status(api, group, progress_write(step))
             if round_:
-                per_write[name].append(1000 * (cpu_seconds(pid) - before) / count)
+                per_write[name].append(1000 * (server.cpu_seconds() - before) / count)
     return per_write
 
 

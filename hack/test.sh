@@ -29,8 +29,10 @@ rm -f "$REPORTS"/*.xml "$REPORTS/durations.txt"
 
 finish() {
   local code=$1
-  [[ -n $build ]] && kill -- "-$build" 2>/dev/null
-  [[ -n $kueue_build ]] && kill -- "-$kueue_build" 2>/dev/null
+  # The background builds still running (one that ended is gone: kill fails, and must not end
+  # this trap under set -e before it reports).
+  local pid
+  for pid in $build $kueue_build; do kill -- "-$pid" 2>/dev/null || true; done
   VENV="$(hack/python-env.sh 2>/dev/null | tail -n1)" || VENV=""
   if [[ -n $VENV ]] && compgen -G "$REPORTS/*.xml" >/dev/null; then
     "$VENV/bin/python" hack/test_durations.py "$REPORTS" >"$REPORTS/durations.txt" || true
@@ -95,25 +97,25 @@ build_kueue() {
   kueue_build=$!
 }
 
-await_kueue() {
-  begin "build: waiting for Kueue ($REPORTS/build-kueue.log)"
-  local code=0
-  wait "$kueue_build" || code=$?
-  kueue_build=""
-  if [[ $code -ne 0 ]]; then
-    tail -n 40 "$REPORTS/build-kueue.log" >&2
-    echo "make test: the Kueue build failed ($REPORTS/build-kueue.log)" >&2
+await_build() {
+  # A background build's end: on failure, the tail of its log and what failed, once.
+  local pid=$1 log=$2 failed=$3
+  if ! wait "$pid"; then
+    tail -n 40 "$log" >&2
+    echo "make test: $failed ($log)" >&2
     return 1
   fi
 }
 
+await_kueue() {
+  begin "build: waiting for Kueue ($REPORTS/build-kueue.log)"
+  await_build "$kueue_build" "$REPORTS/build-kueue.log" "the Kueue build failed"
+  kueue_build=""
+}
+
 await_cluster() {
   begin "build: waiting for the cluster, its images and the operator ($REPORTS/build.log)"
-  if ! wait "$build"; then
-    tail -n 40 "$REPORTS/build.log" >&2
-    echo "make test: the build failed; the step is named above ($REPORTS/build.log)" >&2
-    return 1
-  fi
+  await_build "$build" "$REPORTS/build.log" "the build failed; the step is named above"
   build=""
   KUBECONFIG="$(tail -n1 "$REPORTS/kubeconfig")"
   export KUBECONFIG
