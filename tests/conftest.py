@@ -43,6 +43,32 @@ EXCLUSIVE = {
 }
 
 
+# Modules side by side that must not run at the same time as each other, and the worker they
+# share: each starts dozens of jobs at once, and two such bursts on two cores took 630 s each
+# where one alone takes 120-170 s (make test's durations.txt).
+SHARE_A_WORKER = {
+    "tests/e2e/test_accelerate_corpus_on_cluster.py": "many-jobs-at-once",
+    "tests/e2e/test_ignored_config_values_on_cluster.py": "many-jobs-at-once",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's module-per-worker scheduling (`--dist loadscope`), with the modules above given to
+    one worker: loadscope groups by `_split_scope`, the method xdist's own loadgroup overrides.
+    (The `xdist_group` mark would put the group in every test's id, and test ids in the JUnit
+    files are what durations are compared by from run to run.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return SHARE_A_WORKER.get(module, module)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "exclusive: changes what every test shares (the operator's deployment, a "
