@@ -52,6 +52,7 @@ SHARE_A_WORKER = {
 }
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """xdist's module-per-worker scheduling (`--dist loadscope`), with the modules above given to
     one worker: loadscope groups by `_split_scope`, the method xdist's own loadgroup overrides.
