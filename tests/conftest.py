@@ -29,8 +29,9 @@ from devtools.cluster import (  # noqa: E402
 )
 
 EXTERNAL = os.environ.get("ACCELERATE_OPERATOR_EXTERNAL_CLUSTER") == "1"
-# Modules that change what every other test shares, and what: hack/test.sh runs them alone, after
-# the rest has run side by side. (Tests that stop the deployed operator are found by fixture.)
+# Modules that change what every other test shares (or load the machine so that the tests beside
+# them slip), and why: hack/test.sh runs them alone, after the rest has run side by side. (Tests
+# that stop the deployed operator are found by fixture.)
 EXCLUSIVE = {
     "tests/e2e/test_kueue.py": "installs Kueue, whose webhooks see every pod; redeploys",
     "tests/e2e/test_upgrade_keeps_jobs.py": "installs the previous operator",
@@ -40,34 +41,11 @@ EXCLUSIVE = {
     "tests/integration/test_resilience.py": "kills the operator, restarts the API server",
     "tests/integration/test_report_security.py": "floods the operator's report endpoint",
     "tests/integration/test_report_attacks.py": "floods the operator's report endpoint",
+    # Not a change to shared state, but each starts dozens of jobs at once: alone they take 160 s
+    # and 116 s; beside each other 630 s each, and the trainings beside them slow down in turn.
+    "tests/e2e/test_accelerate_corpus_on_cluster.py": "starts dozens of jobs at once",
+    "tests/e2e/test_ignored_config_values_on_cluster.py": "starts dozens of jobs at once",
 }
-
-
-# Modules side by side that must not run at the same time as each other, and the worker they
-# share: each starts dozens of jobs at once, and two such bursts on two cores took 630 s each
-# where one alone takes 120-170 s (make test's durations.txt).
-SHARE_A_WORKER = {
-    "tests/e2e/test_accelerate_corpus_on_cluster.py": "many-jobs-at-once",
-    "tests/e2e/test_ignored_config_values_on_cluster.py": "many-jobs-at-once",
-}
-
-
-@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) has no such hook
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """xdist's module-per-worker scheduling (`--dist loadscope`), with the modules above given to
-    one worker: loadscope groups by `_split_scope`, the method xdist's own loadgroup overrides.
-    (The `xdist_group` mark would put the group in every test's id, and test ids in the JUnit
-    files are what durations are compared by from run to run.)"""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ModuleScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = super()._split_scope(nodeid)
-            return SHARE_A_WORKER.get(module, module)
-
-    return ModuleScheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
