@@ -51,7 +51,8 @@ EXCLUSIVE = {
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "exclusive: changes what every test shares (the operator's deployment, a "
-        "node, the API server, Kueue's webhooks): make test runs these alone, after the others")
+        "node, the API server, Kueue's webhooks) or loads the machine so that tests beside it "
+        "slip: make test runs these alone, after the others")
 
 
 def build_cluster() -> str:
