@@ -122,6 +122,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             "wait in their next collective (a stall)")
     debug.add_argument("--sleep-per-step", type=float, default=0.0,
                        help="seconds to sleep after each optimizer step")
+    debug.add_argument("--sleep-until-attempt", type=int, default=None,
+                       help="sleep (--sleep-per-step) only in whole-group attempts before this one "
+                            "($ACCELERATE_JOB_ATTEMPT): the group a test waits out runs its last "
+                            "steps at full speed")
     debug.add_argument("--report-shards", action="store_true",
                        help="under DeepSpeed ZeRO, print what each rank holds (SHARD and SLICES "
                             "lines, zero_shards.py) at the end")
@@ -265,6 +269,15 @@ def print_main(accelerator: Accelerator, line: str) -> None:
         emit(line)
 
 
+def step_pace(args: argparse.Namespace) -> float:
+    """Seconds to sleep after each optimizer step in this attempt: --sleep-per-step, or none from
+    attempt --sleep-until-attempt on."""
+    attempt = int(os.environ.get("ACCELERATE_JOB_ATTEMPT", "0"))
+    if args.sleep_until_attempt is not None and attempt >= args.sleep_until_attempt:
+        return 0.0
+    return args.sleep_per_step
+
+
 def maybe_fail(args: argparse.Namespace, accelerator: Accelerator, step: int) -> None:
     """Crash (no cleanup, like a killed process) or hang on purpose, to test restarts."""
     if step not in (args.fail_at_step, args.hang_at_step) or (
@@ -402,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_size * accelerator.gradient_accumulation_steps * accelerator.num_processes
     )
     first_loss = last_loss = None
+    pace = step_pace(args)
     started, steps_this_run = time.perf_counter(), 0
     accumulated_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
     model.train()
@@ -457,8 +471,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.checkpoint_dir and state.step < args.max_steps:
                 # A collective: when any rank was told to stop, all save this step and exit 83.
                 checkpoint_on_stop(accelerator)
-            if args.sleep_per_step:
-                time.sleep(args.sleep_per_step)
+            if pace:
+                time.sleep(pace)
             if state.step >= args.max_steps:
                 break
         else:  # the epoch ran out before max_steps

@@ -73,11 +73,16 @@ run_pytest() {
 
 pytest_layer() {
   # The tests that share nothing run side by side (pytest-xdist, a module to a worker, so module
-  # fixtures run once); the `exclusive` ones (tests/conftest.py) then run alone. A layer that
-  # fails stops the run once both parts have run.
+  # fixtures run once); the `exclusive` ones (tests/conftest.py) then run alone; last, those that
+  # stop the deployed operator and run one of their own for their namespace (`operator_stopped`)
+  # side by side again, under one stop. A layer that fails stops the run once all have run.
   local layer=$1 workers=$2 code=0
   run_pytest "$layer" "$layer" -m "not exclusive" -n "$workers" --dist loadscope || code=$?
-  run_pytest "$layer" "$layer-exclusive" -m exclusive || code=$?
+  run_pytest "$layer" "$layer-exclusive" -m "exclusive and not operator_stopped" || code=$?
+  if [[ $layer == integration ]]; then  # the only layer that has them
+    run_pytest "$layer" "$layer-operator-stopped" -m operator_stopped -n "$workers" \
+      --dist loadscope || code=$?
+  fi
   return "$code"
 }
 

@@ -53,6 +53,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "exclusive: changes what every test shares (the operator's deployment, a "
         "node, the API server, Kueue's webhooks) or loads the machine so that tests beside it "
         "slip: make test runs these alone, after the others")
+    config.addinivalue_line(
+        "markers", "operator_stopped: runs with the chart's operator scaled to zero (fixture "
+        "deployed_operator_stopped), an operator of its own for its namespace: make test runs "
+        "these side by side, after the exclusive ones")
 
 
 def build_cluster() -> str:
@@ -96,24 +100,31 @@ def namespace(kubeconfig: str, request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def deployed_operator_stopped(kubeconfig: str) -> Iterator[None]:
-    """The chart's operator scaled to zero, for tests that run an operator of their own: once
-    per session (the tests that ask for it run last, see below), then restored as it was."""
-    from tests.helpers.operator import deployed_operator_scaled_down
+def deployed_operator_stopped(kubeconfig: str,
+                              tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The chart's operator scaled to zero, for tests that run an operator of their own (each for
+    its own namespace): once per session, then restored as it was. pytest-xdist's workers share
+    one stop (the first in stops it, the last out starts it), so these tests run side by side."""
+    from tests.helpers.operator import deployed_operator_scaled_down_shared
 
-    with deployed_operator_scaled_down(kubeconfig):
+    run_dir = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_dir = run_dir.parent  # the run's, above each worker's own
+    with deployed_operator_scaled_down_shared(kubeconfig, run_dir / "operator-stopped.json"):
         yield
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Anything that uses the cluster carries the `cluster` marker, so `-m "not cluster"` works.
-    A test that stops the deployed operator is `exclusive` (hack/test.sh runs those alone, after
-    the others), and they run last, in their order, so the operator is stopped and started once
-    per session, not once per module."""
+    A test that stops the deployed operator is `exclusive` and `operator_stopped` (hack/test.sh
+    runs those side by side once the other exclusive ones have run alone), and they run last, so
+    the operator is stopped and started once per session, not once per module."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "kubeconfig" in names:
             item.add_marker(pytest.mark.cluster)
+        if "deployed_operator_stopped" in names:
+            item.add_marker(pytest.mark.operator_stopped)
         if "deployed_operator_stopped" in names or item.nodeid.split("::")[0] in EXCLUSIVE:
             item.add_marker(pytest.mark.exclusive)
     items.sort(key=lambda item: "deployed_operator_stopped" in getattr(item, "fixturenames", ()))

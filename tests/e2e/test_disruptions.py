@@ -41,9 +41,10 @@ def steps_of(log: str) -> list[int]:
 def test_a_drained_node_costs_the_step_in_flight_not_the_restart_budget(kubeconfig, namespace):
     max_steps = 40
     host_dir = shared_dir(kubeconfig, namespace)
-    # No periodic checkpoint: a resume can only come from the one saved at the drain.
+    # No periodic checkpoint: a resume can only come from the one saved at the drain. The
+    # resumed group (attempt 1) trains at full speed.
     body = checkpointed_job("drain", host_dir, f"--max-steps={max_steps}", "--log-every=1",
-                            "--sleep-per-step=1")
+                            "--sleep-per-step=1", "--sleep-until-attempt=1")
     body["spec"]["runPolicy"]["backoffLimit"] = 0
     apply_job(kubeconfig, namespace, body)
     wait_for_job(kubeconfig, namespace, "drain",
@@ -95,7 +96,7 @@ def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubecon
     host_dir = shared_dir(kubeconfig, namespace)
     body = checkpointed_job("stall", host_dir, f"--max-steps={max_steps}", "--log-every=1",
                             "--checkpoint-every=5", f"--hang-at-step={hang_at}", "--fail-rank=3",
-                            "--fail-attempt=0", "--sleep-per-step=1")
+                            "--fail-attempt=0", "--sleep-per-step=1", "--sleep-until-attempt=1")
     # One step a second: rank 0's progress reports (at most one per 2 s) come close to the hang,
     # so the step the operator names is within two of it.
     body["spec"]["runPolicy"]["stallTimeoutSeconds"] = 30

@@ -114,13 +114,15 @@ def queue(kueue: str, namespace: str) -> Iterator[str]:
 
 def queued_job(name: str, queue: str, *, nodes: int = 2, steps: int = 20,
                priority: str | None = None, checkpoint_dir: str | None = None,
-               sleep_per_step: float = 0.0) -> dict:
+               sleep_per_step: float = 0.0, sleep_until_attempt: int | None = None) -> dict:
     job = (JobBuilder.from_example(name).queue(queue).nodes(nodes).procs(1)
            .run_policy(backoffLimit=0, cleanPodPolicy="None"))
     if priority:
         job.labels(**{PRIORITY_LABEL: priority})
     args = ["/opt/accelerate/examples/train.py", f"--max-steps={steps}", "--log-every=1",
             f"--sleep-per-step={sleep_per_step}"]
+    if sleep_until_attempt is not None:
+        args.append(f"--sleep-until-attempt={sleep_until_attempt}")
     if checkpoint_dir:
         job.checkpoint("checkpoints", "/checkpoints").volume(
             name="checkpoints", hostPath={"path": checkpoint_dir, "type": "DirectoryOrCreate"})
@@ -197,7 +199,7 @@ def test_a_preempted_job_waits_and_resumes_from_its_checkpoint_every_step_once(q
     priority = f"kueue-h-{namespace}"[:63]
     apply_job(kueue, namespace, queued_job(
         "low", queue, steps=MAX_STEPS, priority=f"{priority}-low", checkpoint_dir=host_dir.path,
-        sleep_per_step=1.0))
+        sleep_per_step=1.0, sleep_until_attempt=1))  # resumed, it trains at full speed
     wait_for(lambda: (get_job(kueue, namespace, "low").get("status", {}).get("progress", {})
                       .get("step", 0) >= PREEMPT_AFTER), timeout=300,
              description=f"the low-priority job past step {PREEMPT_AFTER}")

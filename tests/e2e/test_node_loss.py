@@ -180,8 +180,10 @@ def test_a_lost_node_restarts_the_group_on_the_node_left_within_about_a_minute(
 # ---- an elastic job loses a node for good (issue 60) ------------------------------------------
 ELASTIC, REFERENCE = "elastic", "reference"
 # 2 s a step: the group stays reduced for as long as the node takes to come back (a minute or
-# two), in fewer steps than the operator's log archive keeps (300 lines).
+# two), in fewer steps than the operator's log archive keeps (300 lines). The group grown back
+# (attempts 0, 1 and 2: full, reduced, grown) trains its last steps without sleeping.
 ELASTIC_STEPS, ELASTIC_CHECKPOINT_EVERY, ELASTIC_SLEEP = 120, 10, 2.0
+GROWN_ATTEMPT = 2
 SHRINK_AFTER = 30
 # The loss of a step trained at 1 node with accumulation 4 against the same step at 2 nodes with
 # accumulation 2: the same 32 samples, summed in another order (test_elastic_resume.py: 2e-6).
@@ -216,6 +218,7 @@ def elastic_job(host_dir, cpu_millicores: int) -> dict:
     body = checkpointed_job(ELASTIC, host_dir, f"--max-steps={ELASTIC_STEPS}", "--log-every=1",
                             f"--checkpoint-every={ELASTIC_CHECKPOINT_EVERY}",
                             "--checkpoints-to-keep=100", f"--sleep-per-step={ELASTIC_SLEEP}",
+                            f"--sleep-until-attempt={GROWN_ATTEMPT}",
                             "--gradient-accumulation-steps=2")
     spec = body["spec"]
     spec.update(numNodes=2, numProcPerNode=1, elastic={
@@ -284,6 +287,7 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
             timeout=300, description="the group to shrink to the node left")
         shrink_seen = time.time()
         reduced_attempt = shrinking["status"]["attempt"]
+        assert reduced_attempt == GROWN_ATTEMPT - 1, shrinking["status"]  # it must sleep
         before = (shrinking["status"].get("progress") or {}).get("updateTime")
         shrunk = wait_for_job(
             kubeconfig, namespace, ELASTIC,
