@@ -8,7 +8,8 @@
 # published v0.x tag, derived from the real go.mod so the list never drifts.
 #
 # Binaries are cached in $CACHE_DIR/bin/<version>/ so only the first run on a
-# machine compiles (about 15-25 minutes on 2 cores); later runs return at once.
+# machine compiles (about 11 minutes on 2 cores, beside the image build); later runs return
+# at once.
 # EXTRA_BINARIES="kubeadm" also builds kubeadm (the kind node image needs it; the local cluster
 # does not).
 set -euo pipefail

@@ -181,9 +181,10 @@ def test_a_lost_node_restarts_the_group_on_the_node_left_within_about_a_minute(
 ELASTIC, REFERENCE = "elastic", "reference"
 # 2 s a step: the group stays reduced for as long as the node takes to come back (a minute or
 # two), in fewer steps than the operator's log archive keeps (300 lines). The group grown back
-# (attempts 0, 1 and 2: full, reduced, grown) trains its last steps without sleeping.
+# trains its last steps without sleeping: attempts 0 (full size), 1 (restarted at full size, a
+# pod unschedulable for shrinkAfterSeconds), 2 (reduced), 3 (grown).
 ELASTIC_STEPS, ELASTIC_CHECKPOINT_EVERY, ELASTIC_SLEEP = 120, 10, 2.0
-GROWN_ATTEMPT = 2
+GROWN_ATTEMPT = 3
 SHRINK_AFTER = 30
 # The loss of a step trained at 1 node with accumulation 4 against the same step at 2 nodes with
 # accumulation 2: the same 32 samples, summed in another order (test_elastic_resume.py: 2e-6).
@@ -287,7 +288,7 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
             timeout=300, description="the group to shrink to the node left")
         shrink_seen = time.time()
         reduced_attempt = shrinking["status"]["attempt"]
-        assert reduced_attempt == GROWN_ATTEMPT - 1, shrinking["status"]  # it must sleep
+        assert reduced_attempt < GROWN_ATTEMPT, shrinking["status"]  # it must sleep
         before = (shrinking["status"].get("progress") or {}).get("updateTime")
         shrunk = wait_for_job(
             kubeconfig, namespace, ELASTIC,
