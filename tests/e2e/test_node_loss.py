@@ -342,11 +342,11 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
     reduced = step_losses(reduced_log)
     grown_log = kubectl("-n", namespace, "logs", f"{ELASTIC}-0", kubeconfig=kubeconfig).stdout
     grown_from = int(re.search(r"^RESUMED from=\S+ step=(\d+)$", grown_log, re.M)[1])
-    # Steps computed twice at most the checkpoint interval (issue 60's target): the grown group
-    # resumed from the step the reduced one saved on SIGTERM (the archive, taken as the group is
-    # stopped, may miss that last step), else from its last periodic checkpoint.
+    # No step computed twice: the grown group resumed from the step the reduced one (a single
+    # process, under accelerate's simple launcher) saved on SIGTERM; the archive, taken as the
+    # group is stopped, may miss that last step. Issue 60 allows the checkpoint interval.
     recomputed = max(reduced) - grown_from
-    assert -1 <= recomputed <= ELASTIC_CHECKPOINT_EVERY, (grown_from, max(reduced))
+    assert -1 <= recomputed <= 0, (grown_from, max(reduced))
     # Back at full size the job's own accumulation (2): the trainer notes only an override.
     assert "NOTE gradient_accumulation_steps" not in grown_log, grown_log[-2000:]
     assert re.search(r"RANK_INFO rank=0 local_rank=0 world_size=2 ", grown_log), grown_log[-2000:]

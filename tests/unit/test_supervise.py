@@ -140,6 +140,55 @@ def test_a_stop_signal_that_comes_while_the_launcher_starts_still_reaches_it():
     assert code in (83, 128 + signal.SIGTERM) and time.monotonic() - started < 30, code
 
 
+SAVES_ON_SIGTERM = ("import pathlib, signal, sys, time\n"
+                    "def stop(*_):\n"
+                    "    pathlib.Path(sys.argv[1]).write_text('saved')\n"
+                    "    sys.exit(83)\n"
+                    "signal.signal(signal.SIGTERM, stop)\n"
+                    "print('ready', flush=True)\n"
+                    "time.sleep(60)\n")
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(b")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_one_process_launch_stopped_in_a_pod_saves_and_says_so(tmp_path):
+    """accelerate's simple launcher (one process on one machine) passes no signal on and dies of
+    SIGTERM at once, leaving the script behind. The supervisor, the container's first process
+    (here PID 1 of a PID namespace of its own, as in a pod), passes the stop on to the script and
+    waits for it: the script saves, and its exit code is the pod's."""
+    script, saved = tmp_path / "train.py", tmp_path / "saved"
+    script.write_text(SAVES_ON_SIGTERM)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "trainer"), "ACCELERATE_USE_CPU": "1"}
+    child = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m",
+         "accelerate_trainer.supervise", "--", sys.executable, "-m",
+         "accelerate.commands.accelerate_cli", "launch", "--cpu", "--num_processes", "1",
+         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+         str(script), str(saved)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        (supervisor,) = children_of(child.pid)  # unshare's child: PID 1 inside
+        os.kill(supervisor, signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert saved.read_text() == "saved", err[-3000:]
+    assert child.returncode == 83, err[-3000:]
+
+
 STOPS = ("import signal, sys, time\n"
          "def stop(*_):\n"
          "    print('checkpoint saved', flush=True)\n"

@@ -477,6 +477,7 @@ class Supervisor:
         self.node_rank = node_rank
         self.child: subprocess.Popen | None = None
         self.stopping = False  # Kubernetes asked the pod to stop: no launch after this one
+        self.stop_signal = signal.SIGTERM  # the signal it asked with
         self.pending: list[int] = []  # stop signals that came while no launcher ran
         # Where the launcher's hook says why it failed (error_files.py), the container's memory
         # counters when the launch began, and the root cause of the last failed launch.
@@ -487,7 +488,7 @@ class Supervisor:
 
     def signal(self, received: int) -> None:
         if received in STOP_SIGNALS:
-            self.stopping = True
+            self.stopping, self.stop_signal = True, received
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(received)
         elif received in STOP_SIGNALS:
@@ -578,7 +579,9 @@ class Supervisor:
                 attempt = self.attempts.read() or attempt + 1  # type: ignore[union-attr]
                 say(f"restarting in place as attempt {attempt}")
                 continue
-            if code == 0 or self.stopping or self.attempts is None:
+            if self.stopping:
+                return stop_leftovers(self.stop_signal, code)
+            if code == 0 or self.attempts is None:
                 return code
             say(f"attempt {attempt} ended with exit code {code}; waiting for the operator")
             newer = self.hold(attempt, code)
@@ -632,6 +635,27 @@ def stop_orphans() -> None:
                 return
         except ChildProcessError:
             return
+
+
+def stop_leftovers(signal_number: int, code: int) -> int:
+    """The pod is being stopped and its launcher has ended: the processes it left behind get the
+    stop signal too, and are waited for; the last one's exit code is the pod's. accelerate's
+    simple launcher (one process on one machine) passes no signal on and dies of SIGTERM at once,
+    leaving the script, which would die with this process (PID 1) before it could save. The
+    kubelet's SIGKILL at the end of the pod's grace period bounds the wait."""
+    if os.getpid() != 1:
+        return code
+    leftovers = _children().get(1, [])
+    for pid in leftovers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal_number)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return code
+        if pid in leftovers:
+            code = exit_code(os.waitstatus_to_exitcode(status))
 
 
 def _parent_pid(pid: int) -> int | None:
