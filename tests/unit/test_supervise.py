@@ -27,6 +27,7 @@ from accelerate_trainer.supervise import (
     Reports,
     Snapshot,
     Supervisor,
+    _children,
     encode,
 )
 
@@ -149,20 +150,6 @@ SAVES_ON_SIGTERM = ("import pathlib, signal, sys, time\n"
                     "time.sleep(60)\n")
 
 
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is `pid`, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_bytes()
-            except OSError:
-                continue
-            if int(stat.rsplit(b")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 def test_a_one_process_launch_stopped_in_a_pod_saves_and_says_so(tmp_path):
     """accelerate's simple launcher (one process on one machine) passes no signal on and dies of
     SIGTERM at once, leaving the script behind. The supervisor, the container's first process
@@ -180,7 +167,7 @@ def test_a_one_process_launch_stopped_in_a_pod_saves_and_says_so(tmp_path):
         text=True)
     try:
         assert child.stdout.readline() == "ready\n"
-        (supervisor,) = children_of(child.pid)  # unshare's child: PID 1 inside
+        (supervisor,) = _children()[child.pid]  # unshare's child: PID 1 inside
         os.kill(supervisor, signal.SIGTERM)
         _, err = child.communicate(timeout=60)
     finally:
