@@ -258,7 +258,8 @@ def bind(node: str, *indexes: int) -> Action:
 
 def node_lost(node: str, seconds_ago: int) -> Action:
     """The node controller stopped hearing from the node's kubelet `seconds_ago`: the node's
-    Ready goes Unknown, and every pod on it goes not Ready (MarkPodsNotReady)."""
+    Ready goes Unknown, and every pod on it goes not Ready (MarkPodsNotReady). The operator may
+    restart the group (deleting its pods) between the node's write and a pod's."""
     def act(cluster: Cluster, job: str) -> None:
         since = datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)
         node_ready(cluster, node, "Unknown", since.strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -267,9 +268,13 @@ def node_lost(node: str, seconds_ago: int) -> Action:
                 continue
             conditions = [{**c, "status": "False"} if c["type"] == "Ready" else c
                           for c in pod["status"].get("conditions") or []]
-            cluster.core.patch_namespaced_pod_status(pod["metadata"]["name"], cluster.namespace,
-                                                     {"status": {"conditions": conditions}},
-                                                     _content_type=MERGE)
+            try:
+                cluster.core.patch_namespaced_pod_status(
+                    pod["metadata"]["name"], cluster.namespace,
+                    {"status": {"conditions": conditions}}, _content_type=MERGE)
+            except ApiException as error:
+                if error.status != 404:  # the operator, seeing the node lost, deleted it first
+                    raise
     return act
 
 
