@@ -224,33 +224,51 @@ def check_against_accelerate_schema(config: Mapping[str, Any],
     # Older `accelerate config` files still load: accelerate converts these two on read.
     known = set(schema.config_keys) | LEGACY_KEYS
     unknown = sorted(set(config) - known)
+    _check_obsolete_keys(unknown, schema.version)
+    _check_unknown_keys(unknown, known, schema.version)
+    check_block_keys(config, schema.launch_args, schema.version)
+    _check_distributed_type_name(config, list(schema.distributed_types))
+    _check_mixed_precision_name(config, list(schema.precisions))
+
+
+def _check_obsolete_keys(unknown: list[str], version: str) -> None:
+    """A key an older accelerate wrote gets its own message: what deleting it changes."""
     obsolete = [key for key in unknown if key in OBSOLETE_KEYS]
     if obsolete:
         key = obsolete[0]
         written_by, deletable = OBSOLETE_KEYS[key]
         raise ConfigError(
             f"accelerate config key {key} was written by {written_by}; this image has accelerate "
-            f"{schema.version}, which no longer knows it and would refuse the file: "
+            f"{version}, which no longer knows it and would refuse the file: "
             f"{deletable}"
         )
+
+
+def _check_unknown_keys(unknown: list[str], known: set[str], version: str) -> None:
+    """accelerate refuses a file with a key it does not know; the closest known one is named."""
     if unknown:
         hints = [f"{key} (did you mean {close[0]}?)" if close else key
                  for key in unknown
                  for close in [difflib.get_close_matches(key, known, n=1)]]
         raise ConfigError(
             f"unknown accelerate config key(s) {', '.join(hints)}: this image has accelerate "
-            f"{schema.version}, which does not know them (a newer or older accelerate may "
+            f"{version}, which does not know them (a newer or older accelerate may "
             f"have written them; delete or rename them). It accepts: {', '.join(sorted(known))}"
         )
-    check_block_keys(config, schema.launch_args, schema.version)
+
+
+def _check_distributed_type_name(config: Mapping[str, Any], valid_types: list[str]) -> None:
+    """accelerate refuses a distributed_type its DistributedType enum lacks."""
     dtype = distributed_type(config)
-    valid_types = list(schema.distributed_types)
     if dtype not in valid_types:
         raise ConfigError(
             f"distributed_type {dtype!r} is not one of {', '.join(valid_types)}"
         )
+
+
+def _check_mixed_precision_name(config: Mapping[str, Any], valid_precisions: list[str]) -> None:
+    """accelerate refuses a mixed_precision it does not know, and crashes on a boolean one."""
     raw_precision = config.get("mixed_precision")
-    valid_precisions = list(schema.precisions)
     if isinstance(raw_precision, bool):
         # YAML 1.1 reads a bare `no` as false; accelerate then crashes on `False.lower()`.
         raise ConfigError(
@@ -263,5 +281,3 @@ def check_against_accelerate_schema(config: Mapping[str, Any],
             f"mixed_precision {config.get('mixed_precision')!r} is not one of "
             f"{', '.join(valid_precisions)}"
         )
-
-

@@ -58,6 +58,17 @@ def check_deepspeed(
     if not block.get(FILE_KEY):
         _check_yaml_block(block)
         return
+    _check_yaml_beside_file(config, block, source)
+    if ds_json is None:
+        return  # the file lives where only the pod can read it: the trainer checks it there
+    _check_precision(ds_json, source)
+    _check_zero_optimization(ds_json, source)
+    _check_batch_sizes(ds_json, world_size, source)
+
+
+def _check_yaml_beside_file(config: Mapping[str, Any], block: Mapping[str, Any],
+                            source: str) -> None:
+    """With deepspeed_config_file, accelerate refuses in every rank what the JSON must say."""
     owned = [key for key in KEYS_THE_JSON_OWNS if key in block]
     if owned:
         raise ConfigError(
@@ -71,9 +82,10 @@ def check_deepspeed(
             f"beside deepspeed_config_file ({source}); accelerate refuses it in every rank: say "
             "it in the JSON (fp16/bf16 \"enabled\") and delete mixed_precision from the YAML"
         )
-    if ds_json is None:
-        return  # the file lives where only the pod can read it: the trainer checks it there
-    _check_precision(ds_json, source)
+
+
+def _check_zero_optimization(ds_json: Mapping[str, Any], source: str) -> None:
+    """accelerate requires a zero_optimization section, with a ZeRO stage its offloads allow."""
     zero = ds_json.get("zero_optimization")
     if not isinstance(zero, Mapping):
         raise ConfigError(
@@ -93,7 +105,6 @@ def check_deepspeed(
             raise ConfigError(f"{source}: zero_optimization.{part} must be an object")
         _check_offload(f"{source}: zero_optimization.{part}.device", offload.get("device", "none"),
                        offload.get("nvme_path"), part == "offload_param", stage)
-    _check_batch_sizes(ds_json, world_size, source)
 
 
 def _check_yaml_block(block: Mapping[str, Any]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,17 +88,42 @@ def check_ignored_values(config: Mapping[str, Any], *, gpus_per_pod: int | None,
     training; returns the warnings for values whose loss is harmless. `gpus_per_pod` is the
     trainer container's GPU limit in the operator, the GPUs torch sees in the trainer; None when
     unknown."""
-    dtype, precision, cpu = _dtype(config), _precision(config), _is_cpu(config)
+    _refuse_lost_values(config, gpus_per_pod=gpus_per_pod, nproc_per_node=nproc_per_node)
+    found = (warning(config) for warning in IGNORED_VALUE_WARNINGS)
+    return [text for text in found if text is not None]
+
+
+def _refuse_lost_values(config: Mapping[str, Any], *, gpus_per_pod: int | None,
+                        nproc_per_node: int) -> None:
+    """A backend block its type never reads, a precision a CPU job cannot train in, gpu_ids the
+    pod cannot honour: their loss would change the training, so they are refused first."""
+    _refuse_unread_blocks(config)
+    _refuse_cpu_precision(config)
+    ids = gpu_ids_of(config)
+    if ids is None or _is_cpu(config) or gpus_per_pod is None or _dtype(config) == "NO":
+        return
+    _check_gpu_ids(config, ids, gpus_per_pod, nproc_per_node)
+
+
+def _refuse_unread_blocks(config: Mapping[str, Any]) -> None:
+    """A backend block under another distributed_type: none of its settings would apply."""
+    dtype = _dtype(config)
     for block, owner in BACKEND_BLOCKS.items():
         value = config.get(block)
         if value and dtype != owner:
             raise ConfigError(
                 f"{block} is set ({_short(value)}) but distributed_type is {dtype}: accelerate "
                 f"reads {block} only when distributed_type is {owner}, so it would train "
-                f"{_what(dtype, cpu)} and none of these settings would apply. Set "
+                f"{_what(dtype, _is_cpu(config))} and none of these settings would apply. Set "
                 f"distributed_type: {owner} to use them, or delete the {block} block"
             )
-    if cpu and precision == "fp16":
+
+
+def _refuse_cpu_precision(config: Mapping[str, Any]) -> None:
+    """fp16 and fp8 on a CPU job: accelerate would train every step in fp32 instead."""
+    if not _is_cpu(config):
+        return
+    if _precision(config) == "fp16":
         raise ConfigError(
             "mixed_precision: fp16 on a CPU job (use_cpu: true or MULTI_CPU): accelerate turns "
             "fp16 autocast on only on accelerators (Accelerator.__init__ leaves native_amp off "
@@ -106,72 +131,123 @@ def check_ignored_values(config: Mapping[str, Any], *, gpus_per_pod: int | None,
             "which CPU autocast supports, or mixed_precision: 'no'; or request nvidia.com/gpu "
             "and drop use_cpu / MULTI_CPU"
         )
-    if cpu and precision == "fp8":
+    if _precision(config) == "fp8":
         raise ConfigError(
             "mixed_precision fp8 needs GPUs with FP8 support (Hopper or newer, with "
             "TransformerEngine, MS-AMP or torchao) but this is a CPU job (use_cpu: true or "
             "MULTI_CPU); use bf16 or request nvidia.com/gpu"
         )
-    warnings: list[str] = []
-    ids = gpu_ids_of(config)
-    if ids is not None and cpu:
-        warnings.append(
-            f"gpu_ids {config.get('gpu_ids')!r} is ignored: this is a CPU job (use_cpu: true or "
-            "MULTI_CPU), which uses no GPU; the operator leaves it out of the rendered config "
-            "(accelerate would set CUDA_VISIBLE_DEVICES from it, and on one machine refuse fewer "
-            "than two ids). Delete gpu_ids to silence this"
-        )
-    elif ids is not None and gpus_per_pod is not None and dtype != "NO":
-        _check_gpu_ids(config, ids, gpus_per_pod, nproc_per_node)
-    downcast = config.get("downcast_bf16")
-    if _truthy(downcast) and dtype != "XLA":
-        warnings.append(
-            f"downcast_bf16 {downcast!r} is ignored: accelerate reads it only on TPUs "
-            f"(AcceleratorState sets XLA_DOWNCAST_BF16 under XLA); with {dtype} bf16 runs as "
-            "mixed_precision says. Set downcast_bf16: 'no' to silence this"
-        )
-    if config.get("fp8_config") and precision != "fp8":
-        warnings.append(
-            f"fp8_config is ignored: mixed_precision is {precision!r}, and accelerate reads "
-            "fp8_config only with mixed_precision fp8 (prepare_multi_gpu_env calls "
-            "setup_fp8_env only then). Delete fp8_config, or set mixed_precision: fp8"
-        )
-    if _truthy(config.get("enable_cpu_affinity")) and cpu:
-        warnings.append(
-            "enable_cpu_affinity is ignored on a CPU job: accelerate pins each process to the "
-            "NUMA node of its GPU (override_numa_affinity acts only when CUDA is available). "
-            "Set it to false to silence this"
-        )
-    if config.get("mpirun_config"):
-        warnings.append(
-            f"mpirun_config ({_short(config['mpirun_config'])}) is ignored: the pods launch "
-            "every process through torchrun over gloo, not mpirun, with the same ranks. Delete "
-            "mpirun_config to silence this"
-        )
-    if dtype != "XLA":
-        tpu = [key for key, unused in TPU_KEYS.items()
-               if key in config and config[key] not in (unused, None, [], "", False)]
-        if tpu:
-            warnings.append(
-                f"{', '.join(tpu)} {'is' if len(tpu) == 1 else 'are'} ignored: only accelerate's "
-                f"TPU launchers read {'it' if len(tpu) == 1 else 'them'} (distributed_type XLA "
-                f"with tpu_use_cluster), and this job is {dtype}. Delete "
-                f"{'it' if len(tpu) == 1 else 'them'} to silence this"
-            )
+
+
+def _gpu_ids_on_cpu(config: Mapping[str, Any]) -> str | None:
+    """A CPU job uses no GPU, so the render leaves gpu_ids out."""
+    if gpu_ids_of(config) is None or not _is_cpu(config):
+        return None
+    return (
+        f"gpu_ids {config.get('gpu_ids')!r} is ignored: this is a CPU job (use_cpu: true or "
+        "MULTI_CPU), which uses no GPU; the operator leaves it out of the rendered config "
+        "(accelerate would set CUDA_VISIBLE_DEVICES from it, and on one machine refuse fewer "
+        "than two ids). Delete gpu_ids to silence this"
+    )
+
+
+def _downcast_bf16_off_tpu(config: Mapping[str, Any]) -> str | None:
+    """downcast_bf16 acts only on TPUs; elsewhere bf16 runs as mixed_precision says."""
+    downcast, dtype = config.get("downcast_bf16"), _dtype(config)
+    if not _truthy(downcast) or dtype == "XLA":
+        return None
+    return (
+        f"downcast_bf16 {downcast!r} is ignored: accelerate reads it only on TPUs "
+        f"(AcceleratorState sets XLA_DOWNCAST_BF16 under XLA); with {dtype} bf16 runs as "
+        "mixed_precision says. Set downcast_bf16: 'no' to silence this"
+    )
+
+
+def _fp8_config_without_fp8(config: Mapping[str, Any]) -> str | None:
+    """fp8_config is read only with mixed_precision fp8."""
+    precision = _precision(config)
+    if not config.get("fp8_config") or precision == "fp8":
+        return None
+    return (
+        f"fp8_config is ignored: mixed_precision is {precision!r}, and accelerate reads "
+        "fp8_config only with mixed_precision fp8 (prepare_multi_gpu_env calls "
+        "setup_fp8_env only then). Delete fp8_config, or set mixed_precision: fp8"
+    )
+
+
+def _cpu_affinity_on_cpu(config: Mapping[str, Any]) -> str | None:
+    """CPU affinity follows the GPUs' NUMA nodes, so a CPU job has none to follow."""
+    if not _truthy(config.get("enable_cpu_affinity")) or not _is_cpu(config):
+        return None
+    return (
+        "enable_cpu_affinity is ignored on a CPU job: accelerate pins each process to the "
+        "NUMA node of its GPU (override_numa_affinity acts only when CUDA is available). "
+        "Set it to false to silence this"
+    )
+
+
+def _mpirun_config_unused(config: Mapping[str, Any]) -> str | None:
+    """The pods launch through torchrun, so mpirun's settings never apply."""
+    if not config.get("mpirun_config"):
+        return None
+    return (
+        f"mpirun_config ({_short(config['mpirun_config'])}) is ignored: the pods launch "
+        "every process through torchrun over gloo, not mpirun, with the same ranks. Delete "
+        "mpirun_config to silence this"
+    )
+
+
+def _tpu_keys_off_tpu(config: Mapping[str, Any]) -> str | None:
+    """Only accelerate's TPU launchers read the TPU keys; an unused default says nothing."""
+    dtype = _dtype(config)
+    if dtype == "XLA":
+        return None
+    tpu = [key for key, unused in TPU_KEYS.items()
+           if key in config and config[key] not in (unused, None, [], "", False)]
+    if not tpu:
+        return None
+    return (
+        f"{', '.join(tpu)} {'is' if len(tpu) == 1 else 'are'} ignored: only accelerate's "
+        f"TPU launchers read {'it' if len(tpu) == 1 else 'them'} (distributed_type XLA "
+        f"with tpu_use_cluster), and this job is {dtype}. Delete "
+        f"{'it' if len(tpu) == 1 else 'them'} to silence this"
+    )
+
+
+def _main_training_function_unused(config: Mapping[str, Any]) -> str | None:
+    """`accelerate launch` runs the script as a program, never a function by name."""
     function = config.get("main_training_function")
-    if function not in (None, "main"):
-        warnings.append(
-            f"main_training_function {function!r} is ignored: `accelerate launch` runs the "
-            "script as a program (only the TPU pod launcher calls a function by name). Delete "
-            "it to silence this"
-        )
-    if config.get("main_process_ip") not in (None, ""):
-        warnings.append(
-            f"main_process_ip {config['main_process_ip']!r} is replaced: every pod reaches "
-            "machine 0 through the job's headless Service (<job>-0.<job>), passed as "
-            "--main_process_ip. Delete it to silence this"
-        )
-    return warnings
+    if function in (None, "main"):
+        return None
+    return (
+        f"main_training_function {function!r} is ignored: `accelerate launch` runs the "
+        "script as a program (only the TPU pod launcher calls a function by name). Delete "
+        "it to silence this"
+    )
+
+
+def _main_process_ip_replaced(config: Mapping[str, Any]) -> str | None:
+    """Machine 0's address is the job's headless Service, whatever the config says."""
+    if config.get("main_process_ip") in (None, ""):
+        return None
+    return (
+        f"main_process_ip {config['main_process_ip']!r} is replaced: every pod reaches "
+        "machine 0 through the job's headless Service (<job>-0.<job>), passed as "
+        "--main_process_ip. Delete it to silence this"
+    )
+
+
+# The harmless losses, in the order their warnings are listed.
+IGNORED_VALUE_WARNINGS: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
+    _gpu_ids_on_cpu,
+    _downcast_bf16_off_tpu,
+    _fp8_config_without_fp8,
+    _cpu_affinity_on_cpu,
+    _mpirun_config_unused,
+    _tpu_keys_off_tpu,
+    _main_training_function_unused,
+    _main_process_ip_replaced,
+)
 
 
 def _check_gpu_ids(config: Mapping[str, Any], ids: list[str], gpus: int,
