@@ -239,18 +239,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     versions = read_versions()
     log_versions(versions, "image")
     try:
-        topology = parse_topology(environ)
-        config = read_config(topology)
-        deepspeed_json, deepspeed_source = read_deepspeed_json(config, topology.config_file)
-        # Importing torch only to count GPUs costs seconds on every CPU job's start.
-        gpus = None if is_cpu_job(config) else count_visible_gpus()
-        validate(topology, config, visible_gpus=gpus, deepspeed_json=deepspeed_json,
-                 deepspeed_source=deepspeed_source,
-                 deepspeed_on_cpu=deepspeed_cpu.deepspeed_on_cpu_requested(environ))
-        # Values accelerate would drop on this pod's real hardware: refused, or said here.
-        for warning in check_in_pod(config, nproc_per_node=topology.nproc_per_node,
-                                    hardware=probe_hardware(config, gpus=gpus)):
-            log.warning("WARNING: accelerate config: %s", warning)
+        topology, config, deepspeed_json = checked_config(environ)
         timeout = rendezvous_timeout(environ)
     except (TopologyError, ConfigError) as error:
         return fail(f"invalid configuration: {error}", CONFIG_ERROR_EXIT_CODE)
@@ -260,7 +249,34 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return fail(f"shipped code: {error}", CONFIG_ERROR_EXIT_CODE)
     except RequirementsError as error:
         return fail(f"requirements: {error}", REQUIREMENTS_EXIT_CODE)
+    return resume_and_launch(topology, config, script, environ, deepspeed_json=deepspeed_json,
+                             launch_env=launch_env, timeout=timeout)
 
+
+def checked_config(environ: Mapping[str, str]) -> tuple[Topology, dict, dict | None]:
+    """The topology, the accelerate config and its DeepSpeed JSON, checked before anything is
+    unpacked or installed, so a mistake fails the pod at once. Raises TopologyError or
+    ConfigError."""
+    topology = parse_topology(environ)
+    config = read_config(topology)
+    deepspeed_json, deepspeed_source = read_deepspeed_json(config, topology.config_file)
+    # Importing torch only to count GPUs costs seconds on every CPU job's start.
+    gpus = None if is_cpu_job(config) else count_visible_gpus()
+    validate(topology, config, visible_gpus=gpus, deepspeed_json=deepspeed_json,
+             deepspeed_source=deepspeed_source,
+             deepspeed_on_cpu=deepspeed_cpu.deepspeed_on_cpu_requested(environ))
+    # Values accelerate would drop on this pod's real hardware: refused, or said here.
+    for warning in check_in_pod(config, nproc_per_node=topology.nproc_per_node,
+                                hardware=probe_hardware(config, gpus=gpus)):
+        log.warning("WARNING: accelerate config: %s", warning)
+    return topology, config, deepspeed_json
+
+
+def resume_and_launch(topology: Topology, config: Mapping, script: Sequence[str],
+                      environ: Mapping[str, str], *, deepspeed_json: Mapping | None,
+                      launch_env: Mapping[str, str], timeout: int) -> int:
+    """Find the checkpoint to resume from, wait for the master, then exec the launcher; the
+    exit code where any of it fails (the launcher's own replaces this process)."""
     try:
         resume_from, universal_json = resume_point(topology, config, environ, deepspeed_json)
     except ConfigError as error:

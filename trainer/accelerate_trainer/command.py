@@ -46,11 +46,28 @@ def build_launch_plan(
     returned and its atexit work is done: `PYTHON -m accelerate_trainer.fast_exit -m
     accelerate.commands.accelerate_cli launch ... --module accelerate_trainer.fast_exit SCRIPT`.
     """
-    launcher = ["accelerate"]
-    if fast_exit_python:
-        launcher = [fast_exit_python, "-m", FAST_EXIT_MODULE, "-m", ACCELERATE_CLI_MODULE]
+    resize_argv, resize_env = _resize_flags(topology, config, deepspeed_config_file)
     argv = [
-        *launcher, "launch",
+        *_launcher(fast_exit_python), "launch",
+        *_topology_flags(topology, rendezvous_timeout),
+        *_config_flags(topology, config),
+        *resize_argv,
+        *_script_argv(script, fast_exit_python),
+    ]
+    return LaunchPlan(argv=tuple(argv),
+                      env=_launch_env(topology, config, resize_env, resume_from))
+
+
+def _launcher(fast_exit_python: str | None) -> list[str]:
+    """The `accelerate` console script, or the same CLI run under fast_exit."""
+    if fast_exit_python:
+        return [fast_exit_python, "-m", FAST_EXIT_MODULE, "-m", ACCELERATE_CLI_MODULE]
+    return ["accelerate"]
+
+
+def _topology_flags(topology: Topology, rendezvous_timeout: int) -> list[str]:
+    """Where this node stands in the group: accelerate reads none of it from the env."""
+    return [
         "--config_file", topology.config_file,
         "--num_machines", str(topology.num_nodes),
         "--num_processes", str(topology.world_size),
@@ -61,13 +78,15 @@ def build_launch_plan(
         # (`timeout`: the static store's wait; `join_timeout`: c10d's).
         "--rdzv_conf", f"timeout={rendezvous_timeout},join_timeout={rendezvous_timeout}",
     ]
-    env: dict[str, str] = {}
-    if is_cpu_job(config):
+
+
+def _config_flags(topology: Topology, config: Mapping[str, Any]) -> list[str]:
+    """The YAML's values that only take effect on the command line."""
+    argv: list[str] = []
+    if is_cpu_job(config) and topology.world_size > 1:
         # MULTI_CPU (or --cpu) goes to accelerate's simple launcher: one process, no mpirun. The
         # torchrun path with ACCELERATE_USE_CPU=1 gives real gloo ranks on CPU.
-        env["ACCELERATE_USE_CPU"] = "1"
-        if topology.world_size > 1:
-            argv.append("--multi_gpu")
+        argv.append("--multi_gpu")
     # accelerate ignores these two in the YAML (their CLI defaults are not None): pass them here.
     if config.get("rdzv_backend"):
         argv += ["--rdzv_backend", str(config["rdzv_backend"])]
@@ -75,21 +94,32 @@ def build_launch_plan(
         argv.append("--same_network")
     if distributed_type(config) == "DEEPSPEED" and topology.num_nodes > 1:
         argv += ["--deepspeed_multinode_launcher", "standard"]
-    flags, elastic_env = _resize_flags(topology, config, deepspeed_config_file)
-    argv += flags
-    env.update(elastic_env)
+    return argv
+
+
+def _script_argv(script: Sequence[str], fast_exit_python: str | None) -> list[str]:
+    """What each rank runs: the script (or `-m MODULE`), under fast_exit where asked."""
+    if fast_exit_python:
+        # The rank runs `python -m accelerate_trainer.fast_exit SCRIPT` (or `... -m MODULE`).
+        return ["--module", FAST_EXIT_MODULE, *script]
+    if script and script[0] == "-m":
+        return ["--module", *script[1:]]
+    return list(script)
+
+
+def _launch_env(topology: Topology, config: Mapping[str, Any], resize_env: Mapping[str, str],
+                resume_from: str | None) -> dict[str, str]:
+    """The variables every rank reads that accelerate does not set from the command line."""
+    env: dict[str, str] = {}
+    if is_cpu_job(config):
+        # With --multi_gpu (_config_flags), torchrun's ranks train on CPU over gloo.
+        env["ACCELERATE_USE_CPU"] = "1"
+    env.update(resize_env)
     # Each rank can check that accelerate set up what was launched (deepspeed_cpu.py).
     env.update(build_expectation_env(distributed_type(config), topology.world_size))
     if resume_from:
         env["ACCELERATE_RESUME_FROM"] = resume_from
-    if fast_exit_python:
-        # The rank runs `python -m accelerate_trainer.fast_exit SCRIPT` (or `... -m MODULE`).
-        argv += ["--module", FAST_EXIT_MODULE]
-    elif script and script[0] == "-m":
-        argv.append("--module")
-        script = script[1:]
-    argv += list(script)
-    return LaunchPlan(argv=tuple(argv), env=env)
+    return env
 
 
 def _resize_flags(topology: Topology, config: Mapping[str, Any],
