@@ -159,3 +159,22 @@ def test_a_rank_that_trained_alone_without_checking_fails_at_its_end(tmp_path, e
     assert result.returncode == code, result.stderr[-2000:]
     assert "TRAINED" in result.stdout
     assert ("checked after the script returned" in result.stderr) == bool(expect)
+
+
+def test_a_failed_universal_conversion_fails_the_pod_naming_the_checkpoint(
+        tmp_path, monkeypatch, termination_log, no_exec):
+    """A DeepSpeed job resumed at another size has pod 0 convert the checkpoint first: when
+    DeepSpeed's converter fails, the pod ends with 1 and its last word names the checkpoint."""
+    checkpoint = tmp_path / "checkpoint_3"
+    monkeypatch.setattr(trainer_main, "find_resume_checkpoint", lambda directory: checkpoint)
+
+    def converter_fails(*args, **kwargs):
+        raise subprocess.CalledProcessError(2, ["ds_to_universal.py"])
+
+    monkeypatch.setattr(trainer_main, "prepare_universal_resume", converter_fails)
+    env = job_env(**{ENV_DEEPSPEED_ON_CPU: "1", "ACCELERATE_CHECKPOINT_DIR": str(tmp_path)})
+    assert trainer_main.main(["train.py"], env) == 1
+    assert termination_log.read_text() == (
+        f"DeepSpeed's converter could not make {checkpoint} a universal checkpoint (exit 2; "
+        "its output is above)")
+    assert no_exec == []

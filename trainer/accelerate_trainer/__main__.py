@@ -204,6 +204,10 @@ def log_launch(topology: Topology, plan: LaunchPlan) -> None:
     )
 
 
+class ConversionFailed(Exception):
+    """DeepSpeed's converter failed on the checkpoint to resume from: the pod fails, naming it."""
+
+
 def deepspeed_resume(topology: Topology, config: Mapping, resume_from: Path | None,
                      deepspeed_json: Mapping | None, checkpoint_dir: str | None) -> str | None:
     """The DeepSpeed JSON to launch with when the checkpoint was written by another number of
@@ -212,9 +216,14 @@ def deepspeed_resume(topology: Topology, config: Mapping, resume_from: Path | No
     if resume_from is None or distributed_type(config) != "DEEPSPEED":
         return None
     started = time.monotonic()
-    path = prepare_universal_resume(resume_from, dp_size=topology.world_size,
-                                    node_rank=topology.node_rank, ds_json=deepspeed_json,
-                                    workdir=checkpoint_dir or resume_from.parent)
+    try:
+        path = prepare_universal_resume(resume_from, dp_size=topology.world_size,
+                                        node_rank=topology.node_rank, ds_json=deepspeed_json,
+                                        workdir=checkpoint_dir or resume_from.parent)
+    except subprocess.CalledProcessError as error:
+        raise ConversionFailed(
+            f"DeepSpeed's converter could not make {resume_from} a universal checkpoint "
+            f"(exit {error.returncode}; its output is above)") from error
     if path is not None:
         log.info("%s loads as a DeepSpeed universal checkpoint at world size %d (%s, %.1fs)",
                  resume_from, topology.world_size, path, time.monotonic() - started)
@@ -281,9 +290,8 @@ def resume_and_launch(topology: Topology, config: Mapping, script: Sequence[str]
         resume_from, universal_json = resume_point(topology, config, environ, deepspeed_json)
     except ConfigError as error:
         return fail(f"invalid configuration: {error}", CONFIG_ERROR_EXIT_CODE)
-    except subprocess.CalledProcessError as error:
-        return fail(f"DeepSpeed's converter could not make {resume_from} a universal checkpoint "
-                    f"(exit {error.returncode}; its output is above)", 1)
+    except ConversionFailed as error:
+        return fail(str(error), 1)
 
     try:
         wait_for_master(topology, timeout=timeout)
