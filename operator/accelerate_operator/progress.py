@@ -1,5 +1,5 @@
 """Turn pod 0's report to the operator's endpoint (report_server.py: the object
-accelerate_trainer.supervise sends from rank 0's `ACCELERATE_PROGRESS {json}` lines, or a
+accelerate_trainer.report_push sends from rank 0's `ACCELERATE_PROGRESS {json}` lines, or a
 KEP-2779 trainerStatus made into one) into the job's status.progress, and the library versions
 the report carries (the trainer read them at its start) into status.trainer. No pod log is read
 while a job runs: the report is the one channel from the trainer.

@@ -1,5 +1,5 @@
 """What of a pod's output reaches the operator: pod 0's supervisor picks the progress out of the
-output into the report it pushes (accelerate_trainer.supervise), the operator parses the report
+output into the report it pushes (accelerate_trainer.report_push), the operator parses the report
 back (accelerate_operator.progress). Both real, no cluster."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from accelerate_operator.progress import parse_report
-from accelerate_trainer.supervise import Reports, encode
+from accelerate_trainer.report_push import Reports, encode
 
 
 def pushed(output: str, when: float = 1_767_323_045.0) -> str:

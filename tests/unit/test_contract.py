@@ -13,7 +13,7 @@ from accelerate_operator.resources.configmap import build_configmap
 from accelerate_operator.resources.pods import build_pod
 from accelerate_trainer import contract
 from accelerate_trainer.progress import ProgressReporter
-from accelerate_trainer.supervise import Reports, encode
+from accelerate_trainer.report_push import Reports, encode
 from accelerate_trainer.topology import parse_topology
 
 from tests.helpers.jobs import JobBuilder, pod

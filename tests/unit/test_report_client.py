@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from accelerate_trainer import supervise
+from accelerate_trainer import report_push
 from accelerate_trainer.contract import ENV_REPORT_URL, REPORT_BODY_KEY
 from accelerate_trainer.report_client import (
     RETRY_AFTER_MAX,
@@ -23,7 +23,7 @@ from accelerate_trainer.report_client import (
     ReportClient,
     parse_retry_after,
 )
-from accelerate_trainer.supervise import Pusher, Reports, Snapshot, encode
+from accelerate_trainer.report_push import Pusher, Reports, Snapshot, encode
 
 from tests.helpers.report_endpoint import DROP, PATH, ReportEndpoint
 
@@ -116,10 +116,10 @@ def test_the_env_names_the_endpoint_and_a_bad_url_is_said(tmp_path, pki):
 @pytest.fixture
 def fast(monkeypatch):
     """Progress may go at every push, and a backoff is short: the answers decide."""
-    monkeypatch.setattr(supervise, "PUSH_SECONDS", 0.0)
-    monkeypatch.setattr(supervise, "QUIET_SECONDS", 0.0)
-    monkeypatch.setattr(supervise, "BACKOFF_SECONDS", 0.05)
-    monkeypatch.setattr(supervise, "BACKOFF_MAX_SECONDS", 0.2)
+    monkeypatch.setattr(report_push, "PUSH_SECONDS", 0.0)
+    monkeypatch.setattr(report_push, "QUIET_SECONDS", 0.0)
+    monkeypatch.setattr(report_push, "BACKOFF_SECONDS", 0.05)
+    monkeypatch.setattr(report_push, "BACKOFF_MAX_SECONDS", 0.2)
 
 
 def pusher_for(server: ReportEndpoint, tmp_path: Path, ca: Path, progress: bool = True):

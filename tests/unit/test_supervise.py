@@ -18,18 +18,17 @@ from pathlib import Path
 import pytest
 from accelerate_operator.progress import parse_report
 from accelerate_trainer.contract import MAX_BODY_BYTES
-from accelerate_trainer.supervise import (
+from accelerate_trainer.processes import _children
+from accelerate_trainer.report_push import (
     HEARTBEAT_SECONDS,
     MAX_REPORT_BYTES,
     PUSH_SECONDS,
     QUIET_SECONDS,
-    Launch,
     Reports,
     Snapshot,
-    Supervisor,
-    _children,
     encode,
 )
+from accelerate_trainer.supervise import Launch, Supervisor
 
 from tests.helpers.report_endpoint import PATH, ReportEndpoint
 

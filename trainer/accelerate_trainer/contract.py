@@ -87,7 +87,7 @@ def format_progress_line(report: Mapping[str, Any]) -> str:
     return f"{PROGRESS_PREFIX} {json.dumps({k: v for k, v in report.items() if v is not None})}\n"
 
 
-# ---- the report: what a pod POSTs to the operator's endpoint (accelerate_trainer.supervise) ----
+# ---- the report: what a pod POSTs to the operator's endpoint (accelerate_trainer.report_push) ----
 # One JSON object (REPORT_BODY_KEY's value, below):
 #   {"progress": {<the newest ACCELERATE_PROGRESS object>}, "lastOutputTime": "<RFC 3339 UTC>",
 #    "progressTime": "<RFC 3339 UTC>", "versions": {"accelerate": "1.15.0", ...},
@@ -132,7 +132,7 @@ def printable_text(value: str, limit: int, keep_end: bool = False) -> str:
     return mark + text[-(limit - len(mark)):] if keep_end else text[:limit - len(mark)] + mark
 
 
-# The trainer's own budget for one report (supervise.encode cuts its metrics to fit); the
+# The trainer's own budget for one report (report_push.encode cuts its metrics to fit); the
 # endpoint does not check it: its caps above and MAX_BODY_BYTES are what holds.
 MAX_REPORT_BYTES = 4096
 # ---- in-place restarts: the attempt a pod's processes run, set by the operator ----

@@ -1,9 +1,10 @@
 """Report training progress to the operator through rank 0's stdout: no API access, no files.
 
 Global rank 0 prints one line `ACCELERATE_PROGRESS {json}` with step, total_steps, epoch, loss,
-samples_per_second and eta_seconds; pod 0's supervisor (supervise.py) picks the newest out of the
-output and pushes it onto the pod, and the operator writes it into the job's status.progress
-(`kubectl get ajob` shows PROGRESS and ETA). The script itself never talks to the API server.
+samples_per_second and eta_seconds; pod 0's supervisor (supervise.py, report_push.py) picks the
+newest out of the output and pushes it onto the pod, and the operator writes it into the job's
+status.progress (`kubectl get ajob` shows PROGRESS and ETA). The script itself never talks to the
+API server.
 
 Two ways to report, both no-ops on every rank but global rank 0 (env RANK, set by the launcher):
 

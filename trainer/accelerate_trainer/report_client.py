@@ -8,7 +8,7 @@ CA file's identity checked before each: the kubelet rotates the token (at 80 % o
 REPORT_TOKEN_SECONDS) and the operator rotates its CA, each by swapping the projected volume's
 files; a POST goes at most every few seconds, so a small read each time costs nothing and is
 never stale. What to do with an answer (retry, wait, give up on that report) is the caller's:
-supervise.Pusher.
+report_push.Pusher.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class ReportClient:
         return cls(url, directory)
 
     def post_report(self, report: str) -> Answer:
-        """Our extension's body around one report (supervise.encode's JSON object)."""
+        """Our extension's body around one report (report_push.encode's JSON object)."""
         return self.post(("{" + json.dumps(REPORT_BODY_KEY) + ":" + report + "}").encode())
 
     def post(self, body: bytes) -> Answer:
