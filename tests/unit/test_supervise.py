@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,11 +20,13 @@ import pytest
 from accelerate_operator.progress import parse_report
 from accelerate_trainer.contract import MAX_BODY_BYTES
 from accelerate_trainer.processes import _children
+from accelerate_trainer.pumps import Pump, catch_up
 from accelerate_trainer.report_push import (
     HEARTBEAT_SECONDS,
     MAX_REPORT_BYTES,
     PUSH_SECONDS,
     QUIET_SECONDS,
+    STDERR,
     Reports,
     Snapshot,
     encode,
@@ -173,6 +176,38 @@ def test_a_one_process_launch_stopped_in_a_pod_saves_and_says_so(tmp_path):
         child.kill()
     assert saved.read_text() == "saved", err[-3000:]
     assert child.returncode == 83, err[-3000:]
+
+
+class SlowReports(Reports):
+    """Reports that take a while to take each chunk of stderr, as on a loaded node."""
+
+    def feed(self, stream: int, chunk: bytes, now: float) -> None:
+        time.sleep(0.05)
+        super().feed(STDERR, chunk, now)
+
+
+def test_a_launchs_last_lines_are_fed_before_its_exit_is_reported():
+    """The launcher's end can be seen before its last bytes are read from the pipe; an exit
+    reported then would lack its traceback. catch_up waits until every byte written is fed."""
+    reports = SlowReports(progress=False)
+    source, sink = os.pipe()
+    with open(os.devnull, "wb") as devnull:
+        pump = Pump(source, devnull.fileno(), reports)
+        pump.start()
+
+        def launcher() -> None:
+            for _ in range(50):
+                os.write(sink, b"x" * 1000 + b"\n")
+            os.write(sink, b"RuntimeError: rank 3 failed\n")
+
+        writer = threading.Thread(target=launcher)
+        writer.start()
+        writer.join()
+        catch_up([pump])
+        assert reports.tail().endswith("RuntimeError: rank 3 failed")
+        os.close(sink)
+        pump.join(5)
+    os.close(source)
 
 
 STOPS = ("import signal, sys, time\n"

@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,13 +58,12 @@ from .contract import (
 )
 from .error_files import ENV_LAUNCH_REPORT, read_json
 from .processes import exit_code, stop_leftovers, stop_orphans, stop_tree
+from .pumps import Pump, catch_up, drain
 from .report_client import BadReportURL, ReportClient
 from .report_push import Pusher, Reports, say
 from .termination import write_termination_message
 from .versions import read_versions
 
-DRAIN_QUIET_SECONDS = 0.25  # after the launcher ended: its last bytes are copied when quiet
-DRAIN_MAX_SECONDS = 2.0
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -81,52 +79,6 @@ PEER_SETTLE_SECONDS = 5.0
 RESUME_ENV = "ACCELERATE_RESUME_FROM"
 # torchrun's --rdzv-id, read from the env by its parser (accelerate does not pass one).
 RDZV_ID_ENV = "PET_RDZV_ID"
-
-
-class Pump(threading.Thread):
-    """Copies one pipe to one of the container's streams as bytes arrive, feeding Reports."""
-
-    def __init__(self, source: int, target: int, reports: Reports):
-        super().__init__(name=f"pump-{target}", daemon=True)
-        self.source, self.target, self.reports = source, target, reports
-        self.last_read = time.monotonic()
-
-    def run(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.source, 65536)
-            except InterruptedError:
-                continue
-            except OSError:
-                return
-            if not chunk:
-                return
-            self.last_read = time.monotonic()
-            _write_all(self.target, chunk)
-            self.reports.feed(self.target, chunk, time.time())
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Never raises: the container's stream going away must not block or kill the training."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except InterruptedError:
-            continue
-        except OSError:
-            return
-
-
-def drain(pumps: Sequence[Pump]) -> None:
-    """After the launcher ended: wait until its last bytes are copied. A pipe may stay open in a
-    process the launcher left behind, so wait for quiet, not for the end of the pipes."""
-    deadline = time.monotonic() + DRAIN_MAX_SECONDS
-    while time.monotonic() < deadline and any(p.is_alive() for p in pumps):
-        newest = max(p.last_read for p in pumps)
-        if time.monotonic() - newest >= DRAIN_QUIET_SECONDS:
-            return
-        time.sleep(DRAIN_QUIET_SECONDS / 5)
 
 
 class Attempts:
@@ -192,6 +144,7 @@ class Supervisor:
                                           f"accelerate-trainer-launch-{os.getpid()}.json")
         self.memory: cgroup_memory.MemoryState | None = None
         self.cause: root_cause.RootCause | None = None
+        self.pumps: Sequence[Pump] = ()  # the threads copying the launcher's output (supervise)
 
     def signal(self, received: int) -> None:
         if received in STOP_SIGNALS:
@@ -262,6 +215,7 @@ class Supervisor:
         """After a failed launch: report it, then wait for the operator's next attempt (None:
         it did not come within HOLD_SECONDS, or the pod is being stopped)."""
         assert self.attempts is not None
+        catch_up(self.pumps)
         self.reports.ended(attempt, code, time.time(), self.cause)
         deadline = time.monotonic() + HOLD_SECONDS
         while time.monotonic() < deadline and not self.stopping:
@@ -312,6 +266,7 @@ def supervise(launch: Launch, client: ReportClient | None, node_rank: int = 0,
         signal.signal(number, lambda received, _frame: supervisor.signal(received))
     pumps = [Pump(out_read, sys.stdout.fileno(), supervisor.reports),
              Pump(err_read, sys.stderr.fileno(), supervisor.reports)]
+    supervisor.pumps = pumps
     pusher = Pusher(supervisor.reports, client)
     for thread in (*pumps, pusher):
         thread.start()
