@@ -31,9 +31,11 @@ class Pump(threading.Thread):
         self.lock = threading.Lock()  # held from a read until its bytes are fed (catch_up)
 
     def run(self) -> None:
+        readable = select.poll()
+        readable.register(self.source, select.POLLIN)
         while True:
             try:
-                select.select([self.source], [], [])
+                readable.poll()
                 with self.lock:
                     chunk = os.read(self.source, 65536)
                     if chunk:
