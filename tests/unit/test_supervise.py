@@ -20,7 +20,7 @@ import pytest
 from accelerate_operator.progress import parse_report
 from accelerate_trainer.contract import MAX_BODY_BYTES
 from accelerate_trainer.processes import _children
-from accelerate_trainer.pumps import Pump, catch_up
+from accelerate_trainer.pumps import Pump, catch_up, drain
 from accelerate_trainer.report_push import (
     HEARTBEAT_SECONDS,
     MAX_REPORT_BYTES,
@@ -179,17 +179,25 @@ def test_a_one_process_launch_stopped_in_a_pod_saves_and_says_so(tmp_path):
 
 
 class SlowReports(Reports):
-    """Reports that take a while to take each chunk of stderr, as on a loaded node."""
+    """Reports that take `delay` seconds to take each chunk of stderr, as on a loaded node."""
+
+    def __init__(self, delay: float):
+        super().__init__(progress=False)
+        self.delay = delay
 
     def feed(self, stream: int, chunk: bytes, now: float) -> None:
-        time.sleep(0.05)
+        time.sleep(self.delay)
         super().feed(STDERR, chunk, now)
 
 
-def test_a_launchs_last_lines_are_fed_before_its_exit_is_reported():
+@pytest.mark.parametrize("wait, delay", [(catch_up, 0.05), (drain, 0.4)])
+def test_a_launchs_last_lines_are_fed_before_its_exit_is_reported(wait, delay):
     """The launcher's end can be seen before its last bytes are read from the pipe; an exit
-    reported then would lack its traceback. catch_up waits until every byte written is fed."""
-    reports = SlowReports(progress=False)
+    reported then, or the pod's termination message written, would lack its traceback. Both
+    waits (catch_up before an exit report, drain at the pod's end) last until every byte
+    written is fed, however long feeding takes: drain's quiet alone ends after 0.25 s without
+    a read, while the last chunk may still be being fed."""
+    reports = SlowReports(delay)
     source, sink = os.pipe()
     with open(os.devnull, "wb") as devnull:
         pump = Pump(source, devnull.fileno(), reports)
@@ -203,7 +211,7 @@ def test_a_launchs_last_lines_are_fed_before_its_exit_is_reported():
         writer = threading.Thread(target=launcher)
         writer.start()
         writer.join()
-        catch_up([pump])
+        wait([pump])
         assert reports.tail().endswith("RuntimeError: rank 3 failed")
         os.close(sink)
         pump.join(5)

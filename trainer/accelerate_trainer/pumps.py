@@ -90,9 +90,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def drain(pumps: Sequence[Pump]) -> None:
-    """After the launcher ended: wait until its last bytes are copied. A pipe may stay open in a
-    process the launcher left behind, so wait for quiet, not for the end of the pipes."""
+    """After the last launch ended: wait until what it wrote is fed (catch_up: the pod's
+    termination message ends with it), then for quiet. A pipe may stay open in a process the
+    launcher left behind, so quiet, not the end of the pipes, ends the wait."""
     deadline = time.monotonic() + DRAIN_MAX_SECONDS
+    catch_up(pumps, DRAIN_MAX_SECONDS)
     while time.monotonic() < deadline and any(p.is_alive() for p in pumps):
         newest = max(p.last_read for p in pumps)
         if time.monotonic() - newest >= DRAIN_QUIET_SECONDS:
