@@ -126,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="sleep (--sleep-per-step) only in whole-group attempts before this one "
                             "($ACCELERATE_JOB_ATTEMPT): the group a test waits out runs its last "
                             "steps at full speed")
+    debug.add_argument("--quiet-end", type=float, default=0.0,
+                       help="seconds every rank waits, printing nothing, after TRAINING_DONE (as "
+                            "a final save or upload would)")
     debug.add_argument("--report-shards", action="store_true",
                        help="under DeepSpeed ZeRO, print what each rank holds (SHARD and SLICES "
                             "lines, zero_shards.py) at the end")
@@ -490,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         f"TRAINING_DONE steps={state.step} first_loss={_fmt(first_loss)} "
         f"last_loss={_fmt(last_loss)}",
     )
+    time.sleep(args.quiet_end)
     # Without these, gloo can abort at interpreter exit ("terminate called without an active
     # exception") and turn a finished run into exit code 1.
     accelerator.wait_for_everyone()

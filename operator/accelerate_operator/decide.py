@@ -219,7 +219,7 @@ def activity(seen: Snapshot) -> Activity:
         return Activity()
     if report.attempt is not None and report.attempt < attempt_of(seen.status):
         return Activity(report.last_output)
-    return Activity(report.last_output, report.step)
+    return Activity(report.last_output, report.step, report.last_step_done)
 
 
 def read_progress(seen: Snapshot) -> tuple[Readings, float | None]:

@@ -35,7 +35,8 @@ the group has written it, and a replaced group may not save over a newer attempt
 Stall detection (spec.runPolicy.stallTimeoutSeconds) decides from `Activity`, what pod 0 last
 reported (when rank 0's container last wrote anything, and its last step): a Running group with no
 output for longer than the timeout, or a group whose pods have not all run within the timeout of
-their creation, is Stalled and restarted (counted)."""
+their creation, is Stalled and restarted (counted). Once rank 0 reported the run's last step
+(step = total_steps) its silence is the run's end and is not timed (stall_reference)."""
 
 from __future__ import annotations
 
@@ -263,13 +264,15 @@ def stall_reference(facts: Facts, out: StatusBuilder, current: Sequence[PodState
                     ) -> tuple[datetime, str] | None:
     """Since when the group has shown no sign of life, and what that sign was: rank 0's newest
     output or report once the group runs (never older than the group's start of running), else
-    the creation of this attempt's pods. None when there is nothing to time."""
+    the creation of this attempt's pods. None when there is nothing to time, or once rank 0 said
+    its last step is done: the run's end (a final save, an upload, the processes' exit) is not
+    timed, as a restart would only train again from the last checkpoint."""
     if out.previous_phase == RUNNING:
         condition = out.conditions.get(RUNNING) or {}
         since = parse_time(condition.get("lastTransitionTime"))
         seen = facts.activity.last_activity
-        if since is None or seen is None:
-            return None  # nothing of rank 0 reported yet: nothing to decide from
+        if since is None or seen is None or facts.activity.last_step_done:
+            return None  # nothing of rank 0 reported yet, or its training is done
         return max(since, naive_utc(seen)), "running"
     started = parse_time(facts.status.get("attemptStartTime"))
     if started is None or not current:

@@ -22,11 +22,12 @@ from .timefmt import format_time, parse_time
 @dataclass(frozen=True)
 class Activity:
     """What pod 0 of the current group last reported, for stall detection: `last_activity` when
-    rank 0's container last wrote anything, `last_step` the newest step it reported. Both None
-    before its first report."""
+    rank 0's container last wrote anything, `last_step` the newest step it reported (both None
+    before its first report), `last_step_done` whether that step was the run's last."""
 
     last_activity: datetime | None = None
     last_step: int | None = None
+    last_step_done: bool = False
 
 
 @dataclass(frozen=True)

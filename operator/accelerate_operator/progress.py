@@ -54,6 +54,12 @@ class PushedReport:
     def step(self) -> int | None:
         return _count((self.progress or {}).get("step"))
 
+    @property
+    def last_step_done(self) -> bool:
+        """Whether the script said its last step is done (step >= total_steps)."""
+        total = _count((self.progress or {}).get("total_steps"))
+        return bool(total) and (self.step or 0) >= total
+
 
 def parse_report(text: str | None) -> PushedReport | None:
     """The report a pod sent (JSON text), or None when it holds none that is valid."""

@@ -1,7 +1,8 @@
 """What a drained node, a hung rank and a worker that never starts cost a job, on the real nodes
 (issue 24): a drain restarts the group without using backoffLimit, and the group resumes from
 the checkpoint every rank saved together on SIGTERM; a rank that blocks makes the job Stalled
-and restarted from its checkpoint; a node that never runs is named in the Stalled condition.
+and restarted from its checkpoint, while a quiet end after the last step does not; a node that
+never runs is named in the Stalled condition.
 
 The stall tests need the runtime to fill Observed.last_activity from rank 0's log (plan.py)."""
 
@@ -96,9 +97,12 @@ def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubecon
     host_dir = shared_dir(kubeconfig, namespace)
     body = checkpointed_job("stall", host_dir, f"--max-steps={max_steps}", "--log-every=1",
                             "--checkpoint-every=5", f"--hang-at-step={hang_at}", "--fail-rank=3",
-                            "--fail-attempt=0", "--sleep-per-step=1", "--sleep-until-attempt=1")
+                            "--fail-attempt=0", "--sleep-per-step=1", "--sleep-until-attempt=1",
+                            "--quiet-end=40")
     # One step a second: rank 0's progress reports (at most one per 2 s) come close to the hang,
-    # so the step the operator names is within two of it.
+    # so the step the operator names is within two of it. The resumed group's end is quiet for
+    # longer than the timeout (--quiet-end, as a final save would be): after the last step
+    # that is not a stall, so the job ends with its one restart.
     body["spec"]["runPolicy"]["stallTimeoutSeconds"] = 30
     # A hung collective never reaches the step boundary where a stop is answered.
     body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 10

@@ -222,7 +222,23 @@ def wait_for_job(kubeconfig: str, namespace: str, name: str, predicate, *, timeo
                         description=description or f"job {name}")
     except AssertionError as error:
         raise AssertionError(
-            f"{error}; last status: {json.dumps(last.get('status'), indent=1)}") from None
+            f"{error}; last status: {json.dumps(last.get('status'), indent=1)}; "
+            f"events:\n{recent_events(kubeconfig, namespace)}") from None
+
+
+def recent_events(kubeconfig: str, namespace: str, count: int = 30) -> str:
+    """The namespace's newest events, a line each, oldest first: what happened to the job and
+    its pods, for a failure message that CI shows without the cluster."""
+    from devtools.cluster import kubectl
+
+    out = kubectl("-n", namespace, "get", "events", "-o", "json", kubeconfig=kubeconfig,
+                  check=False)
+    items = json.loads(out.stdout).get("items", []) if out.returncode == 0 else []
+    when = lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""  # noqa: E731
+    return "\n".join(
+        f"{when(e)[11:19]} {e.get('type')} {e.get('reason')} "
+        f"{e['involvedObject'].get('name')} (x{e.get('count') or 1}): "
+        f"{(e.get('message') or '')[:240]}" for e in sorted(items, key=when)[-count:])
 
 
 def job_statuses(kubeconfig: str, namespace: str) -> dict[str, dict]:

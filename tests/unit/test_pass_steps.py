@@ -6,9 +6,11 @@ tested in test_reconcile_steps.py, the lifecycle as a whole in test_operator_sta
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+import pytest
 from accelerate_operator.api import parse_job
 from accelerate_operator.decide import archive, build_pods, grace_ends, job_error
 from accelerate_operator.group import (
@@ -35,6 +37,7 @@ from accelerate_operator.outcome import (
     unreachable,
 )
 from accelerate_operator.pod_state import NodeState, ProcessExit
+from accelerate_operator.progress import parse_report
 from accelerate_operator.reads import read_config_source, read_lost_nodes
 from accelerate_operator.startup import set_waiting, waiting_timeout
 from accelerate_operator.state import Refusal
@@ -135,6 +138,26 @@ def test_a_running_group_is_stalled_once_rank_0_is_quiet_past_the_timeout():
     later = replace(quiet, now=NOW + timedelta(seconds=31))
     message, due = stall(later, builder(later), later.pods)
     assert due is None and "for 60s" in message and "the last step seen is 7" in message
+
+
+def test_a_run_whose_rank_0_reported_its_last_step_is_not_timed_however_quiet():
+    # A final save or upload, or the processes' exit on a loaded node: a restart would only
+    # train again from the last checkpoint.
+    status = {"phase": "Running", "conditions": [{
+        "type": "Running", "status": "True", "lastTransitionTime": "2026-01-01T11:00:00Z"}]}
+    done = replace(facts([pod("j", 0), pod("j", 1)], status, stallTimeoutSeconds=60),
+                   activity=Activity(NOW - timedelta(seconds=3600), 80, last_step_done=True))
+    assert stall(done, builder(done), done.pods) == (None, None)
+
+
+@pytest.mark.parametrize(("progress", "done"), [
+    ({"step": 80, "total_steps": 80}, True), ({"step": 81, "total_steps": 80}, True),
+    ({"step": 79, "total_steps": 80}, False), ({"step": 80}, False),
+    ({"step": 0, "total_steps": 0}, False), ({"step": 80, "total_steps": "80"}, False)])
+def test_the_last_step_is_done_when_the_step_reaches_the_scripts_total(progress, done):
+    report = parse_report(json.dumps({"progress": progress,
+                                      "lastOutputTime": "2026-01-01T11:00:00.000Z"}))
+    assert report.last_step_done is done
 
 
 # ---- startup.py ----------------------------------------------------------------------------
