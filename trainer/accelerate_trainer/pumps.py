@@ -94,7 +94,7 @@ def drain(pumps: Sequence[Pump]) -> None:
     termination message ends with it), then for quiet. A pipe may stay open in a process the
     launcher left behind, so quiet, not the end of the pipes, ends the wait."""
     deadline = time.monotonic() + DRAIN_MAX_SECONDS
-    catch_up(pumps, DRAIN_MAX_SECONDS)
+    catch_up(pumps)
     while time.monotonic() < deadline and any(p.is_alive() for p in pumps):
         newest = max(p.last_read for p in pumps)
         if time.monotonic() - newest >= DRAIN_QUIET_SECONDS:
