@@ -92,6 +92,18 @@ def wait_for(predicate: Callable[[], T], timeout: float = 60, interval: float = 
         time.sleep(interval)
 
 
+def wait_for_crd(kubeconfig: str, name: str, timeout: float = 60) -> None:
+    """Until the CRD `name` is Established. Not `kubectl wait --for=condition=Established`: a
+    CRD just created can still hold `status.conditions: null`, and kubectl then fails at once
+    (".status.conditions accessor error: <nil> is of the type <nil>") instead of waiting."""
+    def established() -> bool:
+        crd = kubectl_json("get", "crd", name, kubeconfig=kubeconfig)
+        return any(c.get("type") == "Established" and c.get("status") == "True"
+                   for c in (crd.get("status") or {}).get("conditions") or [])
+
+    wait_for(established, timeout=timeout, description=f"CRD {name} to be Established")
+
+
 def create_namespace(kubeconfig: str, prefix: str = "test") -> str:
     """Create a uniquely named namespace and wait for its default ServiceAccount (pods need it)."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"

@@ -118,7 +118,8 @@ def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubecon
                                 kubeconfig=kubeconfig).stdout)["items"]
     stalled = [e for e in events if e["reason"] == "Stalled" and e["type"] == "Warning"]
     named = re.search(r"the last step seen is (\d+)\b", stalled[0]["message"]) if stalled else None
-    assert named and hang_at - 3 <= int(named.group(1)) <= hang_at, stalled
+    assert named and hang_at - 3 <= int(named.group(1)) <= hang_at, [
+        f"{e['lastTimestamp']} {e['type']} {e['reason']}: {e['message']}" for e in events]
     log = kubectl("-n", namespace, "logs", "stall-0", kubeconfig=kubeconfig).stdout
     assert re.search(r"RESUMED from=\S+checkpoint_\d+ step=10\b", log), log[-3000:]
     assert re.search(rf"TRAINING_DONE steps={max_steps} ", log)

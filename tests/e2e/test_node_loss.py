@@ -343,15 +343,18 @@ def test_an_elastic_job_trains_on_the_node_left_with_the_same_batch_and_grows_ba
     grown_log = kubectl("-n", namespace, "logs", f"{ELASTIC}-0", kubeconfig=kubeconfig).stdout
     grown_from = int(re.search(r"^RESUMED from=\S+ step=(\d+)$", grown_log, re.M)[1])
     # No step computed twice: the grown group resumed from the step the reduced one (a single
-    # process, under accelerate's simple launcher) saved on SIGTERM; the archive, taken as the
-    # group is stopped, may miss that last step. Issue 60 allows the checkpoint interval.
+    # process, under accelerate's simple launcher) saved on SIGTERM. The archive is read as the
+    # group is stopped, before its pods get SIGTERM: it may miss the steps trained in between
+    # and the one that answered it (two, seen on a loaded machine). Issue 60 allows the
+    # checkpoint interval.
     recomputed = max(reduced) - grown_from
-    assert -1 <= recomputed <= 0, (grown_from, max(reduced))
+    assert -3 <= recomputed <= 0, (grown_from, max(reduced))
+    unarchived = set(range(max(reduced) + 1, grown_from + 1))
     # Back at full size the job's own accumulation (2): the trainer notes only an override.
     assert "NOTE gradient_accumulation_steps" not in grown_log, grown_log[-2000:]
     assert re.search(r"RANK_INFO rank=0 local_rank=0 world_size=2 ", grown_log), grown_log[-2000:]
     trained = {**reduced, **step_losses(grown_log)}
-    assert set(range(resumed_step + 1, ELASTIC_STEPS + 1)) - set(trained) <= {grown_from}
+    assert set(range(resumed_step + 1, ELASTIC_STEPS + 1)) - set(trained) <= unarchived
 
     # The same job at full size from the same checkpoint: the same loss at every step.
     reference_dir = shared_dir(kubeconfig, namespace)

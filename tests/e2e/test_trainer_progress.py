@@ -3,9 +3,10 @@ the trainer image) reports PROGRESS, ETA and its latest metrics to `kubectl get 
 KubeflowCallback POSTs KEP-2779's trainerStatus straight to the operator's report endpoint (pod 0
 gets its URL, token and CA), with no progress code in the script.
 
-Two nodes x two processes on CPU, paced (a short sleep after each step, so that the run lasts
-about a minute without keeping the CPUs busy), so the callback's 5 s posts and the operator's
-10 s status writes see several mid-run values; then 100 % at the end."""
+Two nodes x two processes on CPU, paced: few steps and a long sleep after each, so that the run
+lasts about a minute with its CPUs mostly idle (beside another module's training a step's own
+work takes about 0.3 s, so many short-slept steps would last minutes), and the callback's 5 s
+posts and the operator's status writes see several mid-run values; then 100 % at the end."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.timeout(600)]
 
 IMAGE = TRAINER_CPU_IMAGE
 NAME = "hf-trainer"
-MAX_STEPS = 800
+MAX_STEPS = 120
 JOB = (JobBuilder(NAME).for_server().nodes(2).procs(2).unset("masterPort")
        .config(compute_environment="LOCAL_MACHINE", distributed_type="MULTI_CPU", use_cpu=True,
                mixed_precision="no")
@@ -31,7 +32,7 @@ JOB = (JobBuilder(NAME).for_server().nodes(2).procs(2).unset("masterPort")
                  volumes=[{"name": "workspace", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}])
        .image(IMAGE)
        .args("/opt/accelerate/examples/trainer_example.py", f"--max-steps={MAX_STEPS}",
-             "--batch-size=4", "--seq-len=32", "--sleep-per-step=0.06")
+             "--batch-size=4", "--seq-len=32", "--sleep-per-step=0.4")
        .env(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
        .container(imagePullPolicy="IfNotPresent",
                   resources={"requests": {"cpu": "250m", "memory": "1Gi"},

@@ -29,7 +29,7 @@ from accelerate_operator.kueue.writes import (
     build_workload,
 )
 
-from devtools.cluster import kubectl, kubectl_json
+from devtools.cluster import kubectl, kubectl_json, wait_for_crd
 from tests.helpers.jobs import JobBuilder
 from tests.helpers.kueue_crds import read_priority_class, workload_crd
 
@@ -74,8 +74,7 @@ def kueue_group(kubeconfig: str, request: pytest.FixtureRequest) -> Iterator[str
     crd = workload_crd(group, versions)
     kubectl("apply", "--server-side", "-f", "-", input=json.dumps(crd), kubeconfig=kubeconfig)
     try:
-        kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                f"crd/workloads.{group}", kubeconfig=kubeconfig)
+        wait_for_crd(kubeconfig, f"workloads.{group}")
         yield group
     finally:
         kubectl("delete", "crd", f"workloads.{group}", "--wait=false", kubeconfig=kubeconfig,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.cluster import ROOT, create_namespace, delete_namespace, kubectl
+from devtools.cluster import ROOT, create_namespace, delete_namespace, kubectl, wait_for_crd
 from tests.helpers.jobs import JobBuilder
 from tests.helpers.kueue_crds import workload_crd
 from tests.helpers.steps import (
@@ -47,8 +47,7 @@ def workload_crd_served(kubeconfig: str) -> Iterator[None]:
     if not present:
         kubectl("apply", "--server-side", "-f", "-", kubeconfig=kubeconfig,
                 input=json.dumps(workload_crd(KUEUE_GROUP, ("v1beta2", "v1beta1"))))
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}",
-                kubeconfig=kubeconfig)
+        wait_for_crd(kubeconfig, CRD)
     try:
         yield
     finally:
