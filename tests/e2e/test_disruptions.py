@@ -92,6 +92,17 @@ def test_a_drained_node_costs_the_step_in_flight_not_the_restart_budget(kubeconf
           f"{goodput['lastRecoverySeconds']}s with no step running, goodput {goodput['summary']}")
 
 
+def stall_story(kubeconfig: str, namespace: str, events: list[dict]) -> str:
+    """The stall job's events, and the last lines pod 0 of the stalled group printed (the
+    operator's archive): whether its reports reached the operator is said there."""
+    lines = [f"{e.get('lastTimestamp')} {e['type']} {e['reason']}: {e['message']}"
+             for e in events]
+    archive = kubectl("-n", namespace, "get", "configmap", "stall-logs-attempt-0", "-o",
+                      r"jsonpath={.data.stall-0\.log}", kubeconfig=kubeconfig, check=False)
+    return "\n".join([*lines, "pod stall-0 before the restart, its last lines:",
+                      *archive.stdout.splitlines()[-40:]])
+
+
 def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubeconfig, namespace):
     max_steps, hang_at = 20, 12
     host_dir = shared_dir(kubeconfig, namespace)
@@ -118,8 +129,8 @@ def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubecon
                                 kubeconfig=kubeconfig).stdout)["items"]
     stalled = [e for e in events if e["reason"] == "Stalled" and e["type"] == "Warning"]
     named = re.search(r"the last step seen is (\d+)\b", stalled[0]["message"]) if stalled else None
-    assert named and hang_at - 3 <= int(named.group(1)) <= hang_at, [
-        f"{e['lastTimestamp']} {e['type']} {e['reason']}: {e['message']}" for e in events]
+    assert named and hang_at - 3 <= int(named.group(1)) <= hang_at, \
+        stall_story(kubeconfig, namespace, events)
     log = kubectl("-n", namespace, "logs", "stall-0", kubeconfig=kubeconfig).stdout
     assert re.search(r"RESUMED from=\S+checkpoint_\d+ step=10\b", log), log[-3000:]
     assert re.search(rf"TRAINING_DONE steps={max_steps} ", log)
