@@ -18,9 +18,11 @@ import yaml
 from devtools.cluster import ROOT, kubectl, kubectl_binary
 from tests.helpers.jobs import (
     apply_job,
+    attempt_log,
     checkpointed_job,
     condition,
     phase_is,
+    recent_events,
     wait_for_job,
 )
 from tests.helpers.shared_volume import shared_dir
@@ -92,15 +94,16 @@ def test_a_drained_node_costs_the_step_in_flight_not_the_restart_budget(kubeconf
           f"{goodput['lastRecoverySeconds']}s with no step running, goodput {goodput['summary']}")
 
 
-def stall_story(kubeconfig: str, namespace: str, events: list[dict]) -> str:
-    """The stall job's events, and the last lines pod 0 of the stalled group printed (the
+def stall_story(kubeconfig: str, namespace: str) -> str:
+    """The namespace's events, and the last lines pod 0 of the stalled group printed (the
     operator's archive): whether its reports reached the operator is said there."""
-    lines = [f"{e.get('lastTimestamp')} {e['type']} {e['reason']}: {e['message']}"
-             for e in events]
-    archive = kubectl("-n", namespace, "get", "configmap", "stall-logs-attempt-0", "-o",
-                      r"jsonpath={.data.stall-0\.log}", kubeconfig=kubeconfig, check=False)
-    return "\n".join([*lines, "pod stall-0 before the restart, its last lines:",
-                      *archive.stdout.splitlines()[-40:]])
+    try:
+        archive = attempt_log(kubeconfig, namespace, "stall", 0, "stall-0")
+    except (AssertionError, KeyError) as error:
+        archive = f"(no archive: {error})"
+    return "\n".join([recent_events(kubeconfig, namespace),
+                      "pod stall-0 before the restart, its last lines:",
+                      *archive.splitlines()[-40:]])
 
 
 def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubeconfig, namespace):
@@ -130,7 +133,7 @@ def test_a_rank_that_blocks_is_stalled_and_restarted_from_its_checkpoint(kubecon
     stalled = [e for e in events if e["reason"] == "Stalled" and e["type"] == "Warning"]
     named = re.search(r"the last step seen is (\d+)\b", stalled[0]["message"]) if stalled else None
     assert named and hang_at - 3 <= int(named.group(1)) <= hang_at, \
-        stall_story(kubeconfig, namespace, events)
+        stall_story(kubeconfig, namespace)
     log = kubectl("-n", namespace, "logs", "stall-0", kubeconfig=kubeconfig).stdout
     assert re.search(r"RESUMED from=\S+checkpoint_\d+ step=10\b", log), log[-3000:]
     assert re.search(rf"TRAINING_DONE steps={max_steps} ", log)

@@ -23,6 +23,7 @@ import pytest
 from devtools.cluster import ROOT, kubectl, wait_for
 from tests.helpers.jobs import (
     apply_job,
+    attempt_log,
     checkpointed_job,
     condition,
     phase_is,
@@ -239,14 +240,6 @@ def reference_job(host_dir) -> dict:
     body["spec"].update(numNodes=2, numProcPerNode=1)
     body["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "100m"
     return body
-
-
-def attempt_log(kubeconfig: str, namespace: str, job: str, attempt: int, pod: str) -> str:
-    """What a pod of a group since replaced printed (the operator's archive of its last lines)."""
-    archive = json.loads(kubectl("-n", namespace, "get", "configmap",
-                                 f"{job}-logs-attempt-{attempt}", "-o", "json",
-                                 kubeconfig=kubeconfig).stdout)
-    return archive["data"][f"{pod}.log"]
 
 
 def step_losses(text: str) -> dict[int, float]:

@@ -241,6 +241,16 @@ def recent_events(kubeconfig: str, namespace: str, count: int = 30) -> str:
         f"{(e.get('message') or '')[:240]}" for e in sorted(items, key=when)[-count:])
 
 
+def attempt_log(kubeconfig: str, namespace: str, job: str, attempt: int, pod: str) -> str:
+    """What a pod of a group since replaced printed (the operator's archive of its last lines)."""
+    from devtools.cluster import kubectl
+
+    archive = json.loads(kubectl("-n", namespace, "get", "configmap",
+                                 f"{job}-logs-attempt-{attempt}", "-o", "json",
+                                 kubeconfig=kubeconfig).stdout)
+    return archive["data"][f"{pod}.log"]
+
+
 def job_statuses(kubeconfig: str, namespace: str) -> dict[str, dict]:
     """Every job of the namespace by name, its status, from one list call."""
     from devtools.cluster import kubectl
