@@ -1,10 +1,13 @@
 """The index audit, one of the small pieces kopf lacks, on its public API. After a watch's
 resourceVersion expired (410), or when a standby resumes, kopf lists again, but an object deleted
-while it was not watching stays in its indexes for good (nothing ever reports its deletion). A
-pass deciding from such a ghost pod would wait for it forever. So the owned collections are
-listed AUDIT_DELAY_SECONDS after kopf re-lists (its listing events carry type None) and every
-AUDIT_SECONDS anyway; indexed objects the listing lacks are ghosts: the passes no longer see them
-(`Audit.hides`), and their jobs are reconciled."""
+while it was not watching stays in its indexes for good (nothing ever reports its deletion; kopf
+keys an index entry by the object's uid, so a pod made again under the same name sits beside its
+ghost). A pass deciding from such a ghost pod would wait for it forever, or take it for an earlier
+attempt's pod and delete, by name, the live pod that reuses it. So the owned collections are
+listed AUDIT_DELAY_SECONDS after kopf re-lists (its listing events carry type None), when this
+replica becomes the active one (controller.py), and every AUDIT_SECONDS anyway; indexed objects
+the listing lacks (pods and Workloads by uid, the other kinds, indexed by name, by name) are
+ghosts: the passes no longer see them (`Audit.hides`), and their jobs are reconciled."""
 
 from __future__ import annotations
 
@@ -29,73 +32,85 @@ class Index(Protocol):
     def get(self, key: Hashable, default: Any = None) -> Iterable[Any] | None: ...
 
 
-def indexed_name(kind: str, value: Any) -> str:
-    """The object's name in an index's value (indexes.py: what each kind's entry is)."""
-    if kind in ("Pod", "Workload"):
-        return value[1].name if kind == "Pod" else value[1]["metadata"]["name"]
-    return value[0] if kind == "ConfigMap" else value
+# (kind, namespace, name, uid): the uid is None for a kind whose index keeps names only.
+Identity = tuple[str, str, str, str | None]
+# (namespace, name, uid, resourceVersion) of one listed object (Kube.list_owned).
+Listed = tuple[str, str, str, str]
+
+
+def indexed_identity(kind: str, value: Any) -> tuple[str, str | None]:
+    """(name, uid or None) of the object in an index's value (indexes.py: each kind's entry)."""
+    if kind == "Pod":
+        return value[1].name, value[1].uid
+    if kind == "Workload":
+        return value[1]["metadata"]["name"], value[1]["metadata"].get("uid")
+    return (value[0] if kind == "ConfigMap" else value), None
 
 
 class Audit:
-    """Lists the owned collections through `list_names(kind)` and keeps the ghosts found;
+    """Lists the owned collections through `list_owned(kind)` ((namespace, name, version) of
+    each object) and keeps the ghosts found;
     `reconcile(job key)` queues a job whose objects turned out to be ghosts."""
 
-    def __init__(self, list_names: Callable[[str], AsyncIterator[tuple[str, str]]],
+    def __init__(self, list_owned: Callable[[str], AsyncIterator[Listed]],
                  reconcile: Callable[[Hashable], None]):
-        self.list_names, self.reconcile = list_names, reconcile
+        self.list_owned, self.reconcile = list_owned, reconcile
         self.indexes: Mapping[str, Index] = {}
-        self.ghosts: set[tuple[str, str, str]] = set()  # (kind, namespace, name)
+        self.ghosts: set[Identity] = set()
         self._due: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task] = []
 
-    def hides(self, kind: str, namespace: str, name: str) -> bool:
-        return (kind, namespace, name) in self.ghosts
+    def hides(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
+        return (kind, namespace, name, uid) in self.ghosts
 
     def seen(self, kind: str, event_type: str | None, metadata: Mapping[str, Any]) -> None:
         """An event proves the object is no ghost; a listing event (type None) means kopf has
         listed again: audit soon."""
         if self.ghosts:
-            self.ghosts.discard((kind, metadata.get("namespace") or "", metadata["name"]))
+            uid = metadata.get("uid") if kind in ("Pod", "Workload") else None
+            self.ghosts.discard((kind, metadata.get("namespace") or "", metadata["name"], uid))
         if event_type is None and self._due is None and self._tasks:
             self._due = asyncio.get_running_loop().call_later(AUDIT_DELAY_SECONDS, self._start)
 
-    def indexed(self, kind: str, index: str) -> dict[tuple[str, str], Hashable]:
-        """(namespace, name) -> job key of every object of a kind the indexes show."""
-        found: dict[tuple[str, str], Hashable] = {}
+    def indexed(self, kind: str, index: str) -> dict[Identity, Hashable]:
+        """Identity -> job key of every object of a kind the index shows."""
+        found: dict[Identity, Hashable] = {}
         source = self.indexes.get(index)
         for key in list(source or ()):
             for value in source.get(key) or ():
-                found[(key[0], indexed_name(kind, value))] = key
+                found[(kind, key[0], *indexed_identity(kind, value))] = key
         return found
 
     async def audit(self) -> int:
-        """List the owned collections once; every indexed object the lists lack becomes a ghost
-        the passes no longer see, and its job is reconciled. Returns the ghosts found."""
+        """List the owned collections once; every object indexed before the list began that
+        the list lacks becomes a ghost the passes no longer see, and its job is reconciled.
+        Returns the ghosts found."""
         kinds = [(kind, index) for kind, index in AUDITED if index in self.indexes]
         found = 0
         for kind, index in kinds:
-            before = self.indexed(kind, index)  # what was indexed before the list started
+            before = self.indexed(kind, index)
             if not before:
                 continue
-            listed = {item async for item in self.list_names(kind)}
-            for (namespace, name), key in before.items():
-                if (namespace, name) not in listed and not self.hides(kind, namespace, name):
-                    log.info("%s %s/%s is gone but still indexed (deleted while unwatched): "
-                             "no pass sees it any more", kind, namespace, name)
-                    self.ghosts.add((kind, namespace, name))
+            listed = set()
+            async for namespace, name, uid, _ in self.list_owned(kind):
+                listed |= {(kind, namespace, name, uid), (kind, namespace, name, None)}
+            for identity, key in before.items():
+                if identity not in listed and identity not in self.ghosts:
+                    log.info("%s %s/%s (uid %s) is gone but still indexed (deleted while "
+                             "unwatched): no pass sees it any more", *identity)
+                    self.ghosts.add(identity)
                     self.reconcile(key)
                     found += 1
-        # Ghosts whose index entry has gone (their name indexed again as a new object clears
-        # them in seen) are forgotten.
-        self.ghosts &= {(kind, ns, name) for kind, index in kinds
-                        for (ns, name) in self.indexed(kind, index)}
+        # Ghosts whose index entry has gone are forgotten.
+        self.ghosts &= {identity for kind, index in kinds for identity in self.indexed(kind, index)}
         return found
 
     def _start(self) -> None:
         self._due = None
-        self._tasks.append(asyncio.create_task(self._once(), name="index audit"))
+        self._tasks.append(asyncio.create_task(self.run_once(), name="index audit"))
 
-    async def _once(self) -> None:
+    async def run_once(self) -> None:
+        """One audit; a failure is logged (the next audit tries again)."""
         try:
             await self.audit()
         except Exception as error:  # the next audit tries again
@@ -106,7 +121,7 @@ class Audit:
     async def _every(self, seconds: float) -> None:
         while True:
             await asyncio.sleep(seconds)
-            await self._once()
+            await self.run_once()
 
     def start(self, indexes: Mapping[str, Index]) -> None:
         self.indexes = indexes

@@ -1,7 +1,7 @@
 """What kopf's handlers (handlers.py) hand their events to, and the one straight path from an
 event to a job's pass, as a controller-runtime reader expects:
 
-    hands_over (does the event matter? decided here, from the event alone; kopf's `when=`)
+    hands_over (does the event matter? event_filter.py, from the event alone; kopf's `when=`)
       -> on_event
       -> the work queue (workqueue.py: a job's events merge, one pass per job at a time,
          "requeue after" for what time alone changes, backoff for a pass that failed)
@@ -11,19 +11,21 @@ Every write for a job happens inside its pass; what comes from elsewhere, a pod'
 report endpoint's `take_report`) or a renewed CA bundle (`use_report_endpoint`), only queues the
 job's pass: a report that changes a decision at once, one that brings only progress for when
 the next progress write is due, a sign of life alone none. The job's in-memory state is one
-JobState (state.py), dropped in one place, `forget`. No kopf import here, so it is tested
-without an operator running.
+JobState (state.py), dropped in one place, `forget`, and all at once when this replica becomes
+the active one (`set_active`: the caches sync first, cache_sync.py). No kopf import here, so it
+is tested without an operator running.
 
-One of the small pieces kopf lacks lives here, on its public API (the work queue, the index
-audit and following kopf's peering are the others: workqueue.py, audit.py, peering.py): **the
-deletion grace check.** When a job is deleted, the garbage collector deletes its children, and
-their DELETED events (on other watches than the job's) can come more than a second before the
-job's own: a pass run on them would recreate the children of a job that is gone. So a pass that
-a deletion asked for runs DELETION_GRACE_SECONDS later, and only once the API server confirms
-that the job still exists."""
+One of the small pieces kopf lacks lives here, on its public API (the work queue, the index audit,
+the cache sync and following kopf's peering are the others: workqueue.py, audit.py, cache_sync.py,
+peering.py): **the deletion grace check.** When a job is deleted, the garbage collector deletes its
+children, and their DELETED events (on other watches than the job's) can come more than a second
+before the job's own: a pass run on them would recreate the children of a job that is gone. So a
+pass that a deletion asked for runs DELETION_GRACE_SECONDS later, and only once the API server
+confirms that the job still exists."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -33,8 +35,10 @@ from typing import Any, Protocol
 
 from .apierrors import server_message
 from .audit import Audit, Index
-from .constants import KIND, PENDING
-from .indexes import JobKey, owning_job
+from .cache_sync import CacheSync
+from .constants import KIND
+from .event_filter import is_deletion, job_key
+from .indexes import JobKey
 from .kube import ApiException, Kube, NamespaceTerminating
 from .kueue.workload import KueueView
 from .metrics import observe_pass
@@ -65,9 +69,6 @@ DELETION_GRACE_SECONDS = 1.0
 # there: the namespace controller deletes the pods and children before the jobs, and each of
 # their deletions would otherwise run a pass that is refused again).
 TERMINATING_NAMESPACE_SECONDS = 60.0
-# Children whose creation or change the pass does not read: only their deletion (or a listing)
-# runs it.
-_CREATED_ONLY = ("ConfigMap", "Service", "PodDisruptionBudget")
 
 
 # A pass that keeps failing (an admission webhook whose service is down, a quota controller
@@ -89,54 +90,6 @@ def failing_pass_event(failures: int, error: BaseException) -> Event | None:
                  f"retrying (backoff up to 60 s). The API server said: {detail}")
 
 
-def job_key(kind: str, metadata: Mapping[str, Any]) -> JobKey | None:
-    """The job an event is about: the job itself, or the owner of a child (its label)."""
-    if kind == KIND:
-        return metadata.get("namespace") or "", metadata["name"]
-    return owning_job(metadata)
-
-
-def event_matters(kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
-    """Whether an event (not a deletion) must run its job's pass, from the event alone.
-    - A job: created, listed, or its spec changed since a pass last decided from it (its
-      generation is not the status's observedGeneration), as controller-runtime's
-      GenerationChangedPredicate: the echo of our own status write runs none.
-    - A pod: unless it is ADDED just as it was created (unscheduled, no condition): its creator,
-      a pass, knows it already; what happens to it next runs the pass. Listed, it always does.
-    - A Workload: always. The queue merges a burst of events, and a pass with nothing to
-      change makes no API call.
-    - A ConfigMap, Service or PDB: only listed (type None, kopf listed again); created or
-      changed, it runs none (the pass that created it knows)."""
-    if kind == KIND:
-        status = body.get("status") or {}
-        return (event_type != "MODIFIED"
-                or body["metadata"].get("generation") != status.get("observedGeneration"))
-    if kind == "Pod" and event_type == "ADDED":
-        return not _as_created(body)
-    return kind not in _CREATED_ONLY or event_type is None
-
-
-def _as_created(pod: Mapping[str, Any]) -> bool:
-    status = pod.get("status") or {}
-    return (not (pod.get("spec") or {}).get("nodeName") and not status.get("conditions")
-            and status.get("phase", PENDING) == PENDING)
-
-
-def hands_over(kind: str, event_type: str | None, body: Mapping[str, Any]) -> bool:
-    """Whether an event reaches the controller at all: the one decision, used by kopf as its
-    `when=` filter (handlers.py), so kopf invokes no handler for an event that changes nothing.
-    A job deleted, a child deleted or being deleted, or an event that matters."""
-    metadata = body["metadata"]
-    return ((kind == KIND and event_type == "DELETED") or is_deletion(kind, event_type, metadata)
-            or event_matters(kind, event_type, body))
-
-
-def is_deletion(kind: str, event_type: str | None, metadata: Mapping[str, Any]) -> bool:
-    """A child deleted or being deleted: it may be going with its job (the grace check)."""
-    return kind != KIND and (event_type == "DELETED"
-                             or bool(metadata.get("deletionTimestamp")))
-
-
 class Reconciler(Protocol):
     """A job's pass (reconciler.Reconciler), over what the indexes show of the job."""
 
@@ -153,7 +106,7 @@ class Controller:
     controller only decides when)."""
 
     def __init__(self, kube: Kube, reconciler: Reconciler, kueue: bool = False,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, namespaces: Iterable[str] = ()):
         self.kube = kube
         self.kueue = kueue
         self.clock = clock
@@ -163,7 +116,12 @@ class Controller:
         # The pods' latest reports, taken by the report endpoint (take_report).
         self.reports = ReportStore()
         self.indexes: dict[str, Index] = {}
-        self.audit = Audit(lambda kind: self.kube.list_owned(kind), self.queue.add)
+        namespaces = list(namespaces)
+        self.audit = Audit(lambda kind: self.kube.list_owned(kind, namespaces), self.queue.add)
+        # Whether this replica is the active one (peering.py); becoming it syncs the caches.
+        self.active = True
+        self.sync = CacheSync(lambda kind: self.kube.list_owned(kind, namespaces), clock)
+        self._resuming: asyncio.Task | None = None
         # Where the pods report, and the CA bundle they must trust (None: not known yet).
         self.endpoint: ReportEndpoint = DEFAULT_REPORT_ENDPOINT
         self.report_ca: Callable[[], str | None] = lambda: None
@@ -205,11 +163,37 @@ class Controller:
         self.queue.forget(key)
         self.reports.forget_job(key)
 
+    # ---- peering (handlers.py follows it: peering.py) -------------------------------------------
+    def set_active(self, active: bool) -> None:
+        """Whether this replica is the active one. Paused, it runs no pass. Becoming active, it
+        drops what it kept of its last active spell (the jobs' states, the pods' reports: the
+        other replica acted since, and the pods reported to it) and runs no pass until kopf's
+        indexes show what the API server lists (cache_sync.py) and the index audit has hidden the
+        ghosts of what was deleted meanwhile (audit.py); then every job's pass runs."""
+        if self._resuming is not None:
+            self._resuming.cancel()
+            self._resuming = None
+        self.queue.paused = True
+        self.active = active
+        if active:
+            self.states = JobStates(self.clock)
+            self.reports = ReportStore()
+            self._resuming = asyncio.create_task(self._resume(), name="cache sync")
+
+    async def _resume(self) -> None:
+        kinds = ["AccelerateJob", "Pod"] + (["Workload"] if self.kueue else [])
+        await self.sync.wait(self.indexes, kinds)
+        await self.audit.run_once()  # what was deleted while paused: no pass sees its ghost
+        self.queue.paused = False
+        for key in list(self.indexes.get("job_bodies") or ()):
+            self.queue.add(key)
+
     # ---- from the report endpoint (report_server.py) ------------------------------------------
     @property
     def paused(self) -> bool:
-        """Another replica is the active one (peering.py): it takes the reports."""
-        return self.queue.paused
+        """Another replica is the active one (peering.py): it takes the reports. While the
+        caches sync, this one takes them already: they wait for its passes."""
+        return not self.active
 
     def report_pod(self, key: JobKey, caller: Caller) -> PodState:
         """The caller's pod (the one its token is bound to) when it is a live pod the operator
@@ -282,12 +266,12 @@ class Controller:
     def placeholders_of(self, key: JobKey, uid: str) -> list[PodState]:
         """An elastic job's placeholder pods (an earlier job's of the same name left out)."""
         return [state for owner, state in self._values("job_placeholders", key)
-                if owner == uid and not self.audit.hides("Pod", key[0], state.name)]
+                if owner == uid and not self.audit.hides("Pod", key[0], state.name, state.uid)]
 
     def pod_entries(self, key: JobKey) -> list[tuple[str | None, PodState]]:
         """(owner uid, pod) of every pod indexed under the job's key, ghosts left out."""
         return [(owner, state) for owner, state in self._values("job_pods", key)
-                if not self.audit.hides("Pod", key[0], state.name)]
+                if not self.audit.hides("Pod", key[0], state.name, state.uid)]
 
     def current_group(self, key: JobKey) -> tuple[str, int] | None:
         """(job uid, the attempt of its current pods) as the latest status says, our own last
@@ -320,8 +304,9 @@ class Controller:
         if not self.kueue:
             return None
         owned = [workload for owner, workload in self._values("job_workloads", key)
-                 if owner == uid and not self.audit.hides("Workload", key[0],
-                                                          workload["metadata"]["name"])]
+                 if owner == uid and not self.audit.hides(
+                     "Workload", key[0], workload["metadata"]["name"],
+                     workload["metadata"].get("uid"))]
         return KueueView(workload=owned[0] if owned else None, version=self.kube.kueue_version)
 
     def job_bodies(self) -> list[Any]:
@@ -386,6 +371,8 @@ class Controller:
         self.audit.start(self.indexes)
 
     async def stop(self) -> None:
+        if self._resuming is not None:
+            self._resuming.cancel()
         await self.audit.stop()
         await self.queue.stop()
         await self.kube.close()

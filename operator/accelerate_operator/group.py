@@ -170,10 +170,13 @@ def run_group(facts: Facts, out: StatusBuilder, counters: Counters) -> Outcome:
                                in_place=can_restart_in_place(facts, current))
     if stale:
         # Wait until the previous attempt's pods are gone: the new ones reuse their names.
-        # They were deleted gracefully: each rank may be saving its share of a checkpoint.
+        # They were deleted gracefully: each rank may be saving its share of a checkpoint. A name
+        # a current pod holds too is a ghost's (deleted while unwatched, until the index audit
+        # hides it): deleting it by name would delete the current pod.
         out.counts(current)
-        return conclude(facts, out, counters,
-                        replace(ending, delete=[p.name for p in stale if not p.deleting]))
+        held = {p.name for p in current}
+        return conclude(facts, out, counters, replace(
+            ending, delete=[p.name for p in stale if not p.deleting and p.name not in held]))
     return _start_or_run(facts, out, counters, current, ending)
 
 

@@ -8,7 +8,7 @@ queue runs the job's pass.
   PodDisruptionBudgets and, with the Kueue integration, Workloads, each by (namespace, job
   name).
 - Event handlers (`@kopf.on.event`): hand the event to the controller; kopf's `when=` filter is
-  the controller's one rule of which events matter (controller.hands_over).
+  the controller's one rule of which events matter (event_filter.hands_over).
 - Start-up: settings, and the controller started with the indexes, kept in kopf's operator
   memo (no state of this module's own); cleanup stops it; the probe answers kopf's liveness
   endpoint (`--liveness`).
@@ -31,7 +31,8 @@ import kopf
 
 from . import metrics
 from .constants import GROUP, PLURAL
-from .controller import Controller, hands_over
+from .controller import Controller
+from .event_filter import hands_over
 from .indexes import (
     configmap_entry,
     is_placeholder,
@@ -118,10 +119,10 @@ async def _follow_peering(settings: kopf.OperatorSettings, memo: kopf.Memo,
     kube, name = controller.kube, settings.peering.name
     namespaces = memo.get("namespaces") or []
     await kube.ensure_peering(name, namespaces)
-    controller.queue.paused = True
+    controller.set_active(False)
 
     def on_change(paused: bool) -> None:
-        controller.queue.paused = paused
+        controller.set_active(not paused)
         presence.set(active=not paused)
 
     follower = PeeringFollower(lambda: kube.read_peering(name, namespaces),
@@ -139,7 +140,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes:
     _configure_kopf(settings)
     kube = await asyncio.to_thread(Kube)
     controller = Controller(kube, Reconciler(
-        kube, progress_write_seconds=reporting.progress_write_seconds), kueue=KUEUE_ENABLED)
+        kube, progress_write_seconds=reporting.progress_write_seconds), kueue=KUEUE_ENABLED,
+        namespaces=memo.get("namespaces") or [])
     if KUEUE_ENABLED:
         # v1beta2 where served (Kueue >= 0.15; v0.20 serves nothing else), else v1beta1; kopf
         # watches the preferred version itself, and the pure code reads both shapes.
@@ -148,7 +150,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes:
     presence = memo.presence = Presence(controller.kube, reporting.namespace, reporting.pod)
     if settings.peering.mandatory and not settings.peering.standalone:
         memo.follower = await _follow_peering(settings, memo, controller, presence)
-    presence.set(active=not controller.queue.paused)  # a label left by a restart goes
+    presence.set(active=controller.active)  # a label left by a restart goes
     controller.start({name: index for name, index in indexes.items()
                       if isinstance(index, kopf.Index)})
     memo.controller = controller

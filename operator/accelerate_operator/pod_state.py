@@ -60,6 +60,9 @@ class PodState:
     # root cause of its failure when one is known (causes.py: out of memory).
     not_started: NotStarted | None = None
     cause: str | None = None
+    # metadata.resourceVersion: whether kopf's index shows the pod as the API server lists it
+    # (cache_sync.py).
+    resource_version: str = ""
 
     @property
     def finished(self) -> bool:
@@ -201,6 +204,7 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
         run_attempt=_integer(annotations.get(RUN_ATTEMPT_ANNOTATION)),
         not_started=read_not_started(pod),
         cause=read_pod_cause(pod),
+        resource_version=metadata.get("resourceVersion") or "",
     )
 
 

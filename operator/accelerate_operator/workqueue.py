@@ -10,8 +10,9 @@ semantics, which kopf does not offer for a key made of several objects (a job an
 - A pass that raises is retried with a per-key backoff (1 s doubling to 60 s), reset by the next
   pass that succeeds; `num_requeues(key)` is that count of failures in a row.
 - `forget(key)`: the job is gone; nothing about it stays queued.
-- `paused`: while another replica is active (peering.py), no pass runs: queued keys wait, and
-  the resumed operator's re-list adds every job again anyway.
+- `paused`: while another replica is active (peering.py), and while the caches sync after this
+  one became active (cache_sync.py), no pass runs: queued keys wait, and the resumed controller
+  adds every job again anyway.
 
 Time-driven passes live here, not in kopf timers: kopf's timers and daemons put a finalizer on
 every job, and a finalizer blocks deleting jobs while the operator is down."""

@@ -1,10 +1,12 @@
 """kube.py (the official client) against the real API server where its reading of the answer
 decides what a pass does.
-The audit's listing (Kube.list_names): metadata only, in pages, filtered by the label selector.
-The audit is what finds an object deleted while kopf's watch was down (a 410 re-list forgets no
-deletion), so a wrong or empty list here would hide ghosts. A create in a namespace being
-deleted: the refusal the controller stops that namespace's passes on (NamespaceTerminating).
-Every other call kind a pass makes, once each, as the API server answers it."""
+The listing of the index audit and the cache sync (Kube.list_owned): metadata only, in pages,
+filtered by the label selector and the namespaces watched. The audit is what finds an object
+deleted while kopf's watch was down (a 410 re-list forgets no deletion), so a wrong or empty list
+here would hide ghosts; the sync holds a new active replica's passes until its indexes show it. A
+create in a namespace being deleted: the refusal the controller stops that namespace's passes on
+(NamespaceTerminating). Every other call kind a pass makes, once each, as the API server answers
+it."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def test_the_audit_lists_names_from_metadata_only_pages(kubeconfig, namespace, m
     async def scenario():
         kube = Kube()
         try:
-            names = [item async for item in kube.list_names(path, LABEL)]
+            names = [item[:2] async for item in kube.list_owned("ConfigMap", [namespace])]
             page = await kube.request("GET", path, query={"labelSelector": LABEL},
                                       accept=METADATA_ONLY)
             return names, page
@@ -106,3 +108,39 @@ def test_each_kind_of_call_is_answered_as_the_pass_expects(kubeconfig, namespace
     assert log == ""
     assert told["metadata"]["annotations"]["accelerate-operator.io/run-attempt"] == "2"
     assert node is None
+
+
+def test_the_cache_sync_lists_versions_in_the_namespaces_watched(kubeconfig, namespace,
+                                                                 monkeypatch):
+    """Kube.list_owned, what the cache sync compares kopf's indexes with: the owned pods of
+    the namespaces watched (their resourceVersion as the server has them), in pages; a pod
+    without the label is not listed; a kind not served lists nothing."""
+    def pod(name: str, labels: dict[str, str]) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "spec": {"nodeSelector": {"accelerate-operator.io/no-such-node": "x"},
+                         "containers": [{"name": "trainer", "image": "busybox"}]}}
+
+    pods = [pod(f"owned-{i}", {LABEL: "llm"}) for i in range(3)] + [pod("other", {"app": "x"})]
+    kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(p) for p in pods),
+            kubeconfig=kubeconfig)
+    shown = kubectl("-n", namespace, "get", "pods", "-l", LABEL, "-o",
+                    "jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}",
+                    kubeconfig=kubeconfig).stdout.split()
+    monkeypatch.setattr("accelerate_operator.kube.client.LIST_PAGE", 2)  # two pages
+
+    async def scenario():
+        kube = Kube()
+        kube.kueue_group = "not-served.accelerate-operator.io"
+        try:
+            listed = [item async for item in kube.list_owned("Pod", [namespace])]
+            workloads = [item async for item in kube.list_owned("Workload", [namespace])]
+            return listed, workloads
+        finally:
+            await kube.close()
+
+    listed, workloads = asyncio.run(scenario())
+    assert sorted(f"{name}={version}" for _, name, _, version in listed) == sorted(shown)
+    assert {ns for ns, *_ in listed} == {namespace} and len(shown) == 3
+    assert all(uid for _, _, uid, _ in listed)
+    assert workloads == []

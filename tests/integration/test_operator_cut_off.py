@@ -5,7 +5,8 @@ object: its RoleBinding on kopfpeerings is deleted, so it can neither read its p
 its own record, while it keeps every other right. It stops (its probe says paused) and runs no
 pass from then on, though a job created meanwhile is there for it to act on; nothing acts on that
 job until its record has expired, and then the standby (priority 100) alone creates the job's
-children.
+children. And a takeover from stale indexes: a replica whose watches were paused while the other
+restarted a job's group takes over and restarts nothing (the cache sync).
 
 The operator the chart deployed is scaled to zero meanwhile, so that only these two act."""
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from devtools.cluster import ROOT, kubectl, kubectl_json, wait_for
-from tests.helpers.jobs import apply_job, command_job
+from tests.helpers.jobs import apply_job, command_job, get_job, recent_events
 from tests.integration.test_operator_in_process import free_port, health
 
 pytestmark = pytest.mark.cluster
@@ -181,3 +182,56 @@ def test_a_replica_cut_off_from_the_peering_object_stops_and_the_other_alone_act
     if a.process.poll() is None:  # kopf may end a replica whose keep-alive keeps failing
         probe = a.probe()
         assert (probe["paused"], probe["passes"]) == (True, a_passes), probe
+
+
+def job_pods(kubeconfig: str, namespace: str, job: str) -> dict[str, str]:
+    """name -> uid of the job's pods."""
+    out = kubectl_json("-n", namespace, "get", "pods", "-l",
+                       f"accelerate-operator.io/job-name={job}", kubeconfig=kubeconfig)
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in out["items"]}
+
+
+def test_a_replica_that_takes_over_with_stale_indexes_restarts_no_running_job(
+        kubeconfig: str, namespace: str, tmp_path: Path, deployed_operator_stopped: None):
+    """Replica b runs alone and starts a job; a, of higher priority, joins (kopf pauses b's
+    watches: its indexes freeze) and restarts the job's group once (pod 0 deleted), so b's
+    indexes show neither the new pods nor the new attempt. a stops; b takes over. Its first
+    passes must wait for its indexes (cache_sync.py): the job runs on with the same pods and one
+    restart, not a second one for pods b would count as deleted."""
+    grant(kubeconfig, namespace, ["replica-a", "replica-b"])
+    started: list[Replica] = []
+
+    def start(account: str, priority: int) -> Replica:
+        started.append(Replica(replica_kubeconfig(kubeconfig, namespace, account,
+                                                  tmp_path / account),
+                               namespace, priority, tmp_path / f"{account}.log"))
+        return started[-1]
+
+    def status() -> dict:
+        return get_job(kubeconfig, namespace, "steady").get("status") or {}
+
+    try:
+        b = start("replica-b", 100)
+        wait_for(lambda: b.probe().get("paused") is False, timeout=90, description="b active")
+        apply_job(kubeconfig, namespace, command_job(
+            "steady", "import time\ntime.sleep(900)").build())
+        wait_for(lambda: status().get("phase") == "Running", timeout=120,
+                 description="b to run the job")
+        a = start("replica-a", 200)
+        wait_for(lambda: a.probe().get("paused") is False and b.probe().get("paused") is True,
+                 timeout=90, description="a active, b paused")
+        kubectl("-n", namespace, "delete", "pod", "steady-0", "--wait=false",
+                kubeconfig=kubeconfig)
+        wait_for(lambda: status().get("phase") == "Running" and status().get("restarts") == 1,
+                 timeout=120, description="a to restart the group once and run it")
+        pods = job_pods(kubeconfig, namespace, "steady")
+        a.stop()
+        wait_for(lambda: b.probe().get("paused") is False, timeout=60,
+                 description="b to take over")
+        time.sleep(12)  # b's passes run on every job as it takes over
+        assert (status().get("phase"), status().get("restarts")) == ("Running", 1), \
+            recent_events(kubeconfig, namespace)
+        assert job_pods(kubeconfig, namespace, "steady") == pods
+    finally:
+        for replica in started:
+            replica.stop()

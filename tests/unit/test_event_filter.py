@@ -4,7 +4,7 @@ child's deletion after the grace check. The operator runs these under kopf in te
 
 from __future__ import annotations
 
-from accelerate_operator.controller import event_matters, is_deletion, job_key
+from accelerate_operator.event_filter import event_matters, is_deletion, job_key
 
 
 def job(generation: int, observed: int | None) -> dict:
@@ -62,7 +62,7 @@ def test_an_event_belongs_to_the_job_itself_or_to_the_job_named_by_its_label():
 
 
 def test_kopf_hands_over_deletions_and_events_that_matter_only():
-    from accelerate_operator.controller import hands_over
+    from accelerate_operator.event_filter import hands_over
     labels = {"accelerate-operator.io/job-name": "llm"}
     service = {"metadata": {"name": "llm", "namespace": "ml", "labels": labels}}
     assert hands_over("AccelerateJob", "DELETED", job(4, 4))

@@ -514,6 +514,19 @@ def test_a_stale_pod_on_a_node_that_reports_waits_for_its_kubelet():
     assert plan.force_delete == plan.delete == ()
 
 
+def test_an_earlier_attempts_pod_under_a_current_pods_name_is_not_deleted_by_that_name():
+    """Two pods of one name cannot both exist: the earlier attempt's is the ghost of a pod
+    deleted while the operator was not watching. A delete by name would hit the current one."""
+    ghost = pod("train", 0, attempt=0)
+    current = [pod("train", i, attempt=1) for i in range(2)]
+    plan = step(job(), running_status(attempt=1), [ghost, *current])
+    assert plan.delete == plan.force_delete == ()
+    restarting = {**running_status(attempt=1), "phase": "Restarting"}
+    old = [pod("train", i, attempt=0) for i in range(2)]
+    assert step(job(), restarting, old).delete == ("train-0", "train-1")  # stale pods go
+    assert step(job(), restarting, [*old, current[0]]).delete == ("train-1",)
+
+
 def test_a_pod_stuck_terminating_on_a_lost_node_is_force_deleted_so_the_group_can_start():
     # The previous attempt's pod was evicted by the taint manager; its node never confirms.
     stale = on_nodes(attempt=0, deleting1=True)[1:]

@@ -193,7 +193,7 @@ def test_many_made_up_tokens_cost_no_api_call_and_spend_no_ones_budget():
 
 def test_a_paused_replica_answers_503_and_takes_nothing():
     async def test(post, made, reviews):
-        made.queue.paused = True
+        made.set_active(False)
         assert (await post(PROGRESS))[:2] == (503, "5")
         assert reviews.calls == 0
         assert made.pods_of(KEY, "job-uid")[0].report is None

@@ -49,9 +49,10 @@ from .paths import (
     METADATA_ONLY,
     OPENID_CONFIGURATION,
     OPENID_KEYS,
-    OWNED,
     PEERING_GROUP,
     PEERING_VERSION,
+    listed_collection,
+    peerings,
     workloads,
 )
 from .transport import CONNECTIONS, T, client_configuration, ignore_gone, read_whole
@@ -117,27 +118,37 @@ class Kube:
         await asyncio.to_thread(self.api.close)
 
     # ---- the index audit and peering (controller.py) --------------------------------------
-    async def list_names(self, path: str, label_selector: str | None = None
-                         ) -> AsyncIterator[tuple[str, str]]:
-        """(namespace, name) of every object of a collection, listed in pages, metadata only:
-        a full list of 1,000 pods is mostly specs to download and decode."""
+    async def list_metadata(self, path: str, label_selector: str | None = None
+                            ) -> AsyncIterator[Mapping[str, Any]]:
+        """The metadata of every object of a collection, listed in pages, metadata only: a full
+        list of 1,000 pods is mostly specs to download and decode."""
         token = None
         while True:
             page = await self.request("GET", path, query={
                 "labelSelector": label_selector, "limit": LIST_PAGE, "continue": token},
                 accept=METADATA_ONLY)
             for item in page.get("items") or []:
-                metadata = item["metadata"]
-                yield metadata.get("namespace") or "", metadata["name"]
+                yield item["metadata"]
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return
 
-    def list_owned(self, kind: str) -> AsyncIterator[tuple[str, str]]:
-        """Every object of an owned kind the operator watches (its selector, paths.OWNED)."""
-        _, _, path, selector = OWNED[kind]
-        return self.list_names(path or workloads(self.kueue_group, self.kueue_version),
-                               selector)
+    async def list_owned(self, kind: str, namespaces: list[str]
+                         ) -> AsyncIterator[tuple[str, str, str, str]]:
+        """(namespace, name, uid, resourceVersion) of every job, or every object of an owned
+        kind the operator watches (its selector), in the namespaces watched (none: every one):
+        what the index audit and the cache sync compare kopf's indexes with. A kind not served
+        (Kueue absent) lists nothing."""
+        for namespace in namespaces or [None]:
+            path, selector = listed_collection(kind, namespace, self.kueue_group,
+                                               self.kueue_version)
+            try:
+                async for metadata in self.list_metadata(path, selector):
+                    yield (metadata.get("namespace") or "", metadata["name"],
+                           metadata.get("uid") or "", metadata.get("resourceVersion") or "")
+            except ApiException as error:
+                if error.status != 404:
+                    raise
 
     async def ensure_peering(self, name: str, namespaces: list[str]) -> None:
         """kopf's peering object: a ClusterKopfPeering for an operator of every namespace, else
@@ -148,28 +159,15 @@ class Kube:
             body = {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "kind": kind,
                     "metadata": {"name": name}}
             try:
-                if namespace:
-                    await self._run("POST", self.custom.create_namespaced_custom_object,
-                                    PEERING_GROUP, PEERING_VERSION, namespace, "kopfpeerings",
-                                    body)
-                else:
-                    await self._run("POST", self.custom.create_cluster_custom_object,
-                                    PEERING_GROUP, PEERING_VERSION, "clusterkopfpeerings", body)
+                await self.request("POST", peerings(namespace), body)
             except ApiException as error:
                 if error.status != 409:
                     raise
 
     async def read_peering(self, name: str, namespaces: list[str]) -> list[dict[str, Any]]:
         """The status of kopf's peering object(s): one record per replica (peering.py)."""
-        if not namespaces:
-            found = [await self._run("GET", self.custom.get_cluster_custom_object,
-                                     PEERING_GROUP, PEERING_VERSION, "clusterkopfpeerings",
-                                     name)]
-        else:
-            found = [await self._run("GET", self.custom.get_namespaced_custom_object,
-                                     PEERING_GROUP, PEERING_VERSION, namespace, "kopfpeerings",
-                                     name) for namespace in namespaces]
-        return [body.get("status") or {} for body in found]
+        return [(await self.request("GET", f"{peerings(namespace)}/{name}")).get("status") or {}
+                for namespace in namespaces or [None]]
 
     # ---- children -------------------------------------------------------------------------
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:

@@ -45,6 +45,26 @@ METADATA_ONLY = ("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.
                  "application/json")
 
 
+def listed_collection(kind: str, namespace: str | None, kueue_group: str, kueue_version: str
+                      ) -> tuple[str, str | None]:
+    """(path, label selector) of the jobs, or of an owned kind, in one namespace or (None)
+    in every one."""
+    if kind == "AccelerateJob":
+        return (JOBS.format(namespace) if namespace else f"/apis/{GROUP}/{VERSION}/{PLURAL}",
+                None)
+    if kind == "Workload":
+        return workloads(kueue_group, kueue_version, namespace), OWNED[kind][3]
+    return (COLLECTIONS[kind].format(namespace) if namespace else OWNED[kind][2],
+            OWNED[kind][3])
+
+
+def peerings(namespace: str | None) -> str:
+    """kopf's KopfPeerings in a namespace, or (None) its ClusterKopfPeerings."""
+    if namespace:
+        return f"/apis/{PEERING_GROUP}/{PEERING_VERSION}/namespaces/{namespace}/kopfpeerings"
+    return f"/apis/{PEERING_GROUP}/{PEERING_VERSION}/clusterkopfpeerings"
+
+
 def workloads(group: str, version: str, namespace: str | None = None) -> str:
     """Workloads in one namespace, or (None) in every one."""
     where = f"namespaces/{namespace}/" if namespace else ""
