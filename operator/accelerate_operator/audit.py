@@ -3,11 +3,12 @@ resourceVersion expired (410), or when a standby resumes, kopf lists again, but 
 while it was not watching stays in its indexes for good (nothing ever reports its deletion; kopf
 keys an index entry by the object's uid, so a pod made again under the same name sits beside its
 ghost). A pass deciding from such a ghost pod would wait for it forever, or take it for an earlier
-attempt's pod and delete, by name, the live pod that reuses it. So the owned collections are
-listed AUDIT_DELAY_SECONDS after kopf re-lists (its listing events carry type None), when this
-replica becomes the active one (controller.py), and every AUDIT_SECONDS anyway; indexed objects
-the listing lacks (pods and Workloads by uid, the other kinds, indexed by name, by name) are
-ghosts: the passes no longer see them (`Audit.hides`), and their jobs are reconciled."""
+attempt's pod and delete, by name, the live pod that reuses it; a ghost job would have its children
+made again. So the jobs and the owned collections are listed AUDIT_DELAY_SECONDS after kopf
+re-lists (its listing events carry type None), when this replica becomes the active one
+(controller.py), and every AUDIT_SECONDS anyway; indexed objects the listing lacks (jobs, pods and
+Workloads by uid, the other kinds, indexed by name, by name) are ghosts: the passes no longer see
+them (`Audit.hides`), and their jobs are reconciled."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ log = logging.getLogger("accelerate_operator")
 AUDIT_SECONDS = 300.0
 AUDIT_DELAY_SECONDS = 5.0
 # The owned kinds, and the index that keeps each.
-AUDITED = (("Pod", "job_pods"), ("Pod", "job_placeholders"), ("Service", "job_services"),
-           ("ConfigMap", "job_configmaps"), ("PodDisruptionBudget", "job_pdbs"),
-           ("Workload", "job_workloads"))
+AUDITED = (("AccelerateJob", "job_bodies"), ("Pod", "job_pods"), ("Pod", "job_placeholders"),
+           ("Service", "job_services"), ("ConfigMap", "job_configmaps"),
+           ("PodDisruptionBudget", "job_pdbs"), ("Workload", "job_workloads"))
+# The kinds whose index entries carry the object's uid: their ghosts are told apart by it.
+UID_KINDS = ("AccelerateJob", "Pod", "Workload")
 
 
 class Index(Protocol):
@@ -42,8 +45,9 @@ def indexed_identity(kind: str, value: Any) -> tuple[str, str | None]:
     """(name, uid or None) of the object in an index's value (indexes.py: each kind's entry)."""
     if kind == "Pod":
         return value[1].name, value[1].uid
-    if kind == "Workload":
-        return value[1]["metadata"]["name"], value[1]["metadata"].get("uid")
+    if kind in UID_KINDS:
+        metadata = (value if kind == "AccelerateJob" else value[1])["metadata"]
+        return metadata["name"], metadata.get("uid")
     return (value[0] if kind == "ConfigMap" else value), None
 
 
@@ -67,7 +71,7 @@ class Audit:
         """An event proves the object is no ghost; a listing event (type None) means kopf has
         listed again: audit soon."""
         if self.ghosts:
-            uid = metadata.get("uid") if kind in ("Pod", "Workload") else None
+            uid = metadata.get("uid") if kind in UID_KINDS else None
             self.ghosts.discard((kind, metadata.get("namespace") or "", metadata["name"], uid))
         if event_type is None and self._due is None and self._tasks:
             self._due = asyncio.get_running_loop().call_later(AUDIT_DELAY_SECONDS, self._start)

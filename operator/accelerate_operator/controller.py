@@ -249,7 +249,9 @@ class Controller:
         return list(found or ())
 
     def job_body(self, key: JobKey) -> Mapping[str, Any] | None:
-        bodies = self._values("job_bodies", key)
+        """The job as kopf's index shows it; not the ghost of one deleted while unwatched."""
+        bodies = [body for body in self._values("job_bodies", key) if not self.audit.hides(
+            KIND, key[0], key[1], body["metadata"].get("uid"))]
         return bodies[0] if bodies else None
 
     def pods_of(self, key: JobKey, uid: str) -> list[PodState]:
@@ -316,7 +318,9 @@ class Controller:
         index = self.indexes.get("job_bodies")
         if index is None:
             return []
-        return [body for bodies in list(index.values()) for body in list(bodies)]
+        return [body for bodies in list(index.values()) for body in list(bodies)
+                if not self.audit.hides(KIND, body["metadata"].get("namespace") or "",
+                                        body["metadata"]["name"], body["metadata"].get("uid"))]
 
     # ---- the pass -----------------------------------------------------------------------------
     async def reconcile(self, key: Hashable) -> float | None:
