@@ -191,13 +191,22 @@ def job_pods(kubeconfig: str, namespace: str, job: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in out["items"]}
 
 
-def test_a_replica_that_takes_over_with_stale_indexes_restarts_no_running_job(
+def events_of(kubeconfig: str, namespace: str, job: str) -> int:
+    """How many events were posted about the job (repeats counted)."""
+    out = kubectl_json("-n", namespace, "get", "events", "--field-selector",
+                       f"involvedObject.name={job},involvedObject.kind=AccelerateJob",
+                       kubeconfig=kubeconfig)
+    return sum(event.get("count") or 1 for event in out["items"])
+
+
+def test_a_replica_that_takes_over_with_stale_indexes_restarts_and_remakes_nothing(
         kubeconfig: str, namespace: str, tmp_path: Path, deployed_operator_stopped: None):
-    """Replica b runs alone and starts a job; a, of higher priority, joins (kopf pauses b's
-    watches: its indexes freeze) and restarts the job's group once (pod 0 deleted), so b's
-    indexes show neither the new pods nor the new attempt. a stops; b takes over. Its first
-    passes must wait for its indexes (cache_sync.py): the job runs on with the same pods and one
-    restart, not a second one for pods b would count as deleted."""
+    """Replica b runs alone and starts two jobs; a, of higher priority, joins (kopf pauses b's
+    watches: its indexes freeze), restarts one job's group once (pod 0 deleted), and the other
+    job is deleted; b's indexes show none of it. a stops; b takes over. Its first passes must
+    wait for its indexes (cache_sync.py) and its index audit: the job runs on with the same pods
+    and one restart, not a second one for pods b would count as deleted, and the deleted job
+    gets no pass (nothing made or said for it again)."""
     grant(kubeconfig, namespace, ["replica-a", "replica-b"])
     started: list[Replica] = []
 
@@ -213,18 +222,22 @@ def test_a_replica_that_takes_over_with_stale_indexes_restarts_no_running_job(
     try:
         b = start("replica-b", 100)
         wait_for(lambda: b.probe().get("paused") is False, timeout=90, description="b active")
-        apply_job(kubeconfig, namespace, command_job(
-            "steady", "import time\ntime.sleep(900)").build())
-        wait_for(lambda: status().get("phase") == "Running", timeout=120,
-                 description="b to run the job")
+        for name, nodes in (("steady", 2), ("doomed", 1)):
+            apply_job(kubeconfig, namespace, command_job(
+                name, "import time\ntime.sleep(900)", nodes=nodes).build())
+        wait_for(lambda: status().get("phase") == "Running" and created(
+            kubeconfig, namespace, "doomed"), timeout=120, description="b to run the jobs")
         a = start("replica-a", 200)
         wait_for(lambda: a.probe().get("paused") is False and b.probe().get("paused") is True,
                  timeout=90, description="a active, b paused")
         kubectl("-n", namespace, "delete", "pod", "steady-0", "--wait=false",
                 kubeconfig=kubeconfig)
-        wait_for(lambda: status().get("phase") == "Running" and status().get("restarts") == 1,
-                 timeout=120, description="a to restart the group once and run it")
-        pods = job_pods(kubeconfig, namespace, "steady")
+        kubectl("-n", namespace, "delete", "acceleratejob", "doomed", kubeconfig=kubeconfig)
+        wait_for(lambda: status().get("phase") == "Running" and status().get("restarts") == 1
+                 and not created(kubeconfig, namespace, "doomed"), timeout=120,
+                 description="a to restart the group once and run it; doomed's children gone")
+        pods, said = job_pods(kubeconfig, namespace, "steady"), events_of(kubeconfig, namespace,
+                                                                        "doomed")
         a.stop()
         wait_for(lambda: b.probe().get("paused") is False, timeout=60,
                  description="b to take over")
@@ -232,6 +245,8 @@ def test_a_replica_that_takes_over_with_stale_indexes_restarts_no_running_job(
         assert (status().get("phase"), status().get("restarts")) == ("Running", 1), \
             recent_events(kubeconfig, namespace)
         assert job_pods(kubeconfig, namespace, "steady") == pods
+        assert created(kubeconfig, namespace, "doomed") is None
+        assert events_of(kubeconfig, namespace, "doomed") == said
     finally:
         for replica in started:
             replica.stop()
