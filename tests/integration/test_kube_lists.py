@@ -114,19 +114,21 @@ def test_the_cache_sync_lists_versions_in_the_namespaces_watched(kubeconfig, nam
                                                                  monkeypatch):
     """Kube.list_owned, what the cache sync compares kopf's indexes with: the owned pods of
     the namespaces watched (their resourceVersion as the server has them), in pages; a pod
-    without the label is not listed; a kind not served lists nothing."""
+    without the label, or with an empty one, is not listed; a kind not served lists nothing."""
     def pod(name: str, labels: dict[str, str]) -> dict:
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": namespace, "labels": labels},
                 "spec": {"nodeSelector": {"accelerate-operator.io/no-such-node": "x"},
                          "containers": [{"name": "trainer", "image": "busybox"}]}}
 
-    pods = [pod(f"owned-{i}", {LABEL: "llm"}) for i in range(3)] + [pod("other", {"app": "x"})]
+    pods = [pod(f"owned-{i}", {LABEL: "llm"}) for i in range(3)] + [
+        pod("other", {"app": "x"}), pod("no-job", {LABEL: ""})]  # no index keeps either
     kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(p) for p in pods),
             kubeconfig=kubeconfig)
-    shown = kubectl("-n", namespace, "get", "pods", "-l", LABEL, "-o",
-                    "jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}",
-                    kubeconfig=kubeconfig).stdout.split()
+    shown = [line for line in kubectl(
+        "-n", namespace, "get", "pods", "-l", LABEL, "-o",
+        "jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}",
+        kubeconfig=kubeconfig).stdout.split() if line.startswith("owned-")]
     monkeypatch.setattr("accelerate_operator.kube.client.LIST_PAGE", 2)  # two pages
 
     async def scenario():

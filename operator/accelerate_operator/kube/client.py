@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from accelerate_trainer.contract import RUN_ATTEMPT_ANNOTATION
+from accelerate_trainer.contract import JOB_NAME_LABEL, RUN_ATTEMPT_ANNOTATION
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
@@ -138,12 +138,15 @@ class Kube:
         """(namespace, name, uid, resourceVersion) of every job, or every object of an owned
         kind the operator watches (its selector), in the namespaces watched (none: every one):
         what the index audit and the cache sync compare kopf's indexes with. A kind not served
-        (Kueue absent) lists nothing."""
+        (Kueue absent) lists nothing; an object whose job-name label is empty, which no index
+        keeps (indexes.owning_job), is left out."""
         for namespace in namespaces or [None]:
             path, selector = listed_collection(kind, namespace, self.kueue_group,
                                                self.kueue_version)
             try:
                 async for metadata in self.list_metadata(path, selector):
+                    if selector and not (metadata.get("labels") or {}).get(JOB_NAME_LABEL):
+                        continue
                     yield (metadata.get("namespace") or "", metadata["name"],
                            metadata.get("uid") or "", metadata.get("resourceVersion") or "")
             except ApiException as error:
@@ -155,9 +158,8 @@ class Kube:
         a KopfPeering in each one watched. kopf only writes into an existing one; without it a
         replica that must peer stays paused."""
         for namespace in namespaces or [None]:
-            kind = "KopfPeering" if namespace else "ClusterKopfPeering"
-            body = {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "kind": kind,
-                    "metadata": {"name": name}}
+            body = {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "metadata": {"name": name},
+                    "kind": "KopfPeering" if namespace else "ClusterKopfPeering"}
             try:
                 await self.request("POST", peerings(namespace), body)
             except ApiException as error:
