@@ -100,8 +100,9 @@ class Audit:
                 listed |= {(kind, namespace, name, uid), (kind, namespace, name, None)}
             for identity, key in before.items():
                 if identity not in listed and identity not in self.ghosts:
-                    log.info("%s %s/%s (uid %s) is gone but still indexed (deleted while "
-                             "unwatched): no pass sees it any more", *identity)
+                    log.info("%s %s/%s%s is gone but still indexed (deleted while unwatched): "
+                             "no pass sees it any more", *identity[:3],
+                             f" (uid {identity[3]})" if identity[3] else "")
                     self.ghosts.add(identity)
                     self.reconcile(key)
                     found += 1

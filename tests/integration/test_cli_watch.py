@@ -119,8 +119,8 @@ def test_wait_returns_as_soon_as_the_status_says_succeeded(kubeconfig, ns):
         set_status(kubeconfig, ns, "w", phase="Running", conditions=condition("Running"))
         time.sleep(1)
         assert cli.proc.poll() is None
-        patched = time.monotonic()
         set_status(kubeconfig, ns, "w", phase="Succeeded", conditions=condition("Succeeded"))
+        patched = time.monotonic()  # the write is done once kubectl returns (it takes ~1 s)
         came = cli.expect("condition met: Succeeded")
         assert cli.exit_code() == 0
         # a watch hears the change at once; the old client polled every 2 s

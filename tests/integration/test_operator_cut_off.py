@@ -191,6 +191,12 @@ def job_pods(kubeconfig: str, namespace: str, job: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in out["items"]}
 
 
+def running(status: dict, restarts: int) -> bool:
+    """Running after `restarts` restarts, from one read of the status (two reads may straddle
+    a restart's write: Running from before it, its count from after)."""
+    return status.get("phase") == "Running" and status.get("restarts", 0) == restarts
+
+
 def events_of(kubeconfig: str, namespace: str, job: str) -> int:
     """How many events were posted about the job (repeats counted)."""
     out = kubectl_json("-n", namespace, "get", "events", "--field-selector",
@@ -225,16 +231,16 @@ def test_a_replica_that_takes_over_with_stale_indexes_restarts_and_remakes_nothi
         for name, nodes in (("steady", 2), ("doomed", 1)):
             apply_job(kubeconfig, namespace, command_job(
                 name, "import time\ntime.sleep(900)", nodes=nodes).build())
-        wait_for(lambda: status().get("phase") == "Running" and created(
-            kubeconfig, namespace, "doomed"), timeout=120, description="b to run the jobs")
+        wait_for(lambda: running(status(), 0) and created(kubeconfig, namespace, "doomed"),
+                 timeout=120, description="b to run the jobs")
         a = start("replica-a", 200)
         wait_for(lambda: a.probe().get("paused") is False and b.probe().get("paused") is True,
                  timeout=90, description="a active, b paused")
         kubectl("-n", namespace, "delete", "pod", "steady-0", "--wait=false",
                 kubeconfig=kubeconfig)
         kubectl("-n", namespace, "delete", "acceleratejob", "doomed", kubeconfig=kubeconfig)
-        wait_for(lambda: status().get("phase") == "Running" and status().get("restarts") == 1
-                 and not created(kubeconfig, namespace, "doomed"), timeout=120,
+        wait_for(lambda: running(status(), 1) and not created(kubeconfig, namespace, "doomed"),
+                 timeout=120,
                  description="a to restart the group once and run it; doomed's children gone")
         pods, said = job_pods(kubeconfig, namespace, "steady"), events_of(kubeconfig, namespace,
                                                                         "doomed")
@@ -242,9 +248,9 @@ def test_a_replica_that_takes_over_with_stale_indexes_restarts_and_remakes_nothi
         wait_for(lambda: b.probe().get("paused") is False, timeout=60,
                  description="b to take over")
         time.sleep(12)  # b's passes run on every job as it takes over
-        assert (status().get("phase"), status().get("restarts")) == ("Running", 1), \
-            recent_events(kubeconfig, namespace)
-        assert job_pods(kubeconfig, namespace, "steady") == pods
+        assert running(status(), 1), recent_events(kubeconfig, namespace)
+        assert job_pods(kubeconfig, namespace, "steady") == pods, recent_events(kubeconfig,
+                                                                                namespace)
         assert created(kubeconfig, namespace, "doomed") is None
         assert events_of(kubeconfig, namespace, "doomed") == said
     finally:
