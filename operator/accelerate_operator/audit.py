@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 log = logging.getLogger("accelerate_operator")
@@ -41,20 +41,30 @@ Identity = tuple[str, str, str, str | None]
 Listed = tuple[str, str, str, str]
 
 
-def indexed_identity(kind: str, value: Any) -> tuple[str, str | None]:
-    """(name, uid or None) of the object in an index's value (indexes.py: each kind's entry)."""
+def entry_identity(kind: str, value: Any) -> tuple[str, str | None, str | None]:
+    """(name, uid, resourceVersion) of the object in an index's value (indexes.py: each kind's
+    entry); uid and version None for a kind indexed by name."""
     if kind == "Pod":
-        return value[1].name, value[1].uid
+        return value[1].name, value[1].uid, value[1].resource_version
     if kind in UID_KINDS:
         metadata = (value if kind == "AccelerateJob" else value[1])["metadata"]
-        return metadata["name"], metadata.get("uid")
-    return (value[0] if kind == "ConfigMap" else value), None
+        return metadata["name"], metadata.get("uid"), metadata.get("resourceVersion")
+    return (value[0] if kind == "ConfigMap" else value), None, None
+
+
+def indexed_objects(kind: str, index: Index | None
+                    ) -> Iterator[tuple[Hashable, str, str | None, str | None]]:
+    """(job key, name, uid, resourceVersion) of every object of a kind an index shows (read
+    also by cache_sync.py)."""
+    for key in list(index or ()):
+        for value in index.get(key) or ():
+            yield (key, *entry_identity(kind, value))
 
 
 class Audit:
-    """Lists the owned collections through `list_owned(kind)` ((namespace, name, version) of
-    each object) and keeps the ghosts found;
-    `reconcile(job key)` queues a job whose objects turned out to be ghosts."""
+    """Lists the jobs and the owned collections through `list_owned(kind)` (Listed: each
+    object's namespace, name, uid and version) and keeps the ghosts found; `reconcile(job key)`
+    queues a job whose objects turned out to be ghosts."""
 
     def __init__(self, list_owned: Callable[[str], AsyncIterator[Listed]],
                  reconcile: Callable[[Hashable], None]):
@@ -78,12 +88,8 @@ class Audit:
 
     def indexed(self, kind: str, index: str) -> dict[Identity, Hashable]:
         """Identity -> job key of every object of a kind the index shows."""
-        found: dict[Identity, Hashable] = {}
-        source = self.indexes.get(index)
-        for key in list(source or ()):
-            for value in source.get(key) or ():
-                found[(kind, key[0], *indexed_identity(kind, value))] = key
-        return found
+        return {(kind, key[0], name, uid): key
+                for key, name, uid, _ in indexed_objects(kind, self.indexes.get(index))}
 
     async def audit(self) -> int:
         """List the owned collections once; every object indexed before the list began that

@@ -20,16 +20,16 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
 
-from .audit import Index, Listed
+from .audit import Index, Listed, indexed_objects
 
 log = logging.getLogger("accelerate_operator")
 
 CHECK_SECONDS = 0.2
 RELIST_SECONDS = 2.0
 TIMEOUT_SECONDS = 60.0
-# kind -> the indexes that keep it (handlers.py), each value read by `version_of`.
+# kind -> the indexes that keep it (handlers.py; audit.entry_identity reads their values). Those
+# without an index (Workloads with the Kueue integration off) are not synced.
 SYNCED = {"AccelerateJob": ("job_bodies",), "Pod": ("job_pods", "job_placeholders"),
           "Workload": ("job_workloads",)}
 
@@ -38,25 +38,11 @@ SYNCED = {"AccelerateJob": ("job_bodies",), "Pod": ("job_pods", "job_placeholder
 Versions = dict[tuple[str, str, str, str], str]
 
 
-def version_of(kind: str, value: Any) -> tuple[str, str, str]:
-    """(name, uid, resourceVersion) of an index's value (indexes.py: each kind's entry)."""
-    if kind == "Pod":
-        return value[1].name, value[1].uid, value[1].resource_version
-    metadata = (value if kind == "AccelerateJob" else value[1])["metadata"]
-    return metadata["name"], metadata.get("uid") or "", metadata.get("resourceVersion") or ""
-
-
 def indexed_versions(indexes: Mapping[str, Index], kinds: Iterable[str]) -> Versions:
     """What kopf's indexes show of the kinds synced."""
-    found: Versions = {}
-    for kind in kinds:
-        for index_name in SYNCED[kind]:
-            index = indexes.get(index_name)
-            for key in list(index or ()):
-                for value in index.get(key) or ():
-                    name, uid, version = version_of(kind, value)
-                    found[(kind, key[0], name, uid)] = version
-    return found
+    return {(kind, key[0], name, uid or ""): version or ""
+            for kind in kinds for index_name in SYNCED[kind]
+            for key, name, uid, version in indexed_objects(kind, indexes.get(index_name))}
 
 
 def caught_up(indexed: str | None, listed: str) -> bool:
@@ -78,10 +64,9 @@ def lagging(listed: Versions, indexed: Versions) -> list[tuple[str, str, str, st
 
 
 class CacheSync:
-    """`list_owned(kind)` lists one kind on the API server ((namespace, name, uid, version)
-    each);
-    `wait(indexes, kinds)` returns once kopf's indexes have caught up with what it lists, or on
-    timeout."""
+    """`list_owned(kind)` lists one kind on the API server (Listed: each object's namespace,
+    name, uid and version); `wait(indexes)` returns once kopf's indexes have caught up with what
+    it lists, or on timeout."""
 
     def __init__(self, list_owned: Callable[[str], AsyncIterator[Listed]],
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -91,10 +76,10 @@ class CacheSync:
         return {(kind, namespace, name, uid): version for kind in kinds
                 async for namespace, name, uid, version in self.list_owned(kind)}
 
-    async def wait(self, indexes: Mapping[str, Index], kinds: Iterable[str]) -> bool:
+    async def wait(self, indexes: Mapping[str, Index]) -> bool:
         """True once the indexes show every listed object at its listed version or a newer one;
         False when TIMEOUT_SECONDS passed first (logged with what lags)."""
-        kinds = [kind for kind in kinds if any(name in indexes for name in SYNCED[kind])]
+        kinds = [kind for kind, kept in SYNCED.items() if any(name in indexes for name in kept)]
         started = self.clock()
         behind: list[tuple[str, str, str, str]] = []
         while self.clock() - started < TIMEOUT_SECONDS:

@@ -181,8 +181,7 @@ class Controller:
             self._resuming = asyncio.create_task(self._resume(), name="cache sync")
 
     async def _resume(self) -> None:
-        kinds = ["AccelerateJob", "Pod"] + (["Workload"] if self.kueue else [])
-        await self.sync.wait(self.indexes, kinds)
+        await self.sync.wait(self.indexes)
         await self.audit.run_once()  # what was deleted while paused: no pass sees its ghost
         self.queue.paused = False
         for key in list(self.indexes.get("job_bodies") or ()):
@@ -250,9 +249,14 @@ class Controller:
 
     def job_body(self, key: JobKey) -> Mapping[str, Any] | None:
         """The job as kopf's index shows it; not the ghost of one deleted while unwatched."""
-        bodies = [body for body in self._values("job_bodies", key) if not self.audit.hides(
-            KIND, key[0], key[1], body["metadata"].get("uid"))]
+        bodies = [body for body in self._values("job_bodies", key) if not self._ghost(body)]
         return bodies[0] if bodies else None
+
+    def _ghost(self, job: Mapping[str, Any]) -> bool:
+        """A job the index audit found deleted while unwatched."""
+        metadata = job["metadata"]
+        return self.audit.hides(KIND, metadata.get("namespace") or "", metadata["name"],
+                                metadata.get("uid"))
 
     def pods_of(self, key: JobKey, uid: str) -> list[PodState]:
         """The job's pods, each with its latest report. A pod of an earlier job of the same
@@ -319,8 +323,7 @@ class Controller:
         if index is None:
             return []
         return [body for bodies in list(index.values()) for body in list(bodies)
-                if not self.audit.hides(KIND, body["metadata"].get("namespace") or "",
-                                        body["metadata"]["name"], body["metadata"].get("uid"))]
+                if not self._ghost(body)]
 
     # ---- the pass -----------------------------------------------------------------------------
     async def reconcile(self, key: Hashable) -> float | None:

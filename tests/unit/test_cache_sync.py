@@ -95,8 +95,7 @@ def test_the_sync_waits_for_the_indexes_and_lists_again_what_went_meanwhile():
     shown = indexes([pod(0)])
 
     async def scenario():
-        waiting = asyncio.create_task(CacheSync(server.list_owned).wait(
-            shown, ["AccelerateJob", "Pod"]))
+        waiting = asyncio.create_task(CacheSync(server.list_owned).wait(shown))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # train-1 is missing from the index
         shown["job_pods"][KEY].append(pod(1))
@@ -116,7 +115,7 @@ def test_a_sync_that_cannot_finish_lets_the_passes_run_after_its_timeout():
     async def scenario():
         loop = asyncio.get_running_loop()
         started = loop.time()
-        synced = await CacheSync(server.list_owned).wait(indexes([pod(0)]), ["Pod"])
+        synced = await CacheSync(server.list_owned).wait(indexes([pod(0)]))
         return synced, loop.time() - started
 
     synced, took = asyncio.run(scenario())
