@@ -160,7 +160,7 @@ def run_group(facts: Facts, out: StatusBuilder, counters: Counters) -> Outcome:
     # The ranks left on healthy nodes wait in collectives on the lost ones: they can neither
     # stop cleanly nor checkpoint (that takes every rank), and a grace period would only keep
     # their names from the next group.
-    ending = Ending(due=(node_due,), node_lost=bool(lost))
+    ending = Ending(due=(node_due,), no_grace=bool(lost))
     failures = find_failures(facts.job, current, out.previous_phase == RUNNING, lost)
     if failures:
         return restart_or_fail(facts, out, counters, failures, ending)

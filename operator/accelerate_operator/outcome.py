@@ -95,7 +95,7 @@ class Ending:
     """How a policy ends the lifecycle: the pods to create and delete, the job's own deletion,
     when to look again (None: the earliest of `due`), the quota release, and the times that
     would change the decision (a stall, a node counted lost, a waiting timeout) and whether the
-    group restarts for a lost node (its pods then go with no grace period)."""
+    group's pods hold nothing a grace period could save (they then go with none)."""
 
     create: Sequence[int] = ()
     delete: Sequence[str] = ()
@@ -103,7 +103,7 @@ class Ending:
     requeue_after: float | None = None
     release: bool = False
     due: Sequence[datetime | None] = ()
-    node_lost: bool = False
+    no_grace: bool = False
 
 
 def conclude(facts: Facts, out: StatusBuilder, counters: Counters,
@@ -116,7 +116,7 @@ def conclude(facts: Facts, out: StatusBuilder, counters: Counters,
     status = out.finish()
     going = [p for p in facts.pods if p.deleting or p.name in ending.delete]
     force = tuple(p.name for p in going
-                  if unreachable(facts, p) or (ending.node_lost and not p.deleting))
+                  if unreachable(facts, p) or (ending.no_grace and not p.deleting))
     requeue = ending.requeue_after
     if requeue is None and status.get("phase") not in FINISHED_PHASES:
         # A pod going from a node that stopped reporting goes with no grace period once the

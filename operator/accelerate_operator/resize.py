@@ -5,9 +5,12 @@ decides the sizes, this module reads the pods for it and carries its decisions o
   for spec.elastic.shrinkAfterSeconds (a lost node whose replacement finds no room, a drained
   node), the group restarts from its last complete checkpoint at the largest allowed size its
   placed pods fill; while it runs reduced and the scheduler has placed placeholders for the
-  missing nodes, it restarts at the size they make room for. Either restart deletes the pods
-  gracefully, so every rank that can saves a checkpoint (checkpoint_on_stop), and is a
-  disruption: counted in status.restarts, not against backoffLimit. The pods of the new group
+  missing nodes, it restarts at the size they make room for. A grow deletes the pods
+  gracefully, so every rank saves a checkpoint (checkpoint_on_stop); a shrink deletes them with
+  no grace period, as a group with a pod never placed never formed: no rank trained a step to
+  save, and the placed ones wait in the rendezvous, deaf to SIGTERM, for the whole grace period
+  (120 s by default). Either restart is a disruption: counted in status.restarts, not against
+  backoffLimit. The pods of the new group
   get the topology and the accumulation of the new size (elastic.group_size, read back from
   status.elastic by decide.py).
 - `hold_capacity`, after whichever policy ended the lifecycle: while the group runs reduced, one
@@ -82,8 +85,9 @@ def placed(placeholders: Sequence[PodState]) -> int:
 
 
 def restart_at(facts: Facts, out: StatusBuilder, counters: Counters, to: Resize) -> Outcome:
-    """A new attempt at `to.size`: every pod of this one deleted gracefully; a Warning event
-    for a shrink (naming the pods that could not be placed and why), a Normal one to grow."""
+    """A new attempt at `to.size`: every pod of this one deleted (with no grace period when one
+    of them was never placed: the group never formed); a Warning event for a shrink (naming
+    the pods that could not be placed and why), a Normal one to grow."""
     job, shrunk = facts.job, to.size < facts.job.num_nodes
     counters = replace(counters, restarts=counters.restarts + 1).new_group()
     out.status["restarts"] = counters.restarts
@@ -93,8 +97,10 @@ def restart_at(facts: Facts, out: StatusBuilder, counters: Counters, to: Resize)
     out.counts(facts.pods)
     out.condition(RESIZED, to.size < wanted_nodes(job), to.reason, to.message)
     out.phase(RESTARTING, to.reason, to.message, warning=shrunk)
+    never_formed = any(not p.node for p in facts.pods)  # all of the current group (resize)
     return conclude(facts, out, counters,
-                    Ending(delete=[p.name for p in facts.pods if not p.deleting]))
+                    Ending(delete=[p.name for p in facts.pods if not p.deleting],
+                           no_grace=never_formed))
 
 
 def hold_capacity(facts: Facts, outcome: Outcome) -> Outcome:

@@ -274,6 +274,38 @@ def wait_until_finished(kubeconfig: str, namespace: str, names, *, timeout: floa
                     description=f"{len(names)} jobs of {namespace} to finish")
 
 
+def follow_jobs(kubeconfig: str, namespace: str, stages: dict, *, timeout: float,
+                seen: dict | None = None) -> dict:
+    """Each job's stages, in order, from one list call a poll: `stages` maps a job's name to
+    [(stage, predicate(status, seen))]; returns `seen`, each stage's name to the time it was first
+    seen (time.time()) and the job's status then. A predicate may compare with a stage seen
+    before it (in `seen`), so several jobs' timelines are followed at once, none polled late."""
+    import time
+
+    from devtools.cluster import wait_for
+
+    seen = {} if seen is None else seen
+    pending = {job: list(queue) for job, queue in stages.items()}
+    last: dict = {}
+
+    def check() -> bool:
+        nonlocal last
+        last, now = job_statuses(kubeconfig, namespace), time.time()
+        for job, queue in pending.items():
+            while queue and last.get(job) and queue[0][1](last[job], seen):
+                seen[queue.pop(0)[0]] = (now, last[job])
+        return not any(pending.values())
+
+    try:
+        wait_for(check, timeout=timeout, interval=0.5, description="the jobs' stages")
+    except AssertionError as error:
+        waiting = {job: queue[0][0] for job, queue in pending.items() if queue}
+        raise AssertionError(
+            f"{error}: still waiting for {waiting}; last statuses: {json.dumps(last, indent=1)}; "
+            f"events:\n{recent_events(kubeconfig, namespace)}") from None
+    return seen
+
+
 def phase_is(*phases: str):
     return lambda job: job.get("status", {}).get("phase") in phases
 
