@@ -49,7 +49,17 @@ from accelerate_trainer.contract import CONFIG_ERROR_EXIT_CODE
 from .api import JobSpec
 from .causes import OOM_KILLED
 from .constants import CREATED, FAILED, PENDING, RESTARTING, RUNNING, STALLED, SUCCEEDED
-from .outcome import Counters, Ending, Facts, Outcome, conclude, fail, node_lost, pods_to_clean
+from .outcome import (
+    Counters,
+    Ending,
+    Facts,
+    Outcome,
+    conclude,
+    fail,
+    never_formed,
+    node_lost,
+    pods_to_clean,
+)
 from .pod_state import PodState
 from .startup import WAITING_TIMEOUT_REASON, set_waiting, waiting_timeout
 from .status import Event, StatusBuilder
@@ -237,9 +247,10 @@ def restart_or_fail(facts: Facts, out: StatusBuilder, counters: Counters,
 def restart(facts: Facts, out: StatusBuilder, counters: Counters, cause: str, reason: str,
             ending: Ending, *, counted: bool, in_place: bool = False) -> Outcome:
     """A new attempt: every pod of this one is deleted (gracefully: each rank gets SIGTERM and
-    its grace period to checkpoint), or, `in_place`, told to launch the new attempt. A counted
-    restart past backoffLimit fails the job."""
+    its grace period to checkpoint, unless the group never formed), or, `in_place`, told to
+    launch the new attempt. A counted restart past backoffLimit fails the job."""
     limit = facts.job.run_policy.backoff_limit
+    group = [p for p in facts.pods if p.attempt == counters.group]
     if counted and counters.counted >= limit:
         return fail(facts, out, counters, "BackoffLimitExceeded",
                     f"{cause}; no restarts left (spec.runPolicy.backoffLimit={limit})")
@@ -259,8 +270,9 @@ def restart(facts: Facts, out: StatusBuilder, counters: Counters, cause: str, re
               f"{' in place' if in_place else ''} ({budget})", warning=True)
     if in_place:
         return conclude(facts, out, counters, ending)
-    return conclude(facts, out, counters,
-                    replace(ending, delete=[p.name for p in facts.pods if not p.deleting]))
+    return conclude(facts, out, counters, replace(
+        ending, delete=[p.name for p in facts.pods if not p.deleting],
+        no_grace=ending.no_grace or never_formed(group)))
 
 
 def stall_reference(facts: Facts, out: StatusBuilder, current: Sequence[PodState]

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .api import JobSpec
-from .constants import FAILED, FINISHED_PHASES
+from .constants import FAILED, FINISHED_PHASES, PENDING
 from .pod_state import NodeState, PodState
 from .status import Event, StatusBuilder, attempt_of, group_attempt
 from .timefmt import format_time, parse_time
@@ -192,6 +192,14 @@ def unreachable(facts: Facts, pod: PodState) -> bool:
     """A pod lost with a node whose kubelet no longer reports: deleted with no grace period,
     or it would stay Terminating (and hold its name) until the node came back."""
     return _silent(node_of(facts, pod)) and node_lost(facts, pod)[0] is not None
+
+
+def never_formed(group: Sequence[PodState]) -> bool:
+    """A group with a pod that never ran (unplaced, or its containers not started): its
+    rendezvous never completed, so no rank trained a step to save. Its pods go with no grace
+    period: a rank waiting in the rendezvous does not answer SIGTERM, and would hold the next
+    group's names for the whole grace period (120 s by default; measured on a shrink)."""
+    return any(p.phase == PENDING for p in group)
 
 
 def _silent(node: NodeState | None) -> bool:

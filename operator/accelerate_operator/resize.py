@@ -36,7 +36,7 @@ from .elastic import (
     wanted_nodes,
 )
 from .not_started import UNSCHEDULABLE
-from .outcome import Counters, Ending, Facts, Outcome, conclude
+from .outcome import Counters, Ending, Facts, Outcome, conclude, never_formed
 from .pod_state import PodState
 from .status import StatusBuilder
 from .timefmt import parse_time
@@ -97,10 +97,9 @@ def restart_at(facts: Facts, out: StatusBuilder, counters: Counters, to: Resize)
     out.counts(facts.pods)
     out.condition(RESIZED, to.size < wanted_nodes(job), to.reason, to.message)
     out.phase(RESTARTING, to.reason, to.message, warning=shrunk)
-    never_formed = any(not p.node for p in facts.pods)  # all of the current group (resize)
     return conclude(facts, out, counters,
                     Ending(delete=[p.name for p in facts.pods if not p.deleting],
-                           no_grace=never_formed))
+                           no_grace=never_formed(facts.pods)))
 
 
 def hold_capacity(facts: Facts, outcome: Outcome) -> Outcome:

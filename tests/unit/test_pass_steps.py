@@ -19,6 +19,7 @@ from accelerate_operator.group import (
     POD_DELETED,
     find_failures,
     launch_failures,
+    restart,
     stall,
 )
 from accelerate_operator.kueue.gate import queue_status, stop_group
@@ -90,6 +91,21 @@ def test_conclude_writes_the_attempts_and_asks_back_at_the_earliest_due_time():
     assert outcome.requeue_after == 5.0
     same = conclude(f, builder(f), Counters(1, 1, 0, 0))
     assert "groupAttempt" not in same.status
+
+
+def test_a_restart_stops_a_formed_group_gracefully_and_one_that_never_formed_at_once():
+    formed = facts([pod("j", 0), pod("j", 1, "Failed", exit_code=1)], backoffLimit=3)
+    outcome = restart(formed, builder(formed), Counters(0, 0, 0, 0), "rank 1 failed",
+                      "Failed", Ending(), counted=True)
+    assert (outcome.delete, outcome.force_delete) == (("j-0", "j-1"), ())  # ranks may save
+    # Pod 1 still pulls its image: pod 0 waits in the rendezvous, where SIGTERM does not reach
+    # it, and no rank has trained a step to save.
+    unformed = facts([pod("j", 0, node="n1"), pod("j", 1, "Pending", node="n2")],
+                     backoffLimit=3)
+    outcome = restart(unformed, builder(unformed), Counters(0, 0, 0, 0), "pod j-0 evicted",
+                      "Disrupted", Ending(), counted=False)
+    assert (outcome.delete, outcome.force_delete) == ((), ("j-0", "j-1"))
+    assert outcome.group == 1
 
 
 def test_conclude_deletes_pods_of_a_silent_lost_node_with_no_grace_period():
