@@ -3,7 +3,8 @@ the cluster with its webhooks) and the operator the chart deployed with kueue.en
 ClusterQueue with quota for one two-node job admits a second job only when the first has
 finished; a low-priority job is preempted by a high-priority one, waits, is admitted again and
 finishes from its checkpoint, every step after it trained once; a group that cannot fit never
-starts a pod. Real CPU training on the local nodes, as in test_resume_after_rank_failure.py.
+starts a pod (queued from the module's start to its end). Real CPU training on the local nodes, as
+in test_resume_after_rank_failure.py.
 
 Kueue is installed for this module and removed after it, so no other test runs under its
 webhooks; `make test` builds it before the first test (hack/build-kueue.sh). Where it cannot be
@@ -17,12 +18,13 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 import pytest
 from accelerate_operator.kueue import choose_kueue_version
 
-from devtools.cluster import ROOT, kubectl, wait_for
+from devtools.cluster import ROOT, create_namespace, delete_namespace, kubectl, wait_for
 from tests.helpers.jobs import (
     JobBuilder,
     apply_job,
@@ -78,10 +80,10 @@ def apply(kubeconfig: str, *objects: dict) -> None:
             input="\n---\n".join(json.dumps(o) for o in objects))
 
 
-@pytest.fixture
-def queue(kueue: str, namespace: str) -> Iterator[str]:
-    """A ResourceFlavor, a ClusterQueue (QUOTA, preemption of lower priorities) for this test's
-    namespace only, a LocalQueue in it, and two WorkloadPriorityClasses. Yields the LocalQueue."""
+@contextmanager
+def local_queue(kueue: str, namespace: str) -> Iterator[str]:
+    """A ResourceFlavor, a ClusterQueue (QUOTA, preemption of lower priorities) for `namespace`
+    only, a LocalQueue in it, and two WorkloadPriorityClasses. Yields the LocalQueue."""
     name = f"kueue-h-{namespace}"[:63]
     api = kueue_api(kueue)
     cluster_objects = [
@@ -110,6 +112,26 @@ def queue(kueue: str, namespace: str) -> Iterator[str]:
     for obj in reversed(cluster_objects):
         kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found",
                 "--timeout=120s", kubeconfig=kueue, check=False)
+
+
+@pytest.fixture
+def queue(kueue: str, namespace: str) -> Iterator[str]:
+    with local_queue(kueue, namespace) as name:
+        yield name
+
+
+@pytest.fixture(scope="module", autouse=True)
+def too_big(kueue: str) -> Iterator[tuple[str, str]]:
+    """A three-node job in a queue of its own, applied as the module starts: it waits through
+    every test of the module, and the last checks that it never got a pod. Yields its namespace
+    and queue."""
+    namespace = create_namespace(kueue, prefix="kueue-too-big")
+    try:
+        with local_queue(kueue, namespace) as name:
+            apply_job(kueue, namespace, queued_job("toobig", name, nodes=3))
+            yield namespace, name
+    finally:
+        delete_namespace(kueue, namespace)
 
 
 def queued_job(name: str, queue: str, *, nodes: int = 2, steps: int = 20,
@@ -243,15 +265,17 @@ def test_a_preempted_job_waits_and_resumes_from_its_checkpoint_every_step_once(q
           f"{MAX_STEPS} after the high-priority job finished")
 
 
-def test_a_group_that_cannot_fit_never_starts_a_pod(queue, kueue, namespace):
-    apply_job(kueue, namespace, queued_job("toobig", queue, nodes=3))
+def test_a_group_that_cannot_fit_never_starts_a_pod(kueue, too_big):
+    # Queued since the module started: the tests above ran meanwhile.
+    namespace, queue = too_big
     wait_for(lambda: workload_condition(workload_of(kueue, namespace, "toobig"),
                                         "QuotaReserved").get("status") == "False",
              timeout=60, description="Kueue to find no quota for three nodes")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        assert pods_of(kueue, namespace, "toobig") == []
-        time.sleep(1)
+    assert pods_of(kueue, namespace, "toobig") == []
+    # None ever existed: a pod made and deleted would have left its events (kept an hour).
+    events = json.loads(kubectl("-n", namespace, "get", "events", "-o", "json",
+                                kubeconfig=kueue).stdout)["items"]
+    assert not [e for e in events if e["involvedObject"]["kind"] == "Pod"], events
     job = get_job(kueue, namespace, "toobig")
     assert job["status"]["phase"] == "Queued"
     assert job["status"]["queue"]["name"] == queue
