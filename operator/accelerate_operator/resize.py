@@ -7,12 +7,10 @@ decides the sizes, this module reads the pods for it and carries its decisions o
   placed pods fill; while it runs reduced and the scheduler has placed placeholders for the
   missing nodes, it restarts at the size they make room for. A grow deletes the pods
   gracefully, so every rank saves a checkpoint (checkpoint_on_stop); a shrink deletes them with
-  no grace period, as a group with a pod never placed never formed: no rank trained a step to
-  save, and the placed ones wait in the rendezvous, deaf to SIGTERM, for the whole grace period
-  (120 s by default). Either restart is a disruption: counted in status.restarts, not against
-  backoffLimit. The pods of the new group
-  get the topology and the accumulation of the new size (elastic.group_size, read back from
-  status.elastic by decide.py).
+  no grace period, as a group with a pod never placed never formed (outcome.never_formed).
+  Either restart is a disruption: counted in status.restarts, not against backoffLimit. The
+  pods of the new group get the topology and the accumulation of the new size
+  (elastic.group_size, read back from status.elastic by decide.py).
 - `hold_capacity`, after whichever policy ended the lifecycle: while the group runs reduced, one
   placeholder pod per missing node (resources/placeholder.py) asks the scheduler for that
   capacity; they go at full size, when the job finishes and when it is suspended.

@@ -353,8 +353,8 @@ def check_elastic(kubeconfig: str, namespace: str, at_kill: dict, seen: dict, fi
     resized = condition({"status": shrunk}, "Resized")
     assert (resized["status"], resized["reason"]) == ("True", "PodsUnschedulable"), resized
     assert re.search(rf"pod {ELASTIC}-\d cannot be scheduled: Unschedulable", resized["message"])
-    # The group that never formed went with no grace period: its placed pod, waiting in the
-    # rendezvous, would have held the reduced group back for the whole of it (120 s).
+    # The group that never formed went at once: its placed pod, its trainer waiting for the
+    # unplaced master's name, held the reduced group back for its whole grace period (120 s).
     made_after = (utc(reduced_made) - utc(resized["lastTransitionTime"])).total_seconds()
     assert made_after < 30, (reduced_made, resized)
     assert condition({"status": grown}, "Resized")["reason"] == "CapacityReturned"

@@ -98,8 +98,8 @@ def test_a_restart_stops_a_formed_group_gracefully_and_one_that_never_formed_at_
     outcome = restart(formed, builder(formed), Counters(0, 0, 0, 0), "rank 1 failed",
                       "Failed", Ending(), counted=True)
     assert (outcome.delete, outcome.force_delete) == (("j-0", "j-1"), ())  # ranks may save
-    # Pod 1 still pulls its image: pod 0 waits in the rendezvous, where SIGTERM does not reach
-    # it, and no rank has trained a step to save.
+    # Pod 1 still pulls its image: pod 0 only waits for it, and no rank has trained a step to
+    # save.
     unformed = facts([pod("j", 0, node="n1"), pod("j", 1, "Pending", node="n2")],
                      backoffLimit=3)
     outcome = restart(unformed, builder(unformed), Counters(0, 0, 0, 0), "pod j-0 evicted",

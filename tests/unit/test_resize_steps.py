@@ -107,8 +107,8 @@ def test_past_the_wait_the_group_restarts_at_the_size_that_fits_as_an_uncounted_
     f = replace(f, pods=tuple(replace(p, attempt=1) for p in f.pods))
     (outcome, _), _ = resize_of(f)
     status = outcome.status
-    # The group never formed (j-1 was never placed): nothing to save, and j-0 waits in the
-    # rendezvous, deaf to SIGTERM, for a whole grace period. Both go with none.
+    # The group never formed (j-1 was never placed): nothing to save, and j-0 only waits for
+    # its peer. Both go with no grace period.
     assert (outcome.attempt, outcome.delete, outcome.force_delete) == (2, (), ("j-0", "j-1"))
     assert (status["restarts"], status["restartsCounted"], status["phase"]) == (
         2, 0, "Restarting")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -236,6 +237,27 @@ def fail(message: str, exit_code: int) -> int:
     return exit_code
 
 
+def stop_at_once_until_launch() -> None:
+    """Until the launch, a stop (a drain, the operator stopping the group) ends the pod at once,
+    exit 128 + the signal: nothing has trained, so there is nothing to save. This process is its
+    container's PID 1, for which the kernel drops a signal it has no handler for: waiting for
+    the master's name (as long as the master is not placed) it held its pod for the whole grace
+    period, 120 s. The launcher exec'd in its place starts with the default actions."""
+    def stop(number: int, _frame: object) -> None:
+        os.write(2, f"accelerate-trainer: {signal.Signals(number).name} before the launch: "
+                    "stopped\n".encode())
+        os._exit(128 + number)
+
+    for number in supervise.STOP_SIGNALS:
+        signal.signal(number, stop)
+
+
+def run() -> int:
+    """The console script: the container's entrypoint."""
+    stop_at_once_until_launch()
+    return main()
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="accelerate-trainer: %(message)s")
     script = list(sys.argv[1:] if argv is None else argv)
@@ -327,4 +349,4 @@ def launch(argv: list[str], env: dict[str, str], node_rank: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
