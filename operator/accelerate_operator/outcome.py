@@ -198,8 +198,8 @@ def never_formed(group: Sequence[PodState]) -> bool:
     """A group with a pod that never ran (unplaced, or its containers not started): its
     rendezvous never completed, so no rank trained a step to save. Its pods go with no grace
     period: the others only wait for their peers, and one that does not answer SIGTERM there
-    (an init container, a launcher blocked in the rendezvous) would keep its name from the next
-    group for the whole grace period, 120 s by default."""
+    (a user's init container, say) would keep its name from the next group for the whole grace
+    period, 120 s by default."""
     return any(p.phase == PENDING for p in group)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+from accelerate_trainer.contract import JOB_NAME_LABEL
+
 from devtools.cluster import kubectl, kubectl_binary
 from tests.helpers.jobs import (
     apply_job,
@@ -17,8 +19,6 @@ from tests.helpers.jobs import (
     wait_for_job,
 )
 from tests.helpers.shared_volume import shared_dir
-
-JOB_NAME_LABEL = "accelerate-operator.io/job-name"
 
 
 def follow_log(kubeconfig: str, namespace: str, pod: str) -> subprocess.Popen:

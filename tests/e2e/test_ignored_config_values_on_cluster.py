@@ -137,11 +137,12 @@ def condition(status: dict, type_: str) -> dict:
 
 def test_every_dropped_value_a_cpu_pod_can_show_is_refused_or_warned(kubeconfig: str,
                                                                     namespace: str):
+    bodies = jobs()
     kubectl("-n", namespace, "apply", "-f", "-", kubeconfig=kubeconfig,
             input=json.dumps({"apiVersion": "v1", "kind": "List",
-                              "items": list(jobs().values())}))
+                              "items": list(bodies.values())}))
 
-    statuses = wait_until_finished(kubeconfig, namespace, list(jobs()), timeout=840)
+    statuses = wait_until_finished(kubeconfig, namespace, list(bodies), timeout=840)
     events = json.loads(kubectl("-n", namespace, "get", "events", "-o", "json",
                                 kubeconfig=kubeconfig).stdout)["items"]
     problems = []

@@ -23,9 +23,9 @@ import os
 import re
 import subprocess
 import time
-from datetime import datetime
 
 import pytest
+from accelerate_operator.timefmt import parse_time
 
 from devtools.cluster import ROOT, kubectl, kubectl_json, wait_for
 from tests.helpers.jobs import (
@@ -202,10 +202,6 @@ def copy_checkpoint(kubeconfig: str, namespace: str, source_dir: SharedDir, resu
                        f"&& chmod -R a+rwX {target}")
 
 
-def utc(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-
 def progress(status: dict) -> dict:
     return status.get("progress") or {}
 
@@ -355,7 +351,8 @@ def check_elastic(kubeconfig: str, namespace: str, at_kill: dict, seen: dict, fi
     assert re.search(rf"pod {ELASTIC}-\d cannot be scheduled: Unschedulable", resized["message"])
     # The group that never formed went at once: its placed pod, its trainer waiting for the
     # unplaced master's name, held the reduced group back for its whole grace period (120 s).
-    made_after = (utc(reduced_made) - utc(resized["lastTransitionTime"])).total_seconds()
+    made_after = (parse_time(reduced_made)
+                  - parse_time(resized["lastTransitionTime"])).total_seconds()
     assert made_after < 30, (reduced_made, resized)
     assert condition({"status": grown}, "Resized")["reason"] == "CapacityReturned"
     assert final["restartsCounted"] == 0 and final["elastic"]["resizes"] == 2, final

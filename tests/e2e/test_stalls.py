@@ -12,6 +12,7 @@ import json
 import re
 
 import yaml
+from accelerate_trainer.contract import JOB_NAME_LABEL
 
 from devtools.cluster import ROOT, kubectl
 from tests.helpers.jobs import (
@@ -24,8 +25,6 @@ from tests.helpers.jobs import (
     wait_for_job,
 )
 from tests.helpers.shared_volume import shared_dir
-
-JOB_NAME_LABEL = "accelerate-operator.io/job-name"
 
 
 def stall_story(kubeconfig: str, namespace: str) -> str:
