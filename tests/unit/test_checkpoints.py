@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -145,6 +146,25 @@ def test_the_marker_names_the_attempt_that_wrote_it(tmp_path, monkeypatch):
     path = save_checkpoint(FakeAccelerator(tmp_path, iteration=0))
     assert (path / COMPLETE_MARKER).read_text() == "attempt 2\n"
     assert newest_attempt(tmp_path) == 2
+
+
+def test_a_marker_deleted_while_the_markers_are_read_counts_as_none(tmp_path, monkeypatch):
+    """Rank 0's save_state() deletes the checkpoints past total_limit while another rank reads
+    the markers for the fence: the marker listed, then gone before it is read (a 2-node job
+    failed so at its last save)."""
+    for iteration, attempt in ((0, 1), (1, 2), (2, 1)):
+        make_checkpoint(tmp_path, iteration, complete=False)
+        (tmp_path / "checkpoints" / f"checkpoint_{iteration}" / COMPLETE_MARKER).write_text(
+            f"attempt {attempt}\n")
+    read_text = Path.read_text
+
+    def rotated_away_first(path: Path, *args, **kwargs):
+        if path.parent.name == "checkpoint_1":
+            shutil.rmtree(path.parent)  # rank 0 rotating it out, between listing and read
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", rotated_away_first)
+    assert newest_attempt(tmp_path) == 1
 
 
 def test_a_group_replaced_by_a_newer_attempt_refuses_to_save(tmp_path, monkeypatch):

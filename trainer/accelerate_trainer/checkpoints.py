@@ -62,11 +62,16 @@ class Superseded(RuntimeError):
 
 def newest_attempt(project_dir: str | Path) -> int | None:
     """The highest attempt named by a COMPLETE marker under `<project_dir>/checkpoints` (a
-    marker from before markers named one counts as none)."""
+    marker from before markers named one counts as none). Every rank reads the markers as it
+    saves, while rank 0's `save_state()` deletes the checkpoints past `total_limit`: a marker
+    gone between the listing and the read counts as none, its checkpoint being gone too."""
     root = Path(project_dir) / "checkpoints"
     attempts = []
     for marker in root.glob(f"checkpoint_*/{COMPLETE_MARKER}") if root.is_dir() else ():
-        text = marker.read_text(errors="replace").split()
+        try:
+            text = marker.read_text(errors="replace").split()
+        except FileNotFoundError:
+            continue
         if len(text) == 2 and text[0] == "attempt" and text[1].isdigit():
             attempts.append(int(text[1]))
     return max(attempts, default=None)
