@@ -33,6 +33,24 @@ def replica_identity() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}/{now}/{suffix}"
 
 
+# kopf renews a replica's record 5 to 10 s before it ends, and an answer read from the peering
+# object stands for 10 s (peering.py): a shorter lifetime would leave no room between the two.
+MIN_PEERING_LIFETIME = 20
+
+
+def peering_lifetime(text: str) -> int:
+    """--peering-lifetime: whole seconds, at least MIN_PEERING_LIFETIME."""
+    try:
+        seconds = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if seconds < MIN_PEERING_LIFETIME:
+        raise argparse.ArgumentTypeError(
+            f"{seconds} s is too short: kopf renews a record 5 to 10 s before it ends; use at "
+            f"least {MIN_PEERING_LIFETIME}")
+    return seconds
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accelerate-operator", description=__doc__)
     parser.add_argument("-n", "--namespace", action="append", default=[],
@@ -47,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--priority", type=int, default=None,
                         help="this replica's peering priority (default: the one started first "
                              "wins)")
+    parser.add_argument("--peering-lifetime", type=peering_lifetime, default=60,
+                        metavar="SECONDS",
+                        help="how long this replica's keep-alive record stands: a standby takes "
+                             "over this long after an active replica that died without a word "
+                             "(its node lost) last renewed it (default: kopf's 60)")
     parser.add_argument("--log-level",
                         default=os.environ.get("ACCELERATE_OPERATOR_LOG_LEVEL", "INFO"))
     return parser
@@ -69,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     from . import handlers  # noqa: F401 - registers the handlers with kopf
 
     identity = replica_identity()
+    settings = kopf.OperatorSettings()
+    settings.peering.lifetime = args.peering_lifetime
     kopf.run(
+        settings=settings,
         clusterwide=not namespaces,
         namespaces=namespaces,
         standalone=args.peering is None,

@@ -30,6 +30,10 @@ from tests.integration.test_operator_in_process import free_port, health
 pytestmark = pytest.mark.cluster
 
 PEERING = "cut-off"
+# Shorter than kopf's 60 s (--peering-lifetime), and every record says the lifetime its replica
+# was started with. Long enough for the checks below: a pauses about 10 s after the cut, its
+# probe shows it 11 s later, and the job made then must have 10 s of a's record left.
+LIFETIME = 40
 CLUSTER_ROLE = "accelerate-operator"  # the chart's, cluster-wide: every rule the operator needs
 PEERING_RULE = {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"],
                 "verbs": ["get", "list", "watch", "create", "patch"]}
@@ -87,6 +91,7 @@ class Replica:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "accelerate_operator", "--namespace", namespace,
                  "--peering", PEERING, "--priority", str(priority),
+                 "--peering-lifetime", str(LIFETIME),
                  "--liveness-port", str(self.port)],
                 stdout=out, stderr=subprocess.STDOUT, env={
                     **os.environ, "KUBECONFIG": kubeconfig,
@@ -156,11 +161,12 @@ def test_a_replica_cut_off_from_the_peering_object_stops_and_the_other_alone_act
     wait_for(lambda: created(kubeconfig, namespace, "before"), timeout=60,
              description="the active replica to act on a job")
 
-    # Cut a off right after kopf renewed its record: the record then stands ~60 s more, and b
-    # may take over only once it has expired.
+    # Cut a off right after kopf renewed its record: the record then stands LIFETIME s more, and
+    # b may take over only once it has expired.
     a_id = identity_of(kubeconfig, namespace, 200)
+    assert {r["lifetime"] for r in records(kubeconfig, namespace).values()} == {LIFETIME}
     seen = records(kubeconfig, namespace)[a_id]["lastseen"]
-    wait_for(lambda: records(kubeconfig, namespace)[a_id]["lastseen"] != seen, timeout=70,
+    wait_for(lambda: records(kubeconfig, namespace)[a_id]["lastseen"] != seen, timeout=LIFETIME,
              interval=0.2, description="kopf's next keep-alive of replica a")
     kubectl("-n", namespace, "delete", "rolebinding", "replica-a-peering", kubeconfig=kubeconfig)
     a_end = record_end(records(kubeconfig, namespace)[a_id])

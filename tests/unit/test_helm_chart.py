@@ -186,10 +186,19 @@ def test_deployment_runs_two_peered_replicas_rolled_with_no_gap(helm):
     assert only(render(helm, "replicaCount=1"), "Deployment")["spec"]["replicas"] == 1
 
 
+def test_the_peering_lifetime_is_a_value_the_operator_is_started_with(helm):
+    container = operator_container(render(helm, "peering.lifetimeSeconds=20"))
+    assert container["args"][-2:] == ["--peering-lifetime", "20"]
+    for bad in ("peering.lifetimeSeconds=19", "peering.lifetimeSeconds=abc"):
+        done = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad)
+        assert done.returncode != 0, f"--set {bad} was accepted"
+
+
 def test_deployment_sets_the_command_explicitly_with_liveness_probe(helm):
     container = operator_container(render(helm))
     assert container["command"] == ["accelerate-operator"]
-    assert container["args"] == ["--liveness-port", "8080", "--peering", "accelerate-operator"]
+    assert container["args"] == ["--liveness-port", "8080", "--peering", "accelerate-operator",
+                                 "--peering-lifetime", "60"]
     assert container["image"] == "ghcr.io/accelerate-operator/operator:0.1.0"
     assert {"name": "ACCELERATE_OPERATOR_LOG_LEVEL", "value": "info"} in container["env"]
     probe = container["livenessProbe"]["httpGet"]
@@ -276,7 +285,8 @@ def test_watch_namespaces_get_a_role_each_and_no_cluster_wide_pod_access(helm):
     assert only(docs, "ClusterRoleBinding")["roleRef"]["kind"] == "ClusterRole"
     container = operator_container(docs)
     assert container["args"] == ("--liveness-port 8080 --peering accelerate-operator "
-                                 "--namespace team-a --namespace team-b").split()
+                                 "--peering-lifetime 60 --namespace team-a --namespace team-b"
+                                 ).split()
 
 
 def test_cluster_role_grants_exactly_the_operator_verbs_and_no_secrets(helm):
