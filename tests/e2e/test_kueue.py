@@ -1,10 +1,10 @@
 """Queueing with a real Kueue (hack/install-kueue.sh: built from the Go module proxy, installed on
 the cluster with its webhooks) and the operator the chart deployed with kueue.enabled: a
 ClusterQueue with quota for one two-node job admits a second job only when the first has
-finished; a low-priority job is preempted by a high-priority one, waits, is admitted again and
-finishes from its checkpoint, every step after it trained once; a group that cannot fit never
-starts a pod (queued from the module's start to its end). Real CPU training on the local nodes, as
-in test_resume_after_rank_failure.py.
+finished; beside it, in a namespace and ClusterQueue of its own, a low-priority job is preempted by
+a high-priority one, waits, is admitted again and finishes from its checkpoint, every step after
+it trained once; a group that cannot fit never starts a pod (queued from the module's start to its
+end). Real CPU training on the local nodes, as in test_resume_after_rank_failure.py.
 
 Kueue is installed for this module and removed after it, so no other test runs under its
 webhooks; `make test` builds it before the first test (hack/build-kueue.sh). Where it cannot be
@@ -18,6 +18,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -114,12 +115,6 @@ def local_queue(kueue: str, namespace: str) -> Iterator[str]:
                 "--timeout=120s", kubeconfig=kueue, check=False)
 
 
-@pytest.fixture
-def queue(kueue: str, namespace: str) -> Iterator[str]:
-    with local_queue(kueue, namespace) as name:
-        yield name
-
-
 @pytest.fixture(scope="module", autouse=True)
 def too_big(kueue: str) -> Iterator[tuple[str, str]]:
     """A three-node job in a queue of its own, applied as the module starts: it waits through
@@ -186,8 +181,8 @@ def steps_in(kubeconfig: str, namespace: str, pod: str) -> tuple[str, list[int]]
     return log, [int(s) for s in re.findall(r"STEP step=(\d+)", log)]
 
 
-def test_the_second_job_gets_no_pod_until_the_first_finishes_then_succeeds(queue, kueue,
-                                                                           namespace):
+def a_second_job_gets_no_pod_until_the_first_finishes(kueue: str, namespace: str,
+                                                       queue: str) -> None:
     apply_job(kueue, namespace, queued_job("first", queue))
     wait_for(lambda: len(pods_of(kueue, namespace, "first")) == 2, timeout=120,
              description="the first job's two pods")
@@ -215,8 +210,10 @@ def test_the_second_job_gets_no_pod_until_the_first_finishes_then_succeeds(queue
           f"step: {waited:.0f}s")
 
 
-def test_a_preempted_job_waits_and_resumes_from_its_checkpoint_every_step_once(queue, kueue,
-                                                                               namespace):
+def a_low_priority_job_is_preempted(kueue: str, namespace: str, queue: str) -> None:
+    """The low-priority job trains past PREEMPT_AFTER, a high-priority one takes its quota:
+    the low one is Queued (Preempted, a Warning), and none of its pods runs beside the high
+    one's, which succeeds."""
     host_dir = shared_dir(kueue, namespace)
     priority = f"kueue-h-{namespace}"[:63]
     apply_job(kueue, namespace, queued_job(
@@ -244,6 +241,8 @@ def test_a_preempted_job_waits_and_resumes_from_its_checkpoint_every_step_once(q
         time.sleep(1)
     assert get_job(kueue, namespace, "high")["status"]["phase"] == "Succeeded"
 
+
+def the_preempted_job_resumes_every_step_once(kueue: str, namespace: str) -> None:
     done = wait_for_job(kueue, namespace, "low", phase_is("Succeeded", "Failed"), timeout=900,
                         description="the resumed low-priority job to finish")
     status = done["status"]
@@ -265,8 +264,39 @@ def test_a_preempted_job_waits_and_resumes_from_its_checkpoint_every_step_once(q
           f"{MAX_STEPS} after the high-priority job finished")
 
 
+def preemption_story(kueue: str, namespace: str) -> None:
+    with local_queue(kueue, namespace) as queue:
+        a_low_priority_job_is_preempted(kueue, namespace, queue)
+        the_preempted_job_resumes_every_step_once(kueue, namespace)
+
+
+def quota_story(kueue: str, namespace: str) -> None:
+    with local_queue(kueue, namespace) as queue:
+        a_second_job_gets_no_pod_until_the_first_finishes(kueue, namespace, queue)
+
+
+@pytest.fixture
+def other_namespace(kueue: str) -> Iterator[str]:
+    name = create_namespace(kueue, prefix="kueue-preempted")
+    yield name
+    delete_namespace(kueue, name)
+
+
+def test_a_job_waits_for_quota_and_a_preempted_one_resumes_from_its_checkpoint_every_step_once(
+        kueue, namespace, other_namespace):
+    """Two stories side by side, each in a namespace whose ClusterQueue has quota for one
+    two-node job: a second job gets no pod until the first finishes, then succeeds; a
+    low-priority job preempted by a high-priority one waits, is admitted again and finishes
+    from its checkpoint, every step after it trained once."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        stories = [pool.submit(quota_story, kueue, namespace),
+                   pool.submit(preemption_story, kueue, other_namespace)]
+    for story in stories:
+        story.result()  # each story's own assertion, if it failed
+
+
 def test_a_group_that_cannot_fit_never_starts_a_pod(kueue, too_big):
-    # Queued since the module started: the tests above ran meanwhile.
+    # Queued since the module started: the test above ran meanwhile.
     namespace, queue = too_big
     wait_for(lambda: workload_condition(workload_of(kueue, namespace, "toobig"),
                                         "QuotaReserved").get("status") == "False",
