@@ -36,10 +36,10 @@ BASE_TAG = "upgrade-base"
 BASE_OPERATOR = f"{REGISTRY}/operator:{BASE_TAG}"
 BASE_TRAINER = f"{REGISTRY}/trainer:{BASE_TAG}-cpu"
 NAME = "upgraded"
-# About 75 s of training, mostly sleep: it spans the upgrade on a two-core machine (which took
-# 14 s here), and goes on for longer than STALL_TIMEOUT once the new operator is active (the
-# test fails, saying so, where the upgrade takes more than about 50 s). A report comes every 8 s.
-MAX_STEPS, SLEEP_PER_STEP, STALL_TIMEOUT = 50, 1.5, 25
+# About 80 s of training, mostly sleep: it spans the upgrade on a two-core machine (which took
+# 14 s here), and goes on for longer than STALL_TIMEOUT (the CRD's least) once the new operator
+# is active (the test fails, saying so, where the upgrade takes more than about 45 s).
+MAX_STEPS, SLEEP_PER_STEP, STALL_TIMEOUT = 55, 1.5, 30
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
