@@ -116,9 +116,10 @@ def same_dependencies(tree: Path) -> bool:
 def build_base_images(tree: Path, kubeconfig: str) -> None:
     """The base's operator and trainer-cpu images, built by its own hack/build-images.sh and
     loaded into the nodes. When the base's pyproject.toml differs from today's in its version
-    alone, today's and its README.md replace the base's, so every dependency layer (torch, the
-    libraries, deepspeed; the operator's venv) is the one today's images already have and only
-    the code layers are built: under a minute."""
+    alone, today's and its README.md replace the base's, so that, where the base's Dockerfiles
+    build them as today's do, every dependency layer (torch, the libraries, deepspeed; the
+    operator's venv) is one today's images already have and only the code layers are built:
+    under a minute. Otherwise the base's own are built once on a machine, minutes, and cached."""
     if same_dependencies(tree):
         for name in ("pyproject.toml", "README.md"):
             shutil.copyfile(ROOT / name, tree / name)
