@@ -15,6 +15,8 @@ import socket
 import sys
 import time
 
+from .peering import DEFAULT_LIFETIME_SECONDS
+
 
 def replica_priority(now_ns: int | None = None) -> int:
     """kopf's peering pauses every replica but the one of highest priority, and pauses them all
@@ -65,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--priority", type=int, default=None,
                         help="this replica's peering priority (default: the one started first "
                              "wins)")
-    parser.add_argument("--peering-lifetime", type=peering_lifetime, default=60,
+    parser.add_argument("--peering-lifetime", type=peering_lifetime,
+                        default=DEFAULT_LIFETIME_SECONDS,
                         metavar="SECONDS",
                         help="how long this replica's keep-alive record stands: a standby takes "
                              "over this long after an active replica that died without a word "

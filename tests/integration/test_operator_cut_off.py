@@ -164,8 +164,9 @@ def test_a_replica_cut_off_from_the_peering_object_stops_and_the_other_alone_act
     # Cut a off right after kopf renewed its record: the record then stands LIFETIME s more, and
     # b may take over only once it has expired.
     a_id = identity_of(kubeconfig, namespace, 200)
-    assert {r["lifetime"] for r in records(kubeconfig, namespace).values()} == {LIFETIME}
-    seen = records(kubeconfig, namespace)[a_id]["lastseen"]
+    recorded = records(kubeconfig, namespace)
+    assert {r["lifetime"] for r in recorded.values()} == {LIFETIME}, recorded
+    seen = recorded[a_id]["lastseen"]
     wait_for(lambda: records(kubeconfig, namespace)[a_id]["lastseen"] != seen, timeout=LIFETIME,
              interval=0.2, description="kopf's next keep-alive of replica a")
     kubectl("-n", namespace, "delete", "rolebinding", "replica-a-peering", kubeconfig=kubeconfig)

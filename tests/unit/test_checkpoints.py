@@ -150,8 +150,8 @@ def test_the_marker_names_the_attempt_that_wrote_it(tmp_path, monkeypatch):
 
 def test_a_marker_deleted_while_the_markers_are_read_counts_as_none(tmp_path, monkeypatch):
     """Rank 0's save_state() deletes the checkpoints past total_limit while another rank reads
-    the markers for the fence: the marker listed, then gone before it is read (a 2-node job
-    failed so at its last save)."""
+    the markers for the fence: the marker listed, then gone before it is read (the likely
+    cause of a resumed 2-node job failing near its last save)."""
     for iteration, attempt in ((0, 1), (1, 2), (2, 1)):
         make_checkpoint(tmp_path, iteration, complete=False)
         (tmp_path / "checkpoints" / f"checkpoint_{iteration}" / COMPLETE_MARKER).write_text(
