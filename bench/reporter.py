@@ -1,7 +1,8 @@
 """The control run of bench/running.py: one synthetic reporter for every job, in place of a
 supervisor in each job's pod. The jobs' pods are the bare printers; one pod of the same
 namespace POSTs each job's progress to the operator's report endpoint as pod 0's supervisor
-would (a new step every PERIOD_SECONDS per job, spread evenly; a token the API server bound to
+would (a new step every PERIOD_SECONDS per job, spread evenly, then at the pace the
+operator's answers set; a token the API server bound to
 the job's pod 0, for the endpoint's audience; HTTPS kept alive, over a few connections). The
 operator and the API server then do what they do for supervised jobs, the same reports and the
 same status writes, while the machine runs one reporting process instead of one per job: the
@@ -15,11 +16,18 @@ from __future__ import annotations
 
 import json
 
-from accelerate_trainer.contract import REPORT_AUDIENCE, REPORT_BODY_KEY, REPORT_CA_KEY
+from accelerate_trainer.contract import (
+    NEXT_REPORT_KEY,
+    REPORT_AUDIENCE,
+    REPORT_BODY_KEY,
+    REPORT_CA_KEY,
+)
 from common import Cluster
 from kubernetes import client
 
-PERIOD_SECONDS = 8.0  # the supervisor's PUSH_SECONDS: a report per job when its step changed
+# The supervisor's PUSH_SECONDS: a report per job when its step changed, until the operator's
+# answer sets the pace (contract.NEXT_REPORT_KEY), which the reporter then keeps as it does.
+PERIOD_SECONDS = 8.0
 CONNECTIONS = 8  # well under the endpoint's per-peer cap (report_listener.Bounds)
 SERVICE = "accelerate-operator.accelerate-system.svc:8443"
 NAME = "synthetic-reporter"
@@ -60,8 +68,10 @@ def run(mine):
             connection.request("POST", path % name, body(step[name]), {
                 "Authorization": "Bearer " + jobs[name], "Content-Type": "application/json"})
             answer = connection.getresponse()
-            answer.read()
+            text = answer.read()
             code = str(answer.status)
+            if answer.status == 200:  # the operator's pace, as the supervisor keeps it
+                due[name] += json.loads(text).get(os.environ["NEXT_KEY"], period) - period
             if answer.getheader("Connection", "").lower() == "close":
                 connection.close(); connection = None
         except (OSError, http.client.HTTPException) as error:
@@ -106,7 +116,8 @@ def start_reporter(cluster: Cluster, namespace: str, names: list[str], image: st
             "tokens.json": json.dumps(pod_tokens(cluster, namespace, names)),
             "ca.crt": configmap.data[REPORT_CA_KEY]}})
     env = {"PERIOD": str(PERIOD_SECONDS), "SERVICE": SERVICE, "NAMESPACE": namespace,
-           "BODY_KEY": REPORT_BODY_KEY, "CONNECTIONS": str(CONNECTIONS)}
+           "BODY_KEY": REPORT_BODY_KEY, "NEXT_KEY": NEXT_REPORT_KEY,
+           "CONNECTIONS": str(CONNECTIONS)}
     cluster.core.create_namespaced_pod(namespace, {
         "metadata": {"name": NAME},
         "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,

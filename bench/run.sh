@@ -49,7 +49,10 @@ PY="$(hack/python-env.sh | tail -n1)/bin/python"
 export PYTHONPATH="$ROOT/operator:$ROOT/trainer${PYTHONPATH:+:$PYTHONPATH}"
 
 # The operator as shipped: the chart's progress write interval (the tests deploy a shorter one).
-export ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS="${ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS:-10}"
+shipped_interval=$("$PY" -c 'import sys, yaml
+print(yaml.safe_load(open(sys.argv[1]))["reports"]["progressWriteSeconds"])' \
+  charts/accelerate-operator/values.yaml)
+export ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS="${ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS:-$shipped_interval}"
 # The cluster is shared: someone may be restarting it. Wait and retry rather than fail at once.
 kubeconfig=""
 for attempt in 1 2 3 4 5; do

@@ -60,7 +60,7 @@ esac
 
 kueue_enabled=false
 if kubectl get crd workloads.kueue.x-k8s.io >/dev/null 2>&1; then kueue_enabled=true; fi
-# The tests' operator writes a job's progress every 2 s (the chart's default is 10 s), so no test
+# The tests' operator writes a job's progress every 2 s (the chart's default is 12 s), so no test
 # waits the interval out; bench/run.sh deploys with the default it measures.
 progress_write_seconds="${ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS:-2}"
 echo ">> helm upgrade --install $RELEASE (namespace $NAMESPACE, code $code_hash)" >&2

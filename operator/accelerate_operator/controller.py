@@ -52,8 +52,10 @@ from .report_checks import (
     ReportBody,
     job_pod,
     may_write,
+    next_report_seconds,
     pass_for_report,
 )
+from .report_settings import PROGRESS_WRITE_SECONDS
 from .report_store import BadReport, ReportStore
 from .report_tokens import Caller
 from .resources.pods import DEFAULT_REPORT_ENDPOINT, ReportEndpoint
@@ -106,8 +108,12 @@ class Controller:
     controller only decides when)."""
 
     def __init__(self, kube: Kube, reconciler: Reconciler, kueue: bool = False,
-                 clock: Callable[[], float] = time.monotonic, namespaces: Iterable[str] = ()):
+                 clock: Callable[[], float] = time.monotonic, namespaces: Iterable[str] = (),
+                 progress_write_seconds: float = PROGRESS_WRITE_SECONDS):
         self.kube = kube
+        # How often a job's status.progress is written (the reconciler's Applier holds the
+        # writes to it): pod 0 is told to report at that pace (take_report).
+        self.progress_write_seconds = progress_write_seconds
         self.kueue = kueue
         self.clock = clock
         self.reconciler = reconciler
@@ -207,31 +213,33 @@ class Controller:
             group[0], group[1], nodes if isinstance(nodes, int) else None,
             self.pod_entries(key)))
 
-    def take_report(self, key: JobKey, pod: PodState, body: ReportBody, now: datetime) -> None:
+    def take_report(self, key: JobKey, pod: PodState, body: ReportBody,
+                    now: datetime) -> float | None:
         """A report of `pod` (report_pod's answer), parsed: kept as the pod's latest, and the
         job's pass queued now when the report changes a decision, or for when a progress write
         is due when it brings only what the status shows (report_checks.pass_for_report).
-        Refused 403 for what that pod may not write (progress from a pod other than 0), 400 for
-        a trainerStatus that contradicts itself."""
+        Returns, for pod 0, the seconds until its next progress report is due (the job's next
+        progress write: report_checks.next_report_seconds). Refused 403 for what that pod may
+        not write (progress from a pod other than 0), 400 for a trainerStatus that contradicts
+        itself."""
         may_write(pod, body, key[1])
         before = self.reports.text(pod.uid)
         try:
             if body.report is not None:
-                self.reports.take_report(key, pod.uid, body.report)
+                self.reports.take_report(key, pod.uid, body.report, now)
             if body.trainer_status is not None:
                 self.reports.take_trainer_status(key, pod.uid, body.trainer_status, now)
         except BadReport as error:
             raise Refused(400, f"trainerStatus: {error}") from None
         when = pass_for_report(before, self.reports.text(pod.uid) or "")
+        state, clock = self.states.peek(key), self.clock()
+        next_write = state.next_progress_write if state is not None else 0.0
         if when == PASS_NOW:
             self.queue.add(key)
         elif when == PASS_WHEN_DUE:
-            self.queue.add_after(key, self.progress_write_due(key))
-
-    def progress_write_due(self, key: JobKey) -> float:
-        """Seconds until the job's status.progress may be written again (0: now)."""
-        state = self.states.peek(key)
-        return max(0.0, state.next_progress_write - self.clock()) if state is not None else 0.0
+            self.queue.add_after(key, max(0.0, next_write - clock))
+        return next_report_seconds(clock, next_write, self.progress_write_seconds) \
+            if pod.index == 0 else None
 
     def use_report_endpoint(self, endpoint: ReportEndpoint,
                             report_ca: Callable[[], str | None]) -> None:

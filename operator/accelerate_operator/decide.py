@@ -232,7 +232,8 @@ def read_progress(seen: Snapshot) -> tuple[Readings, float | None]:
     if report.attempt is not None and report.attempt < attempt_of(seen.status):
         return Readings(trainer=trainer), None  # the progress of an attempt since restarted
     current = seen.status.get("progress") or {}
-    new = build_progress_status(report.progress, seen.now) if report.progress else None
+    new = build_progress_status(report.progress, report.received or seen.now) \
+        if report.progress else None
     # The step goes to goodput with any write, held back or not: a progress write carries no
     # ledger (build_status_write), so a write that happens anyway must bring it up to date.
     base = Readings(trainer=trainer, step=report.step, step_time=report.progress_time,

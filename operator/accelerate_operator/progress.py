@@ -33,6 +33,11 @@ def _count(value: Any) -> int | None:
     return int(number) if number is not None and number >= 0 and number == int(number) else None
 
 
+# The operator's own key in a report it keeps (report_store.py): when it took the report.
+# report_checks.keep_report drops any field of that name a pod sends.
+RECEIVED_KEY = "receivedTime"
+
+
 @dataclass(frozen=True)
 class PushedReport:
     """Pod 0's report: its newest progress object (None before the first), and when rank 0's
@@ -49,6 +54,8 @@ class PushedReport:
     previous_time: datetime | None = None
     # The library versions the trainer runs with (read_versions), None when the report has none.
     versions: Mapping[str, str] | None = None
+    # When the operator took the report (naive UTC, its own clock: RECEIVED_KEY).
+    received: datetime | None = None
 
     @property
     def step(self) -> int | None:
@@ -82,7 +89,7 @@ def parse_report(text: str | None) -> PushedReport | None:
     previous = value.get("previous") if isinstance(value.get("previous"), dict) else {}
     return PushedReport(progress, last_output, parse_time(stamp), _count(value.get("attempt")),
                         _count(previous.get("step")), parse_time(previous.get("progressTime")),
-                        versions)
+                        versions, parse_time(value.get(RECEIVED_KEY)))
 
 
 # status.progress.metrics: the latest numbers the script logged (learning_rate, grad_norm...),
@@ -130,7 +137,8 @@ def format_summary(step: int, total_steps: int | None) -> str:
 
 def build_progress_status(report: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """status.progress as the CRD documents it, from one parsed report; fields the report lacks
-    (or holds as nonsense) are left out. `updateTime` is when the operator read it."""
+    (or holds as nonsense) are left out. `updateTime` is `now`: when the operator took the
+    report (RECEIVED_KEY), so its age is how far the status is behind pod 0."""
     step = _count(report.get("step")) or 0
     total = _count(report.get("total_steps")) or None
     eta_seconds = _count(report.get("eta_seconds"))

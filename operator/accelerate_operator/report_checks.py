@@ -26,6 +26,7 @@ from accelerate_trainer.contract import (
     MAX_BODY_BYTES,
     MAX_FIELD_CHARS,
     MAX_MESSAGE_CHARS,
+    NEXT_REPORT_SECONDS,
     REPORT_BODY_KEY,
     printable_text,
 )
@@ -249,6 +250,15 @@ def pass_for_report(before: str | None, after: str) -> str | None:
     if old.get("progress") != new.get("progress") or old.get("versions") != new.get("versions"):
         return PASS_WHEN_DUE
     return None
+
+
+def next_report_seconds(clock: float, next_write: float, write_seconds: float) -> float:
+    """When pod 0's next progress report is due (contract.NEXT_REPORT_KEY), by the operator's
+    monotonic `clock`: one write interval after the write the report just taken goes into (now,
+    or `next_write` when the last write's interval has not ended), so that the next report comes
+    as the next write falls due and is written as it comes. Within NEXT_REPORT_SECONDS."""
+    low, high = NEXT_REPORT_SECONDS
+    return min(max(max(clock, next_write) + write_seconds - clock, low), high)
 
 
 def _fields(text: str | None) -> dict[str, Any]:

@@ -36,7 +36,9 @@ class Bounds:
     connections_per_peer: int = 32  # from one address: a pod reports over one
     handshake_seconds: float = 5.0
     header_seconds: float = 10.0
-    idle_seconds: float = 15.0  # keep-alive between requests: above the pods' 10 s heartbeat
+    # Keep-alive between requests: above the longest pace pod 0 is told to report at
+    # (contract.NEXT_REPORT_SECONDS, 15 s), so a reporting pod keeps its connection.
+    idle_seconds: float = 20.0
 
 
 class _Gate(asyncio.Protocol):

@@ -17,7 +17,8 @@ than the next and no caller costs an API call:
    (400 for anything malformed, never a 500) and kept small and printable
    (report_checks.keep_report); progress only from pod 0 (403).
 A report taken replaces the pod's last one; the controller decides when the job's pass sees it
-(controller.take_report: at once, when a progress write is due, or not at all). Any answer but
+(controller.take_report: at once, when a progress write is due, or not at all), and the 200 to
+pod 0 says when its next progress report is due (contract.NEXT_REPORT_KEY). Any answer but
 200 closes the connection (after the answer, and the rest of the body read unparsed for up to
 linger_seconds), so a caller that is refused spends a new TLS handshake to try again.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import ssl
 import time
 from collections.abc import Callable
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from accelerate_trainer.contract import MAX_BODY_BYTES
+from accelerate_trainer.contract import MAX_BODY_BYTES, NEXT_REPORT_KEY
 from aiohttp import web
 
 from .naming import report_path
@@ -88,7 +90,7 @@ class ReportTaker(Protocol):
     def report_pod(self, key: tuple[str, str], caller: Caller) -> PodState: ...
 
     def take_report(self, key: tuple[str, str], pod: PodState, body: ReportBody,
-                    now: datetime) -> None: ...
+                    now: datetime) -> float | None: ...
 
 
 class ReportServer:
@@ -112,8 +114,7 @@ class ReportServer:
         if listener is not None:
             listener.request_started(request.transport)
         try:
-            await self.take(request)
-            return answer(200, "taken")
+            return answer(200, "taken", next_report=await self.take(request))
         except Refused as refusal:
             refused = True
             response = answer(refusal.code, str(refusal), refusal.retry_after)
@@ -126,8 +127,9 @@ class ReportServer:
             if listener is not None:
                 listener.request_ended(request.transport, refused)
 
-    async def take(self, request: web.Request) -> None:
-        """One report, taken or Refused (the module's docstring, in order)."""
+    async def take(self, request: web.Request) -> float | None:
+        """One report, taken (for pod 0: when its next progress report is due) or Refused (the
+        module's docstring, in order)."""
         controller = self.controller()
         if controller is None or controller.paused:
             raise Refused(503, "this replica is not the active one", NOT_ACTIVE_RETRY_SECONDS)
@@ -138,7 +140,7 @@ class ReportServer:
         key = (request.match_info["namespace"], request.match_info["name"])
         pod = controller.report_pod(key, caller)
         body = parse_body(await self.read(request))
-        controller.take_report(key, pod, body, self.now())
+        return controller.take_report(key, pod, body, self.now())
 
     async def caller(self, token: str) -> Caller:
         """The pod the token is bound to, within its namespace's and its own rates."""
@@ -201,10 +203,15 @@ class ReportServer:
             self._runner = None
 
 
-def answer(code: int, message: str, retry_after: float | None = None) -> web.Response:
-    """A metav1.Status, as KEP-2779's server answers."""
+def answer(code: int, message: str, retry_after: float | None = None,
+           next_report: float | None = None) -> web.Response:
+    """A metav1.Status, as KEP-2779's server answers; to pod 0's report, with when its next
+    progress report is due (contract.NEXT_REPORT_KEY, in tenths of a second, rounded up: never
+    before the write it waits for)."""
     body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "code": code,
                             "status": "Success" if code == 200 else "Failure",
                             "message": message}
+    if next_report is not None:
+        body[NEXT_REPORT_KEY] = math.ceil(next_report * 10) / 10
     headers = {"Retry-After": str(max(1, int(retry_after + 0.999)))} if retry_after else {}
     return web.json_response(body, status=code, headers=headers, dumps=json.dumps)

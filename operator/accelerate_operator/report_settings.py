@@ -33,12 +33,13 @@ DEFAULT_SERVICE = "accelerate-operator"
 DEFAULT_PORT = 8443
 ENV_PROGRESS_WRITE = "ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS"
 DEFAULT_SECRET = "accelerate-operator-report-tls"
-# At most one status.progress write per job this often. Chosen from bench/running.py
-# (docs/performance.md, "Running jobs"): a progress write is the largest cost of a running job to
-# the control plane (the API server's status PATCH, its watchers), so the interval is as long as
-# it can be while the PROGRESS column stays within 15 s of pod 0's last report, with 5 s left for
-# a pass delayed on a loaded operator. Tests set it short rather than wait it out.
-PROGRESS_WRITE_SECONDS = 10.0
+# At most one status.progress write per job this often, and pod 0 reports at that pace
+# (controller.take_report). Chosen from bench/running.py (docs/performance.md, "Running jobs"): a
+# progress write is the largest cost of a running job to the control plane (the API server's
+# status PATCH, its watchers), so the interval is as long as it can be while the PROGRESS column
+# stays within 15 s of pod 0, with 3 s left for a report or a pass delayed on a loaded machine.
+# Tests set it short rather than wait it out.
+PROGRESS_WRITE_SECONDS = 12.0
 MAX_PROGRESS_WRITE_SECONDS = 3600.0
 
 

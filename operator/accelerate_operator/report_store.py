@@ -13,6 +13,7 @@ from typing import Any
 
 from accelerate_trainer.kubeflow_status import BadReport, KubeflowProgress, TrainerStatus
 
+from .progress import RECEIVED_KEY
 from .timefmt import format_time, parse_time
 
 JobKey = tuple[str, str]
@@ -23,15 +24,18 @@ class ReportStore:
     observed.read_process_exit), and what its KEP-2779 trainerStatus POSTs said: a progress as
     accelerate_trainer.kubeflow_status maps it (KubeflowProgress remembers the run's step
     counts: the last POST of a run carries none) and a sign of life. The pod's own progress
-    wins over transformers'; a new attempt starts transformers' afresh."""
+    wins over transformers'; a new attempt starts transformers' afresh. Each report gets
+    progress.RECEIVED_KEY, when the operator took it (its own clock, never the pod's): the time
+    status.progress says it is from."""
 
     def __init__(self) -> None:
         self._reports: dict[str, dict[str, Any]] = {}
         self._kubeflow: dict[str, tuple[KubeflowProgress, Any, dict[str, Any]]] = {}
         self._pods: dict[JobKey, set[str]] = {}
 
-    def take_report(self, key: JobKey, uid: str, report: Mapping[str, Any]) -> None:
-        self._reports[uid] = dict(report)
+    def take_report(self, key: JobKey, uid: str, report: Mapping[str, Any],
+                    now: datetime) -> None:
+        self._reports[uid] = {**report, RECEIVED_KEY: format_time(now, precise=True)}
         self._pods.setdefault(key, set()).add(uid)
         kubeflow = self._kubeflow.get(uid)
         if kubeflow is not None and kubeflow[1] != report.get("attempt"):
@@ -48,8 +52,9 @@ class ReportStore:
         progress = tracker.build_report(status)
         view = {**view, "lastOutputTime": format_time(now, precise=True)}
         if progress is not None:
-            view.update(progress={k: v for k, v in progress.items() if v is not None},
-                        progressTime=format_time(now, precise=True))
+            view.update({"progress": {k: v for k, v in progress.items() if v is not None},
+                         "progressTime": format_time(now, precise=True),
+                         RECEIVED_KEY: format_time(now, precise=True)})
         self._kubeflow[uid] = (tracker, attempt, view)
         self._pods.setdefault(key, set()).add(uid)
 
@@ -62,7 +67,8 @@ class ReportStore:
         if kubeflow is not None:
             view = kubeflow[2]
             if merged.get("progress") is None and "progress" in view:
-                merged.update(progress=view["progress"], progressTime=view["progressTime"])
+                merged.update({key: view[key] for key in ("progress", "progressTime",
+                                                          RECEIVED_KEY)})
             own = parse_time(merged.get("lastOutputTime"))
             if own is None or own < parse_time(view["lastOutputTime"]):
                 merged["lastOutputTime"] = view["lastOutputTime"]

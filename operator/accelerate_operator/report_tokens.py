@@ -15,12 +15,20 @@ Keys: fetched at the first token, again every KEYS_REFRESH_SECONDS (the API serv
 key), and at once for a token signed with a key id not known, at most once per
 KEYS_MISS_SECONDS however many such tokens come: a stranger with made-up key ids can delay the
 pick-up of a rotated key by that much, and costs the API server at most one request per period.
+
+A token that held is remembered until it expires (the VERIFIED_TOKENS most recently used), so a
+pod's reports cost one signature check per token (the kubelet renews it about every 48 minutes),
+not one per report; only a token that held is remembered, so junk fills nothing. The keys are
+still refreshed when due, and a refresh that changes them forgets every remembered token: a
+token signed by a key the API server dropped holds no longer than that refresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +44,7 @@ ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES
 LEEWAY_SECONDS = 30  # clock skew between the API server and the operator
 KEYS_REFRESH_SECONDS = 600.0
 KEYS_MISS_SECONDS = 30.0
+VERIFIED_TOKENS = 4096  # about 1 KiB each: a few MiB at most
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
 
@@ -136,25 +145,39 @@ Fetch = Callable[[], Awaitable[tuple[Mapping[str, Any], Mapping[str, Any]]]]
 
 
 class IssuerKeys:
-    """The API server's keys as last fetched, fetched again when due (the module's docstring).
-    `fetch` reads them (Kube.read_issuer); `clock` is monotonic."""
+    """The API server's keys as last fetched, fetched again when due, and the tokens they
+    verified (the module's docstring). `fetch` reads them (Kube.read_issuer); `clock` is
+    monotonic, `wall` the time tokens expire by (seconds since the epoch)."""
 
-    def __init__(self, fetch: Fetch, clock: Callable[[], float]):
-        self.fetch, self.clock = fetch, clock
+    def __init__(self, fetch: Fetch, clock: Callable[[], float],
+                 wall: Callable[[], float] = time.time):
+        self.fetch, self.clock, self.wall = fetch, clock, wall
         self.issuer: Issuer | None = None
         self._fetched_at = self._tried_at = -float("inf")
         self._lock = asyncio.Lock()
+        self._published: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None
+        self._verified: OrderedDict[str, Caller] = OrderedDict()
 
     async def verify(self, token: str) -> Caller:
-        """verify() with keys fresh enough for this token; BadToken or KeysUnavailable."""
-        kid = key_id(token)
+        """verify() with keys fresh enough for this token, or the token as it held before;
+        BadToken or KeysUnavailable."""
         stale = self.clock() - self._fetched_at >= KEYS_REFRESH_SECONDS
+        known = self._verified.get(token)
+        if known is not None and not stale and self.wall() < known.expires:
+            self._verified.move_to_end(token)
+            return known
+        kid = key_id(token)
         unknown = self.issuer is None or kid not in self.issuer.keys
         if stale or unknown or self._lock.locked():
             await self._refresh()
         if self.issuer is None:
             raise KeysUnavailable("the API server's service-account keys cannot be read now")
-        return verify(token, self.issuer)
+        self._verified.pop(token, None)
+        caller = verify(token, self.issuer)
+        self._verified[token] = caller
+        while len(self._verified) > VERIFIED_TOKENS:
+            self._verified.popitem(last=False)
+        return caller
 
     async def _refresh(self) -> None:
         """Fetch, unless a fetch was tried in the last KEYS_MISS_SECONDS: one at a time, and a
@@ -164,7 +187,11 @@ class IssuerKeys:
                 return
             self._tried_at = self.clock()
             try:
-                self.issuer = read_issuer(*await self.fetch())
+                published = await self.fetch()
+                self.issuer = read_issuer(*published)
+                if published != self._published:
+                    self._verified.clear()  # a key may be gone: its tokens are checked again
+                self._published = published
                 self._fetched_at = self._tried_at
             except Exception as error:  # noqa: BLE001 - the old keys serve; tried again later
                 log.warning("reading the API server's service-account keys failed: %r", error)

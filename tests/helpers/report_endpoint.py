@@ -44,7 +44,8 @@ def make_cert(directory: Path, ca: tuple[Path, Path], host: str) -> tuple[Path, 
 
 
 class ReportEndpoint(ThreadingHTTPServer):
-    """Records every POST (path, headers, JSON body); answers from `answers` in turn, then 200.
+    """Records every POST (path, headers, JSON body); answers from `answers` in turn ((status,
+    headers) or (status, headers, fields of the body)), then 200.
     `connections` counts the TLS connections the client opened."""
 
     daemon_threads = True
@@ -96,8 +97,9 @@ def _handler(server: ReportEndpoint) -> type[BaseHTTPRequestHandler]:
             if answer == DROP:
                 self.close_connection = True
                 return
-            status, headers = answer
-            data = json.dumps({"message": "ok" if status == 200 else f"refused {status}"})
+            status, headers, *fields = answer
+            data = json.dumps({"message": "ok" if status == 200 else f"refused {status}",
+                               **(fields[0] if fields else {})})
             self.send_response(status)
             for name, value in {"Content-Type": "application/json",
                                 "Content-Length": str(len(data)), **headers}.items():

@@ -22,7 +22,12 @@ import pytest
 import yaml
 from accelerate_operator.report_settings import ENV_PROGRESS_WRITE, PROGRESS_WRITE_SECONDS
 from accelerate_operator.report_tls import renew
-from accelerate_trainer.contract import MAX_BODY_BYTES, REPORT_BODY_KEY
+from accelerate_trainer.contract import (
+    MAX_BODY_BYTES,
+    NEXT_REPORT_KEY,
+    NEXT_REPORT_SECONDS,
+    REPORT_BODY_KEY,
+)
 
 from devtools.cluster import (
     create_namespace,
@@ -132,6 +137,10 @@ def progress_writes(kubeconfig: str, namespace: str, job: str) -> Iterator[list[
 def test_pod_0s_token_is_taken_and_its_progress_shows_in_the_status(kubeconfig, site):
     answer = send(site, token_of(kubeconfig, site, "alpha-0"), progress(12))
     assert answer[0] == 200, answer
+    # Pod 0 is told to report again as the job's next progress write falls due: one interval.
+    low, high = NEXT_REPORT_SECONDS
+    interval = min(max(progress_write_seconds(kubeconfig), low), high)
+    assert interval <= answer[1][NEXT_REPORT_KEY] <= interval + 1, answer
     job = wait_for_job(kubeconfig, site["ns"], "alpha",
                        lambda j: (j.get("status", {}).get("progress") or {}).get("step") == 12,
                        timeout=30, description="the reported progress in the job's status")

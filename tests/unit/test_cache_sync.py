@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -158,7 +159,8 @@ def test_a_replica_taking_over_passes_only_once_its_index_shows_every_pod():
     async def scenario():
         controller, recorder = takeover(shown, server)
         controller.queue.start()
-        controller.reports.take_report(KEY, "uid-0", {"attempt": 1, "progress": {"step": 80}})
+        controller.reports.take_report(KEY, "uid-0", {"attempt": 1, "progress": {"step": 80}},
+                                       datetime(2026, 1, 1))
         controller.queue.add(KEY)  # an event from before the takeover
         controller.set_active(True)
         assert not controller.paused  # it takes the pods' reports already

@@ -344,7 +344,7 @@ def test_the_report_endpoint_has_a_service_and_the_operator_knows_its_url(helm):
         "fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["ACCELERATE_OPERATOR_POD_NAME"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.name"}}
-    assert env["ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS"]["value"] == "10"
+    assert env["ACCELERATE_OPERATOR_PROGRESS_WRITE_SECONDS"]["value"] == "12"
     moved = operator_container(render(helm, "reports.port=9443",
                                       "reports.progressWriteSeconds=2"))
     moved_env = {e["name"]: e.get("value") for e in moved["env"]}

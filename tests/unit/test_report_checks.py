@@ -5,10 +5,11 @@ it sent, when the job's pass must see a report, per-caller rates and the reports
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from accelerate_operator.pod_state import PodState
+from accelerate_operator.progress import parse_report
 from accelerate_operator.report_checks import (
     PASS_NOW,
     PASS_WHEN_DUE,
@@ -241,23 +242,37 @@ def test_a_trainer_status_becomes_pod_0s_progress_as_the_trainer_maps_it():
 
 def test_the_pods_own_progress_wins_and_a_new_attempt_starts_transformers_afresh():
     store = ReportStore()
-    store.take_report(KEY, "uid-0", {"progress": None, "lastOutputTime": None, "attempt": 0})
+    store.take_report(KEY, "uid-0", {"progress": None, "lastOutputTime": None, "attempt": 0},
+                      NOW)
     store.take_trainer_status(KEY, "uid-0", parse_body(body(**KUBEFLOW)).trainer_status, NOW)
     assert json.loads(store.text("uid-0"))["progress"]["step"] == 3
     store.take_report(KEY, "uid-0", {"progress": {"step": 7}, "attempt": 0,
-                                     "lastOutputTime": "2026-01-01T12:00:05Z"})
+                                     "lastOutputTime": "2026-01-01T12:00:05Z"}, NOW)
     assert json.loads(store.text("uid-0"))["progress"] == {"step": 7}
+    later = NOW + timedelta(seconds=9)
     store.take_report(KEY, "uid-0", {"progress": None, "attempt": 1,
-                                     "lastOutputTime": "2026-01-01T12:00:09Z"})
+                                     "lastOutputTime": "2026-01-01T12:00:09Z"}, later)
     assert json.loads(store.text("uid-0")) == {"progress": None, "attempt": 1,
-                                               "lastOutputTime": "2026-01-01T12:00:09Z"}
+                                               "lastOutputTime": "2026-01-01T12:00:09Z",
+                                               "receivedTime": "2026-01-01T12:00:09.000000Z"}
+
+
+def test_a_report_is_timed_by_the_operator_not_by_what_the_pod_says():
+    """status.progress.updateTime comes from when the operator took the report: a pod cannot
+    make its progress look fresher (or older) than it is."""
+    forged = {"progress": {"step": 7}, "receivedTime": "2099-01-01T00:00:00Z"}
+    kept = parse_body(body(acceleratePodReport=forged)).report
+    assert "receivedTime" not in kept
+    store = ReportStore()
+    store.take_report(KEY, "uid-0", kept, NOW)
+    assert parse_report(store.text("uid-0")).received == NOW.replace(tzinfo=None)
 
 
 def test_reports_go_with_their_pod_and_their_job():
     store = ReportStore()
     for uid in ("uid-0", "uid-1"):
-        store.take_report(KEY, uid, EXIT["acceleratePodReport"])
-    store.take_report(("ml", "other"), "uid-other", EXIT["acceleratePodReport"])
+        store.take_report(KEY, uid, EXIT["acceleratePodReport"], NOW)
+    store.take_report(("ml", "other"), "uid-other", EXIT["acceleratePodReport"], NOW)
     store.keep_only(KEY, ["uid-1"])
     assert store.text("uid-0") is None and store.text("uid-1") is not None
     store.forget_job(KEY)

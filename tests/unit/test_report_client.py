@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 from accelerate_trainer import report_push
-from accelerate_trainer.contract import ENV_REPORT_URL, REPORT_BODY_KEY
+from accelerate_trainer.contract import ENV_REPORT_URL, NEXT_REPORT_SECONDS, REPORT_BODY_KEY
 from accelerate_trainer.report_client import (
     RETRY_AFTER_MAX,
+    Answer,
     BadReportURL,
     ReportClient,
     parse_retry_after,
+    read_answer,
 )
 from accelerate_trainer.report_push import Pusher, Reports, Snapshot, encode
 
@@ -111,6 +113,18 @@ def test_the_env_names_the_endpoint_and_a_bad_url_is_said(tmp_path, pki):
         2.0, 0.5, 0.0, RETRY_AFTER_MAX, None, None]
 
 
+def test_the_next_report_time_of_an_answer_is_kept_within_its_bounds():
+    low, high = NEXT_REPORT_SECONDS
+    bodies = [b'{"message": "taken", "nextReportSeconds": 12}', b'{"nextReportSeconds": 0.2}',
+              b'{"nextReportSeconds": 9999}', b'{"nextReportSeconds": "12"}',
+              b'{"nextReportSeconds": true}', b'{"nextReportSeconds": NaN}',
+              b'{"nextReportSeconds": 1' + b"0" * 400 + b"}", b"not json", b"[12]"]
+    assert [read_answer(200, body, None).next_report for body in bodies] == [
+        12.0, low, high, None, None, None, None, None, None]
+    assert read_answer(200, bodies[0], None).message == "taken"
+    assert read_answer(503, b"not json", "2") == Answer(503, "not json", 2.0)
+
+
 # ---- what the Pusher does with each answer -------------------------------------------------
 
 @pytest.fixture
@@ -145,6 +159,17 @@ def test_retry_after_is_waited_and_the_newest_report_replaces_the_one_that_waite
     pusher.push(final=False)
     pusher.push(final=False)  # taken: nothing new to send
     assert [r["progress"] for r in server.reports()] == [{"step": 1}, {"step": 3}]
+
+
+def test_the_pace_an_answer_gives_holds_back_the_next_progress(tmp_path, pki, servers):
+    server = serve(servers, pki.cert, [(200, {}, {"nextReportSeconds": 12})])
+    reports, pusher = pusher_for(server, tmp_path, pki.ca)
+    step(reports, 1)
+    pusher.push(final=False)
+    step(reports, 2)
+    pusher.push(final=False)  # not PUSH_SECONDS later: 12 s
+    assert [r["progress"] for r in server.reports()] == [{"step": 1}]
+    assert reports.pace == 12.0
 
 
 def test_a_failed_launchs_exit_is_sent_until_it_is_taken(tmp_path, pki, servers, fast, capsys):

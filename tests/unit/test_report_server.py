@@ -20,9 +20,10 @@ from accelerate_operator.report_checks import parse_body
 from accelerate_operator.report_keeper import server_context
 from accelerate_operator.report_listener import Bounds
 from accelerate_operator.report_server import Limits, ReportServer
+from accelerate_operator.report_settings import PROGRESS_WRITE_SECONDS
 from accelerate_operator.report_tls import renew
 from accelerate_operator.report_tokens import Caller, IssuerKeys
-from accelerate_trainer.contract import MAX_BODY_BYTES
+from accelerate_trainer.contract import MAX_BODY_BYTES, NEXT_REPORT_SECONDS
 
 from tests.helpers.fake_kube import FakeKube
 from tests.helpers.tokens import TestIssuer
@@ -103,9 +104,9 @@ def run(test):
 
 def test_pod_0s_report_is_taken_queued_and_read_by_the_pass():
     async def test(post, made, reviews):
-        assert await post(PROGRESS) == (200, None, {"kind": "Status", "apiVersion": "v1",
-                                                    "code": 200, "status": "Success",
-                                                    "message": "taken"})
+        assert await post(PROGRESS) == (200, None, {
+            "kind": "Status", "apiVersion": "v1", "code": 200, "status": "Success",
+            "message": "taken", "nextReportSeconds": PROGRESS_WRITE_SECONDS})
         assert len(made.queue) == 1
         pods = made.pods_of(KEY, "job-uid")
         assert json.loads(pods[0].report)["progress"] == {"step": 3}
@@ -150,6 +151,27 @@ def test_a_report_queues_a_pass_at_once_for_a_decision_and_for_its_write_for_pro
     clock[0] = 107.0
     assert take(pod_0, progress={"step": 3}) == "in 0 s"
     assert take(pod_1, lastOutputTime=None, exit={"attempt": 0, "exitCode": 1}) == "now"
+
+
+def test_pod_0_is_told_to_report_when_the_jobs_next_progress_write_falls_due():
+    made, clock = controller(), [100.0]
+    made.clock, made.queue, made.progress_write_seconds = lambda: clock[0], Queued(), 5.0
+    state = made.states.get(KEY, "job-uid")
+    pod_0, pod_1 = (made.report_pod(KEY, Caller("ml", f"train-{i}", f"uid-{i}", 0.0))
+                    for i in range(2))
+
+    def pace(pod, **report):
+        return made.take_report(KEY, pod, parse_body(json.dumps({"acceleratePodReport": {
+            "attempt": 0, "lastOutputTime": "2026-01-01T00:00:00Z", **report}}).encode()),
+            dt.datetime.now(dt.timezone.utc))
+
+    state.next_progress_write = 106.0  # the last write was at 96: this report's waits 6 s
+    assert pace(pod_0, progress={"step": 2}) == 11.0
+    state.next_progress_write = 0.0  # written as it comes
+    assert pace(pod_0, progress={"step": 3}) == 5.0
+    assert pace(pod_1, lastOutputTime=None, exit={"attempt": 0, "exitCode": 1}) is None
+    made.progress_write_seconds = 60.0  # signs of life still come twice per least stall timeout
+    assert pace(pod_0, progress={"step": 4}) == NEXT_REPORT_SECONDS[1]
 
 
 def test_every_refusal_leaves_what_the_passes_read_as_it_was():

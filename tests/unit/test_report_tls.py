@@ -107,7 +107,7 @@ def test_settings_default_to_the_charts_shape_in_the_operators_namespace():
     assert (settings.port, settings.namespace) == (8443, "ops")
     assert settings.secret == "accelerate-operator-report-tls"
     assert settings.names[2] == "accelerate-operator.ops.svc"
-    assert settings.progress_write_seconds == 10.0
+    assert settings.progress_write_seconds == 12.0
     chart = read_report_settings({"ACCELERATE_OPERATOR_REPORT_URL": "https://rel.team.svc:9443",
                                   "ACCELERATE_OPERATOR_REPORT_PORT": "0",
                                   "ACCELERATE_OPERATOR_POD_NAMESPACE": "team",

@@ -13,6 +13,7 @@ import time
 
 import jwt
 import pytest
+from accelerate_operator import report_tokens
 from accelerate_operator.report_tokens import (
     KEYS_MISS_SECONDS,
     KEYS_REFRESH_SECONDS,
@@ -151,6 +152,33 @@ def test_keys_that_cannot_be_read_answer_unavailable_and_the_old_ones_serve_on()
         await keys.verify(ISSUER.token())
         clock.now += KEYS_REFRESH_SECONDS
         assert (await keys.verify(ISSUER.token())).namespace == "ml"  # the old keys serve
+    asyncio.run(test())
+
+
+def test_a_token_that_held_is_checked_once_until_it_expires_or_the_keys_change(monkeypatch):
+    checked = []
+    monkeypatch.setattr(report_tokens, "verify",
+                        lambda token, issuer: checked.append(token) or verify(token, issuer))
+
+    async def test():
+        clock, wall, published = Clock(), [time.time()], [ISSUER.documents()]
+
+        async def fetch():
+            return published[0]
+
+        keys = IssuerKeys(fetch, clock, lambda: wall[0])
+        token = ISSUER.token(lifetime=600)
+        for _ in range(5):
+            assert (await keys.verify(token)).pod_uid == "uid-0"
+        assert len(checked) == 1  # one signature check for five reports
+        wall[0] += 600  # its expiry: checked again
+        await keys.verify(token)
+        assert len(checked) == 2
+        wall[0] -= 600
+        published[0] = TestIssuer(kid="key-9", kind="EC").documents()  # key-1 dropped
+        clock.now += KEYS_REFRESH_SECONDS
+        with pytest.raises(BadToken, match="not signed by a key"):
+            await keys.verify(token)  # the refresh changed the keys: the token is forgotten
     asyncio.run(test())
 
 

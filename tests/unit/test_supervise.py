@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from accelerate_operator.progress import parse_report
-from accelerate_trainer.contract import MAX_BODY_BYTES
+from accelerate_trainer.contract import MAX_BODY_BYTES, NEXT_REPORT_SECONDS
 from accelerate_trainer.processes import _children
 from accelerate_trainer.pumps import Pump, catch_up, drain
 from accelerate_trainer.report_push import (
@@ -271,6 +271,20 @@ def test_new_progress_is_pushed_at_once_then_at_most_every_push_interval():
     assert reports.due(now=PUSH_SECONDS, wall=1000.0 + PUSH_SECONDS).progress == {"step": 2}
 
 
+def test_the_operator_sets_the_pace_of_progress_and_the_heartbeat_follows_it():
+    reports = fed('ACCELERATE_PROGRESS {"step": 1}\n', wall=1000.0)
+    reports.tried(reports.due(now=0.0, wall=1000.0), 0.0, ok=True, next_report=12.0)
+    reports.feed(1, b'ACCELERATE_PROGRESS {"step": 2}\n', 1011.0)
+    assert reports.due(now=PUSH_SECONDS, wall=1000.0 + PUSH_SECONDS) is None
+    assert reports.due(now=HEARTBEAT_SECONDS, wall=1000.0 + HEARTBEAT_SECONDS) is None
+    second = reports.due(now=12.0, wall=1012.0)
+    assert second is not None and second.progress == {"step": 2}
+    reports.tried(second, 12.0, ok=True)  # an answer without a pace keeps the last one
+    reports.feed(1, b'ACCELERATE_PROGRESS {"step": 3}\n', 1013.0)
+    assert reports.due(now=12.0 + PUSH_SECONDS, wall=1012.0 + PUSH_SECONDS) is None
+    assert reports.due(now=24.0, wall=1024.0).progress == {"step": 3}
+
+
 def test_the_first_progress_goes_soon_after_heartbeats_with_the_time_its_line_came():
     reports = fed("loading the model\n", wall=1000.0)
     reports.tried(reports.due(now=0.0, wall=1000.0), 0.0, ok=True)
@@ -298,7 +312,7 @@ def test_output_without_progress_is_a_heartbeat_and_a_pause_is_said_once():
     assert quiet is not None and quiet.last_output == 1000.0 + PUSH_SECONDS
     reports.tried(quiet, PUSH_SECONDS + QUIET_SECONDS, ok=True)
     assert reports.due(now=100.0, wall=1100.0) is None  # nothing new: nothing to push
-    assert HEARTBEAT_SECONDS * 2 < 30  # the smallest stallTimeoutSeconds
+    assert max(HEARTBEAT_SECONDS, NEXT_REPORT_SECONDS[1]) * 2 <= 30  # the least stallTimeoutSeconds
 
 
 def test_a_failed_push_is_tried_again_later_and_the_end_is_always_pushed():

@@ -159,10 +159,17 @@ RUN_ATTEMPT_FILE = "attempt"
 # slowly; 413 too large; 429 too often (Retry-After); 503 not the active replica, or the
 # cluster's keys not readable yet (Retry-After). Any answer but 200 closes the connection. The
 # pod retries 429/503 and connection errors; an `exit` report is retried until answered 200.
+# A 200 to pod 0 holds NEXT_REPORT_KEY: the seconds until the job's next progress write, when
+# pod 0's next progress report is due. Pod 0 reports its progress no more often than that, so
+# the operator writes each report as it comes (status.progress is fresh, and no report is
+# posted only to be held back); within NEXT_REPORT_SECONDS, at most half the least
+# stallTimeoutSeconds (30), so the signs of life the stall check reads come twice within it.
 ENV_REPORT_URL = "ACCELERATE_REPORT_URL"
 REPORT_AUDIENCE = "accelerate-operator.io/report"
 REPORT_CA_KEY = "report-ca.crt"
 REPORT_BODY_KEY = "acceleratePodReport"
+NEXT_REPORT_KEY = "nextReportSeconds"
+NEXT_REPORT_SECONDS = (1.0, 15.0)
 MAX_BODY_BYTES = 64 * 1024
 REPORT_TOKEN_SECONDS = 3600  # the projected token's lifetime; the kubelet renews it at 80 %
 ENV_KUBEFLOW_URL = "KUBEFLOW_TRAINER_SERVER_URL"

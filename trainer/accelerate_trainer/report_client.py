@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 from .contract import (
     ENV_REPORT_URL,
+    NEXT_REPORT_KEY,
+    NEXT_REPORT_SECONDS,
     REPORT_BODY_KEY,
     REPORT_CA_FILE,
     REPORT_DIR,
@@ -43,11 +45,13 @@ class BadReportURL(ValueError):
 
 @dataclass(frozen=True)
 class Answer:
-    """The endpoint's answer: its status, its message, and its Retry-After in seconds."""
+    """The endpoint's answer: its status, its message, its Retry-After in seconds, and (a 200
+    to pod 0) when the next progress report is due, in seconds (contract.NEXT_REPORT_KEY)."""
 
     status: int
     message: str = ""
     retry_after: float | None = None
+    next_report: float | None = None
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -77,13 +81,29 @@ def split_url(url: str) -> tuple[str, int, str]:
     return parts.hostname, port, path
 
 
-def _message(answer: bytes) -> str:
-    """The endpoint's own message ({"message": ...}), else the start of its text."""
+def read_answer(status: int, body: bytes, retry_after: str | None) -> Answer:
+    """The endpoint's answer: its own message ({"message": ...}), else the start of its text;
+    its next-report time held within contract.NEXT_REPORT_SECONDS (None when absent or not a
+    number)."""
     try:
-        message = json.loads(answer).get("message")
-    except (ValueError, AttributeError):
-        message = answer.decode("utf-8", "replace")
-    return str(message or "").strip()[:200]
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        document = {"message": body.decode("utf-8", "replace")}
+    return Answer(status, str(document.get("message") or "").strip()[:200],
+                  parse_retry_after(retry_after), _next_report(document.get(NEXT_REPORT_KEY)))
+
+
+def _next_report(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past a float's range
+        return None
+    low, high = NEXT_REPORT_SECONDS
+    return min(max(seconds, low), high) if math.isfinite(seconds) else None
 
 
 class ReportClient:
@@ -135,8 +155,7 @@ class ReportClient:
                 raise
             if not response.isclosed():  # an answer longer than read: the connection is spent
                 self.close()
-            return Answer(response.status, _message(answer),
-                          parse_retry_after(response.getheader("Retry-After")))
+            return read_answer(response.status, answer, response.getheader("Retry-After"))
 
     def _ca_current(self) -> bool:
         """Whether the CA file is the one the open connection was verified with."""

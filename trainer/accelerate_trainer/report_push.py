@@ -15,13 +15,15 @@ status.trainer): the one channel from the trainer to the operator, which reads n
 (transformers' KubeflowCallback posts its trainerStatus to the same endpoint itself: the
 operator gives pod 0 KUBEFLOW_TRAINER_SERVER_URL, _TOKEN and _CA_CERT.) The first progress goes
 at once (unless a push was tried in the last QUIET_SECONDS): `kubectl get` shows a new group's
-first step soon. After it, a push happens when the progress changed and PUSH_SECONDS have
-passed since the last one; while output goes on with no new progress, every HEARTBEAT_SECONDS;
-once output has paused QUIET_SECONDS (stall detection then sees the true last sign of life); and
-at the end. A pod restarted in place (supervise.py) reports a failed launch (`Reports.ended`) at
-once, tried until the endpoint takes it. What the endpoint answers, and what is tried again when
-(Retry-After, backoff), is Pusher's; a failed push is said once on stderr and never stops the
-training.
+first step soon. After it, a push happens when the progress changed and the pace has passed
+since the last one; while output goes on with no new progress, every HEARTBEAT_SECONDS (or the
+pace, when longer); once output has paused QUIET_SECONDS (stall detection then sees the true
+last sign of life); and at the end. The pace is what the operator's last 200 said
+(contract.NEXT_REPORT_KEY: when it next writes the job's progress, so a report is written as it
+comes), PUSH_SECONDS until it says. A pod restarted in place (supervise.py) reports a failed
+launch (`Reports.ended`) at once, tried until the endpoint takes it. What the endpoint
+answers, and what is tried again when (Retry-After, backoff), is Pusher's; a failed push is said
+once on stderr and never stops the training.
 
 Why no `kubernetes` package: this runs in the user's training image, which need not have it (nor
 its pydantic, which may clash with the user's pins); it makes one kind of request, a POST to
@@ -46,11 +48,12 @@ from . import root_cause
 from .contract import MAX_BODY_BYTES, PROGRESS_LINE, PROGRESS_PREFIX
 from .report_client import REQUEST_TIMEOUT, Answer, ReportClient
 
-# At most one push per this while the progress changes: the freshness a user sees (progress in
-# `kubectl get` under 10 s old), and slower than the 5 s that KEP-2779's clients keep to.
+# At most one push per this while the progress changes, until the operator sets the pace
+# (contract.NEXT_REPORT_KEY); slower than the 5 s that KEP-2779's clients keep to.
 PUSH_SECONDS = 8.0
-# While output goes on with the same progress: well under the smallest stallTimeoutSeconds (30),
-# so a job that prints is never taken for a stalled one.
+# While output goes on with the same progress (or the pace, when longer: at most 15 s): well
+# under the smallest stallTimeoutSeconds (30), so a job that prints is never taken for a stalled
+# one.
 HEARTBEAT_SECONDS = 10.0
 QUIET_SECONDS = 3.0        # output paused this long: say when it last came
 TICK_SECONDS = 0.5
@@ -143,6 +146,7 @@ class Reports:
         self.current = Snapshot(None, None, versions=versions)
         self._pushed = Snapshot(None, None)
         self._tried_at: float | None = None  # monotonic
+        self.pace = PUSH_SECONDS  # seconds between progress pushes: the operator's, once said
         self.progress = progress
         self._tail = b""  # the newest bytes on stderr: a failed launch's message
         self.wake = threading.Event()  # set when a report must go at once
@@ -200,7 +204,7 @@ class Reports:
     def due(self, now: float, wall: float, final: bool = False) -> Snapshot | None:
         """What to push now (monotonic `now`, wall clock `wall`), or None (the module's rule)."""
         with self._lock:
-            current, pushed = self.current, self._pushed
+            current, pushed, pace = self.current, self._pushed, self.pace
             since = math.inf if self._tried_at is None else now - self._tried_at
         if current.exit is not None and current.exit != pushed.exit:
             return current
@@ -210,16 +214,21 @@ class Reports:
             return None
         quiet = current.last_output is not None and wall - current.last_output >= QUIET_SECONDS
         first = new_progress and pushed.progress is None and since >= QUIET_SECONDS
-        if final or first or (since >= PUSH_SECONDS and (new_progress or quiet)) \
-                or since >= HEARTBEAT_SECONDS:
+        if final or first or (since >= pace and (new_progress or quiet)) \
+                or since >= max(HEARTBEAT_SECONDS, pace):
             return current
         return None
 
-    def tried(self, snapshot: Snapshot, now: float, ok: bool) -> None:
+    def tried(self, snapshot: Snapshot, now: float, ok: bool,
+              next_report: float | None = None) -> None:
+        """A push of `snapshot` at `now`, taken (`ok`) or not; `next_report`: the pace the
+        operator's answer set (report_client bounds it)."""
         with self._lock:
             self._tried_at = now
             if ok:
                 self._pushed = snapshot
+            if next_report is not None:
+                self.pace = next_report
 
 
 def backoff(failures: int) -> float:
@@ -281,7 +290,7 @@ class Pusher(threading.Thread):
         status = answer.status
         said = f"answered {status}" + (f" ({answer.message})" if answer.message else "")
         if status == 200:
-            self.reports.tried(snapshot, now, ok=True)
+            self.reports.tried(snapshot, now, ok=True, next_report=answer.next_report)
             self._retry_at, self._failures = 0.0, 0
             if self._said:
                 say(f"the operator's report endpoint takes reports again ({self.client.url})")

@@ -9,13 +9,14 @@ brings, this module does not redo: credentials (the service account in a pod, it
 as the kubelet rotates it; else $KUBECONFIG with exec plugins and token refresh), 429 and 503
 retried after the server's Retry-After (urllib3's `Retry`, the client's transport), TLS.
 
-Children are created through the client's untyped request path (`ApiClient.param_serialize` and
-`call_api`, what every generated method calls): the typed `create_namespaced_pod` of kubernetes
->= 35 validates a dict body against its pydantic model and refuses what the API server accepts
-(`cpu: 2` as an int, a field newer than the client). A typed call with `_preload_content=False`
-(no model built of an answer the pass decodes itself, or does not need) hands back the answer
-unread: `_run` reads it in the call's thread (transport.read_whole), for an unread answer never
-gives its connection back to the pool (the next request would open a new TLS connection)."""
+Children are created, and a job's status patched (a running job's most frequent request), through
+the client's untyped request path (`ApiClient.param_serialize` and `call_api`, what every
+generated method calls): the typed `create_namespaced_pod` of kubernetes >= 35 validates a dict
+body against its pydantic model and refuses what the API server accepts (`cpu: 2` as an int, a
+field newer than the client). A typed call with `_preload_content=False` (no model built of an
+answer the pass decodes itself, or does not need) hands back the answer unread: `_run` reads it
+in the call's thread (transport.read_whole), for an unread answer never gives its connection back
+to the pool (the next request would open a new TLS connection)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from .errors import ConfigMapMissing, expected, refusal, verb
 from .paths import (
     APPLY,
     COLLECTIONS,
+    JOBS,
     JWKS,
     LIST_PAGE,
     MERGE,
@@ -96,8 +98,7 @@ class Kube:
              accept: str = "application/json",
              _request_timeout: float = REQUEST_TIMEOUT) -> bytes:
         """The client's untyped request (module docstring): the response's bytes."""
-        headers = {"Accept": accept, **({"Content-Type": content_type} if content_type
-                                        else {"Content-Type": "application/json"})}
+        headers = {"Accept": accept, "Content-Type": content_type or "application/json"}
         request = self.api.param_serialize(
             method, path, query_params=[(k, v) for k, v in (query or {}).items()
                                         if v is not None],
@@ -367,13 +368,12 @@ class Kube:
                            query={"fieldManager": FIELD_MANAGER})
 
     # ---- the job ----------------------------------------------------------------------------
-    async def patch_job_status(self, namespace: str, name: str,
-                               status: Mapping[str, Any]) -> None:
-        """A merge patch of the job's status; a job deleted meanwhile has nothing to report."""
+    async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """A merge patch of the status, untyped (module docstring); a gone job has none."""
         await ignore_gone(self._run(
-            "PATCH", self.custom.patch_namespaced_custom_object_status, GROUP, VERSION,
-            namespace, PLURAL, name, {"status": dict(status)}, field_manager=FIELD_MANAGER,
-            _content_type=MERGE, _preload_content=False))
+            "PATCH", self._raw, "PATCH", f"{JOBS.format(namespace)}/{name}/status",
+            {"status": dict(status)}, query={"fieldManager": FIELD_MANAGER},
+            content_type=MERGE))
 
     async def job_exists(self, namespace: str, name: str, uid: str) -> bool:
         """Whether the job (this one: not another of the same name) still exists, as the API
