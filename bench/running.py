@@ -4,9 +4,10 @@ operator and etcd while N single-node AccelerateJobs train, against the same clu
 A running job costs the control plane little by itself; what it costs is how its progress
 reaches status.progress. Rank 0's supervisor (`python -m accelerate_trainer.supervise -- ARGV`)
 POSTs its progress to the operator's report endpoint (HTTPS, a projected token the operator
-checks against the API server's published keys) at most every 8 s; a report runs the job's pass
-only when it changes a decision, and progress is written at most once per job every
-reports.progressWriteSeconds (10 s as shipped; the deployed value is printed): no log is read
+checks against the API server's published keys) at the pace the operator's answers set (when the
+job's next progress write falls due); a report runs the job's pass only when it changes a
+decision, and progress is written at most once per job every reports.progressWriteSeconds (12 s
+as shipped; the deployed value is printed): no log is read
 and no pod is written. Target: what reporting adds (supervised against the same pods bare) at
 most 1.5 ms/s per running job for the four together, 0 log requests/s, and status.progress never
 more than 15 s old.

@@ -145,10 +145,10 @@ def _stopped(ledger: Ledger, moment: Moment) -> Ledger:
 
 
 def _recovery_began(ledger: Ledger, moment: Moment) -> Ledger:
-    """A recovery opens at the last step the operator had seen, which pod 0's pushes (at most
-    every 8 s) leave behind the last one trained. Restarted in place, pod 0's report names the
-    true last step of the attempt before: the recovery began there, and the steps up to it were
-    trained (the ones after the checkpoint are then computed again)."""
+    """A recovery opens at the last step the operator had seen, which pod 0's pushes (at the
+    pace of the job's progress writes) leave behind the last one trained. Restarted in place,
+    pod 0's report names the true last step of the attempt before: the recovery began there, and
+    the steps up to it were trained (the ones after the checkpoint are then computed again)."""
     when = moment.previous_time
     if ledger.segment != RECOVERY or when is None or ledger.since is None \
             or not ledger.since < when <= moment.now:
