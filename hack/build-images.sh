@@ -71,10 +71,21 @@ build() { # build DOCKERFILE IMAGE [BUILD_ARG...]
   local a
   for a in "$@"; do args+=(--build-arg "$a"); done
   echo ">> build-images: $image" >&2
-  # chroot isolation: RUN steps need no runtime or user namespaces, only root.
-  bah bud --layers --format docker --isolation chroot ${PULL[@]+"${PULL[@]}"} \
-    ${HOST_CA_VOLUME[@]+"${HOST_CA_VOLUME[@]}"} "${args[@]}" . >&2
-  echo "$image"
+  # chroot isolation: RUN steps need no runtime or user namespaces, only root. One retry: a RUN
+  # step now and then fails to start ("sealing memfd copy: Device or resource busy", once in about
+  # ten builds on a loaded 2-core machine, kernel 6.18), a race in the kernel, not in the step;
+  # the retry starts at the step that failed (the layers before it are cached), and a step that
+  # truly fails fails twice.
+  local try
+  for try in 1 2; do
+    if bah bud --layers --format docker --isolation chroot ${PULL[@]+"${PULL[@]}"} \
+        ${HOST_CA_VOLUME[@]+"${HOST_CA_VOLUME[@]}"} "${args[@]}" . >&2; then
+      echo "$image"
+      return 0
+    fi
+    [[ $try == 2 ]] || echo ">> build-images: $image failed; trying once more" >&2
+  done
+  return 1
 }
 
 for what in $IMAGES; do
