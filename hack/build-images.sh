@@ -71,19 +71,19 @@ build() { # build DOCKERFILE IMAGE [BUILD_ARG...]
   local a
   for a in "$@"; do args+=(--build-arg "$a"); done
   echo ">> build-images: $image" >&2
-  # chroot isolation: RUN steps need no runtime or user namespaces, only root. One retry: a RUN
-  # step now and then fails to start ("sealing memfd copy: Device or resource busy", once in about
-  # ten builds on a loaded 2-core machine, kernel 6.18), a race in the kernel, not in the step;
-  # the retry starts at the step that failed (the layers before it are cached), and a step that
-  # truly fails fails twice.
+  # chroot isolation: RUN steps need no runtime or user namespaces, only root. Up to 3 tries: a
+  # RUN step now and then fails to start ("sealing memfd copy: Device or resource busy": buildah's
+  # sealed copy of itself, seen on a loaded 2-core machine with kernel 6.18 while the unit tests
+  # ran beside the build), a race outside the step; a retry starts at the step that failed (the
+  # layers before it are cached), and a step that truly fails fails every time.
   local try
-  for try in 1 2; do
+  for try in 1 2 3; do
     if bah bud --layers --format docker --isolation chroot ${PULL[@]+"${PULL[@]}"} \
         ${HOST_CA_VOLUME[@]+"${HOST_CA_VOLUME[@]}"} "${args[@]}" . >&2; then
       echo "$image"
       return 0
     fi
-    [[ $try == 2 ]] || echo ">> build-images: $image failed; trying once more" >&2
+    [[ $try == 3 ]] || echo ">> build-images: $image failed (try $try of 3); trying again" >&2
   done
   return 1
 }
