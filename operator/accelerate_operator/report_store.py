@@ -49,12 +49,11 @@ class ReportStore:
                                                                    {})
         if seen_attempt != attempt:
             tracker, view = KubeflowProgress(), {}
-        progress = tracker.build_report(status)
-        view = {**view, "lastOutputTime": format_time(now, precise=True)}
+        progress, stamp = tracker.build_report(status), format_time(now, precise=True)
+        view = {**view, "lastOutputTime": stamp}
         if progress is not None:
             view.update({"progress": {k: v for k, v in progress.items() if v is not None},
-                         "progressTime": format_time(now, precise=True),
-                         RECEIVED_KEY: format_time(now, precise=True)})
+                         "progressTime": stamp, RECEIVED_KEY: stamp})
         self._kubeflow[uid] = (tracker, attempt, view)
         self._pods.setdefault(key, set()).add(uid)
 
