@@ -2,7 +2,8 @@
 process of this host against the real API server, for one namespace: kopf's liveness endpoint
 answers with the operator's probe, a job gets its children, a rendered ConfigMap deleted by hand
 comes back, the job succeeds with nothing of kopf written on it (no finalizer, no annotation),
-and SIGTERM stops it cleanly.
+its status owned by the operator as one field (the CRD's atomic status: managedFields holds
+`f:status`, not every leaf), and SIGTERM stops it cleanly.
 
 The operator the chart deployed is scaled to zero meanwhile, so that only this one acts."""
 
@@ -77,6 +78,11 @@ def test_operator_process_creates_children_recreates_a_deleted_one_and_stops_on_
             raise
     output = log.read_text()
     assert done["status"]["phase"] == "Succeeded", done["status"]
+    stored = json.loads(kubectl("-n", namespace, "get", "acceleratejob", "inproc", "-o", "json",
+                                "--show-managed-fields", kubeconfig=kubeconfig).stdout)
+    status_owned = [entry["fieldsV1"] for entry in stored["metadata"]["managedFields"]
+                    if entry.get("subresource") == "status"]
+    assert status_owned == [{"f:status": {}}], status_owned
     assert not done["metadata"].get("finalizers"), done["metadata"]
     assert not [a for a in done["metadata"].get("annotations") or {} if "kopf" in a], done[
         "metadata"]
