@@ -132,7 +132,7 @@ def granular_status(crd: dict[str, Any]) -> dict[str, Any]:
 
 
 def install(api: client.ApiClient) -> None:
-    """Both CRDs, the namespace, one job in each, and the status of a running job."""
+    """The three CRDs, the namespace, one job in each, and the status of a running job."""
     shipped = yaml.safe_load(CRD.read_text())
     extensions, custom = client.ApiextensionsV1Api(api), client.CustomObjectsApi(api)
     for name, crd in (("rules", shipped), ("no_rules", without_rules(shipped)),

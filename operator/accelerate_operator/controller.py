@@ -55,7 +55,6 @@ from .report_checks import (
     next_report_seconds,
     pass_for_report,
 )
-from .report_settings import PROGRESS_WRITE_SECONDS
 from .report_store import BadReport, ReportStore
 from .report_tokens import Caller
 from .resources.pods import DEFAULT_REPORT_ENDPOINT, ReportEndpoint
@@ -108,12 +107,8 @@ class Controller:
     controller only decides when)."""
 
     def __init__(self, kube: Kube, reconciler: Reconciler, kueue: bool = False,
-                 clock: Callable[[], float] = time.monotonic, namespaces: Iterable[str] = (),
-                 progress_write_seconds: float = PROGRESS_WRITE_SECONDS):
+                 clock: Callable[[], float] = time.monotonic, namespaces: Iterable[str] = ()):
         self.kube = kube
-        # How often a job's status.progress is written (the reconciler's Applier holds the
-        # writes to it): pod 0 is told to report at that pace (take_report).
-        self.progress_write_seconds = progress_write_seconds
         self.kueue = kueue
         self.clock = clock
         self.reconciler = reconciler
@@ -238,7 +233,7 @@ class Controller:
             self.queue.add(key)
         elif when == PASS_WHEN_DUE:
             self.queue.add_after(key, max(0.0, next_write - clock))
-        return next_report_seconds(clock, next_write, self.progress_write_seconds) \
+        return next_report_seconds(clock, next_write, self.reconciler.progress_write_seconds) \
             if pod.index == 0 else None
 
     def use_report_endpoint(self, endpoint: ReportEndpoint,

@@ -141,8 +141,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes:
     kube = await asyncio.to_thread(Kube)
     controller = Controller(kube, Reconciler(
         kube, progress_write_seconds=reporting.progress_write_seconds), kueue=KUEUE_ENABLED,
-        namespaces=memo.get("namespaces") or [],
-        progress_write_seconds=reporting.progress_write_seconds)
+        namespaces=memo.get("namespaces") or [])
     if KUEUE_ENABLED:
         # v1beta2 where served (Kueue >= 0.15; v0.20 serves nothing else), else v1beta1; kopf
         # watches the preferred version itself, and the pure code reads both shapes.

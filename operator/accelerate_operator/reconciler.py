@@ -177,6 +177,12 @@ class Reconciler:
         self.clock = clock
         self.applier = Applier(kube, clock, progress_write_seconds)
 
+    @property
+    def progress_write_seconds(self) -> float:
+        """How often a job's status.progress is written (the Applier holds the writes to it):
+        pod 0 is told to report at that pace (Controller.take_report)."""
+        return self.applier.progress_write_seconds
+
     async def reconcile(self, state: JobState, body: Mapping[str, Any],
                         pods: Iterable[PodState], children: Iterable[tuple[str, str]] = (),
                         kueue: KueueView | None = None, *, configmap_ca: str | None = None,

@@ -155,7 +155,8 @@ def test_a_report_queues_a_pass_at_once_for_a_decision_and_for_its_write_for_pro
 
 def test_pod_0_is_told_to_report_when_the_jobs_next_progress_write_falls_due():
     made, clock = controller(), [100.0]
-    made.clock, made.queue, made.progress_write_seconds = lambda: clock[0], Queued(), 5.0
+    made.clock, made.queue = lambda: clock[0], Queued()
+    made.reconciler.applier.progress_write_seconds = 5.0
     state = made.states.get(KEY, "job-uid")
     pod_0, pod_1 = (made.report_pod(KEY, Caller("ml", f"train-{i}", f"uid-{i}", 0.0))
                     for i in range(2))
@@ -170,7 +171,8 @@ def test_pod_0_is_told_to_report_when_the_jobs_next_progress_write_falls_due():
     state.next_progress_write = 0.0  # written as it comes
     assert pace(pod_0, progress={"step": 3}) == 5.0
     assert pace(pod_1, lastOutputTime=None, exit={"attempt": 0, "exitCode": 1}) is None
-    made.progress_write_seconds = 60.0  # signs of life still come twice per least stall timeout
+    # Signs of life still come twice per least stall timeout.
+    made.reconciler.applier.progress_write_seconds = 60.0
     assert pace(pod_0, progress={"step": 4}) == NEXT_REPORT_SECONDS[1]
 
 
