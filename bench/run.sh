@@ -20,9 +20,10 @@
 #                                    job, ours and Kubeflow's PyTorchJob (the Go training-operator
 #                                    as for `kubeflow`) side by side; about 20 minutes; not in the
 #                                    default set: it powers one node off and back on
-#   bench/run.sh status-write        the API server's CPU per progress write, and the CRD's CEL
-#                                    rules' share of it (its own etcd and kube-apiserver; about
-#                                    a minute); not in the default set
+#   bench/run.sh status-write        the API server's CPU per progress write, and the shares of
+#                                    it of the CRD's CEL rules, the atomic status and the status's
+#                                    size (its own etcd and kube-apiserver; about two minutes);
+#                                    not in the default set
 #
 # Extra arguments per benchmark: BENCH_STARTUP_ARGS, BENCH_THROUGHPUT_ARGS, BENCH_OVERHEAD_ARGS,
 # BENCH_KUBEFLOW_ARGS, BENCH_RUNNING_ARGS, BENCH_RECOVERY_ARGS, BENCH_STATUS_WRITE_ARGS (for example BENCH_THROUGHPUT_ARGS="--jobs 100 --mode

@@ -10,12 +10,16 @@ on a cluster: its own etcd and kube-apiserver (the binaries of hack/build-contro
 nothing else running on them), three copies of our CRD, each under its own group (as shipped;
 the same schema without its rules; the same with a granular status, Kubernetes' default, each
 leaf of it a field of managedFields), one `examples/cpu-ddp.yaml` job in each with the status
-of a running job, and the operator's progress write (progress.build_progress_status and the
-goodput totals) sent to each in turn, sequentially. It reads the API server's CPU time from
-/proc around each block (common.OperatorProcess, as bench/running.py reads the control
-plane's) and prints the CPU per write for each, the rules' share and the atomic status's saving.
+of a running job, and in the shipped CRD a second such job whose status is only its phase (what
+the size of a running job's status costs each write); the operator's progress write
+(progress.build_progress_status and the goodput totals) is sent to each in turn, sequentially.
+It reads the API server's CPU time from /proc around each block (common.OperatorProcess, as
+bench/running.py reads the control plane's) and prints the CPU per write for each, the rules'
+share, the atomic status's saving and the status size's cost. `--profile FILE` then saves a
+CPU profile of the API server (Go's pprof, `go tool pprof -top FILE`) over 20 s of writes to
+the shipped CRD: where the rest of a write goes.
 
-Usage: python bench/status_write.py [--writes 600] [--rounds 3] [--json FILE]
+Usage: python bench/status_write.py [--writes 600] [--rounds 3] [--json FILE] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +54,12 @@ TOKEN = "status-write-bench"
 NAMESPACE = "bench"
 GROUPS = {"rules": "accelerate-operator.io", "no_rules": "norules.bench.accelerate-operator.io",
           "granular": "granular.bench.accelerate-operator.io"}
+# Each measured block: (its CRD's group, the job written). "phase_only" is the shipped CRD's
+# second job, whose status is only its phase: the same writes, a smaller object.
+JOB_NAME, PHASE_ONLY_NAME = "cpu-ddp", "cpu-ddp-phase-only"
+BLOCKS = {**{name: (group, JOB_NAME) for name, group in GROUPS.items()},
+          "phase_only": (GROUPS["rules"], PHASE_ONLY_NAME)}
+PROFILE_SECONDS = 20
 
 
 def free_port() -> int:
@@ -132,7 +143,7 @@ def granular_status(crd: dict[str, Any]) -> dict[str, Any]:
 
 
 def install(api: client.ApiClient) -> None:
-    """The three CRDs, the namespace, one job in each, and the status of a running job."""
+    """The three CRDs, the namespace, and each block's job with its status."""
     shipped = yaml.safe_load(CRD.read_text())
     extensions, custom = client.ApiextensionsV1Api(api), client.CustomObjectsApi(api)
     for name, crd in (("rules", shipped), ("no_rules", without_rules(shipped)),
@@ -142,8 +153,9 @@ def install(api: client.ApiClient) -> None:
         extensions.create_custom_resource_definition(crd)
     client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
     job = yaml.safe_load(JOB.read_text())
-    for group in GROUPS.values():
+    for group, name in BLOCKS.values():
         body = {**copy.deepcopy(job), "apiVersion": f"{group}/v1alpha1"}
+        body["metadata"] = {**body["metadata"], "name": name}
         for _ in range(60):  # until the new CRD is served
             try:
                 custom.create_namespaced_custom_object(group, "v1alpha1", NAMESPACE,
@@ -151,7 +163,8 @@ def install(api: client.ApiClient) -> None:
                 break
             except client.ApiException:
                 time.sleep(1)
-        patch_status(api, group, running_status())
+        status = {"phase": "Running"} if name == PHASE_ONLY_NAME else running_status()
+        patch_status(api, group, name, status)
 
 
 def running_status() -> dict[str, Any]:
@@ -191,53 +204,97 @@ def progress_write(step: int) -> dict[str, Any]:
             "goodput": goodput}
 
 
-def patch_status(api: client.ApiClient, group: str, status: dict[str, Any]) -> None:
+def patch_status(api: client.ApiClient, group: str, name: str, status: dict[str, Any]) -> None:
     client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-        group, "v1alpha1", NAMESPACE, "acceleratejobs", "cpu-ddp", {"status": status})
+        group, "v1alpha1", NAMESPACE, "acceleratejobs", name, {"status": status})
 
 
 def measure(api: client.ApiClient, pid: int, writes: int, rounds: int) -> dict[str, list]:
-    """API server CPU ms per write, per round, the CRDs in turn (a warm-up first)."""
+    """API server CPU ms per write, per round, the blocks in turn (a warm-up first)."""
     server = OperatorProcess(pid)
-    per_write: dict[str, list] = {name: [] for name in GROUPS}
+    per_write: dict[str, list] = {name: [] for name in BLOCKS}
     step = 1
     for round_ in range(rounds + 1):
-        for name, group in GROUPS.items():
+        for name, (group, job) in BLOCKS.items():
             count = writes if round_ else writes // 10
             before = server.cpu_seconds()
             for _ in range(count):
                 step += 1
-                patch_status(api, group, progress_write(step))
+                patch_status(api, group, job, progress_write(step))
             if round_:
                 per_write[name].append(1000 * (server.cpu_seconds() - before) / count)
     return per_write
 
 
+def profile(api: client.ApiClient, path: Path) -> int:
+    """The API server's CPU profile over PROFILE_SECONDS of progress writes to the shipped
+    CRD's running job, saved to `path` (pprof's format); returns the writes it covers."""
+    writes, done = [0], threading.Event()
+
+    def write() -> None:
+        while not done.is_set():
+            writes[0] += 1
+            patch_status(api, GROUPS["rules"], JOB_NAME, progress_write(writes[0] + 1))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        request = api.param_serialize("GET", "/debug/pprof/profile",
+                                      query_params=[("seconds", PROFILE_SECONDS)],
+                                      header_params={"Accept": "*/*"},
+                                      auth_settings=["BearerToken"])
+        response = api.call_api(*request, _request_timeout=PROFILE_SECONDS + 60)
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"the API server's profile: HTTP {response.status}")
+        path.write_bytes(response.data)
+    finally:
+        done.set()
+        writer.join()
+    return writes[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--writes", type=int, default=600, help="writes per CRD per round")
+    parser.add_argument("--writes", type=int, default=600, help="writes per block per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="append the result as a JSON line to this file")
+    parser.add_argument("--profile", type=Path,
+                        help="then save the API server's CPU profile (pprof) of 20 s of writes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="status-write-") as work, \
             api_server(Path(work)) as (api, pid):
         install(api)
         per_write = measure(api, pid, args.writes, args.rounds)
+        profiled = profile(api, args.profile) if args.profile else 0
+    print_result(per_write, args.rounds, args.writes, args.json)
+    if args.profile:
+        print(f"  CPU profile of {profiled} writes to the shipped CRD: {args.profile} "
+              f"(go tool pprof -top {args.profile})")
+
+
+def print_result(per_write: dict[str, list], rounds: int, writes: int, json_file: str | None
+                 ) -> None:
     rules, bare = median(per_write["rules"]), median(per_write["no_rules"])
-    granular = median(per_write["granular"])
+    granular, small = median(per_write["granular"]), median(per_write["phase_only"])
     print(machine_line())
-    print(f"API server CPU per progress write, median of {args.rounds} rounds of {args.writes}:")
+    print(f"API server CPU per progress write, median of {rounds} rounds of {writes}:")
     print(f"  CRD as shipped:            {rules:6.2f} ms  {per_write['rules']}")
     print(f"  same CRD without rules:    {bare:6.2f} ms  {per_write['no_rules']}")
     print(f"  same with granular status: {granular:6.2f} ms  {per_write['granular']}")
+    print(f"  shipped, status only phase:{small:6.2f} ms  {per_write['phase_only']}")
     print(f"  the rules' share:          {rules - bare:6.2f} ms = "
           f"{100 * (rules - bare) / rules:.0f}%")
     print(f"  atomic status saves:       {granular - rules:6.2f} ms = "
           f"{100 * (granular - rules) / granular:.0f}% of the granular write")
+    print(f"  a running job's status:    {rules - small:6.2f} ms = "
+          f"{100 * (rules - small) / rules:.0f}% (its size: every write decodes, validates, "
+          "stores and sends the whole object)")
     emit_result("status_write", {"rules_ms": rules, "no_rules_ms": bare, "granular_ms": granular,
-                                 "rules_share": (rules - bare) / rules,
+                                 "phase_only_ms": small, "rules_share": (rules - bare) / rules,
                                  "atomic_saving": (granular - rules) / granular,
-                                 "rounds": per_write}, args.json)
+                                 "status_share": (rules - small) / rules,
+                                 "rounds": per_write}, json_file)
 
 
 if __name__ == "__main__":
