@@ -399,14 +399,35 @@ def test_sync_check_reports_drift(tmp_path):
     assert subprocess.run(["bash", script, "--check"], capture_output=True).returncode == 0
 
 
-def test_notes_tell_the_user_what_to_do_next(helm):
-    done = run_helm(
-        helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"
-    )
+def notes(helm: str, *sets: str) -> str:
+    args = ["install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"]
+    done = run_helm(helm, *args, *[a for s in sets for a in ("--set", s)])
     assert done.returncode == 0, done.stderr
-    assert "kubectl get ajob" in done.stdout
-    assert "kubectl apply -f examples/cpu-ddp.yaml" in done.stdout
+    return done.stdout.partition("\nNOTES:\n")[2]
+
+
+def test_notes_tell_the_user_what_to_do_next(helm):
+    text = notes(helm)
+    assert "kubectl get ajob -w" in text
+    assert "kubectl apply -f examples/cpu-ddp.yaml" in text
     assert (ROOT / "examples/cpu-ddp.yaml").is_file(), "NOTES.txt names an example that is gone"
+    assert "crds/" not in text
+
+
+def test_notes_send_the_example_where_the_operator_watches(helm):
+    text = notes(helm, "watchNamespaces={team-a,team-b}")
+    assert "kubectl apply -n team-a -f examples/cpu-ddp.yaml" in text
+    assert "kubectl get ajob -n team-a -w" in text
+
+
+def test_without_the_charts_crds_the_notes_ask_for_all_three(helm):
+    """kopf's peering CRDs go with crds.enabled too, and the operator (--peering) handles no
+    job without them: the notes must not ask for the AccelerateJob CRD alone."""
+    assert not [d for d in render(helm, "crds.enabled=false")
+                if d["kind"] == "CustomResourceDefinition"]
+    assert "kubectl apply --server-side -f crds/\n" in notes(helm, "crds.enabled=false")
+    names = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert names == sorted(p.name for p in (CHART / "templates/crds").glob("*.yaml"))
 
 
 KUEUE_NAMESPACED_RULES = {
@@ -472,10 +493,47 @@ def test_metrics_port_is_configurable_and_can_be_switched_off(helm):
         assert done.returncode != 0, f"--set {bad} was accepted"
 
 
+def test_a_long_release_name_still_gives_valid_distinct_service_names(helm):
+    release = "gpu-training-platform-operator-prod1"  # 36 characters; helm allows 53
+    args = ["template", release, str(CHART), "--namespace", NAMESPACE]
+    done = run_helm(helm, *args)
+    assert done.returncode == 0, done.stderr
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(done.stdout)
+             if d and d["kind"] == "Service"]
+    assert len(names) == len(set(names)) == 2
+    assert all(len(name) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
+               for name in names), names
+
+
+def test_the_report_and_metrics_ports_must_differ(helm):
+    done = run_helm(helm, "template", RELEASE, str(CHART), "--set", "reports.port=9090")
+    assert done.returncode != 0 and "reports.port and metrics.port" in done.stderr
+    assert render(helm, "reports.port=9090", "metrics.enabled=false")
+
+
+def test_the_image_can_be_pinned_by_digest(helm):
+    digest = "sha256:" + "0123456789abcdef" * 4
+    image = operator_container(render(helm, f"image.digest={digest}"))["image"]
+    assert image == f"ghcr.io/accelerate-operator/operator@{digest}"
+    for bad in (f"image.repository=ghcr.io/x/operator@{digest}", "image.digest=sha256:0123",
+                "image.tag=0.1.0@sha256:0123"):
+        done = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad)
+        assert done.returncode != 0, f"--set {bad} was accepted"
+
+
+def test_watched_namespaces_that_yaml_would_retype_stay_strings(helm):
+    done = run_helm(helm, "template", RELEASE, str(CHART), "--set-json",
+                    'watchNamespaces=["2024","on"]')
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    namespaces = {d["metadata"]["namespace"] for d in docs if d["kind"] in ("Role", "RoleBinding")}
+    assert {"2024", "on"} <= namespaces
+
+
 def test_service_monitor_selects_the_metrics_service_with_the_users_labels(helm):
     docs = render(helm, "metrics.serviceMonitor.enabled=true",
                   "metrics.serviceMonitor.labels.release=prom",
-                  "metrics.serviceMonitor.interval=15s")
+                  "metrics.serviceMonitor.interval=1m30s")
     monitor = only(docs, "ServiceMonitor")
     service = service_named(docs, f"{RELEASE}-metrics")
     assert not selected_by(monitor, service_named(docs, RELEASE))
@@ -485,7 +543,7 @@ def test_service_monitor_selects_the_metrics_service_with_the_users_labels(helm)
     assert selected.items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics",
-                                             "interval": "15s"}]
+                                             "interval": "1m30s"}]
 
 
 def test_grafana_dashboard_ships_as_a_sidecar_labelled_configmap_of_every_metric(helm):

@@ -57,9 +57,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "https://%s.%s.svc:%d" (include "accelerate-operator.fullname" .) .Release.Namespace (int .Values.reports.port) }}
 {{- end }}
 
-{{/* The operator image, tagged with the chart's appVersion unless image.tag is set. */}}
+{{/* The operator image: pinned by image.digest when set, else tagged with image.tag or the chart's appVersion. */}}
 {{- define "accelerate-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The metrics Service's name: the full name cut to leave room for the suffix (63 in all). */}}
+{{- define "accelerate-operator.metricsService" -}}
+{{- printf "%s-metrics" (include "accelerate-operator.fullname" . | trunc 55 | trimSuffix "-") }}
 {{- end }}
 
 {{/*
