@@ -18,17 +18,21 @@ OOM_KILLED = "OOMKilled"
 
 def memory_limit(pod: Mapping[str, Any], container: str | None) -> str | None:
     """The container's memory limit as written in its spec (`300Mi`), or None."""
-    for spec in (pod.get("spec") or {}).get("containers") or []:
+    spec_of = pod.get("spec") or {}
+    for spec in (*(spec_of.get("initContainers") or []), *(spec_of.get("containers") or [])):
         if spec.get("name") == container:
             return ((spec.get("resources") or {}).get("limits") or {}).get("memory")
     return None
 
 
 def read_pod_cause(pod: Mapping[str, Any]) -> str | None:
-    """`out of memory: ...` for a pod one of whose containers the kernel killed for memory,
-    naming the pod, the container and its limit; None otherwise."""
+    """`out of memory: ...` for a pod one of whose containers (init containers first: they run
+    first) the kernel killed for memory, naming the pod, the container and its limit; None
+    otherwise."""
     name = (pod.get("metadata") or {}).get("name", "")
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+    status = pod.get("status") or {}
+    for container in (*(status.get("initContainerStatuses") or []),
+                      *(status.get("containerStatuses") or [])):
         terminated = (container.get("state") or {}).get("terminated") or {}
         if terminated.get("reason") == OOM_KILLED:
             return out_of_memory(name, container.get("name"),

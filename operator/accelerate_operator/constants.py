@@ -16,6 +16,10 @@ CODE_VOLUME = "accelerate-code"
 WORKSPACE_VOLUME = "accelerate-workspace"
 REPORT_VOLUME = "accelerate-report"
 
+# Kubernetes' name for a pod's main container (kubectl logs and exec pick it): the pod builder
+# sets it to the trainer, and a mesh's injector that puts its proxy first sets it too.
+DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
+
 GPU_RESOURCE = "nvidia.com/gpu"
 # The label that puts a job in a Kueue LocalQueue (kueue/ decides what that means).
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

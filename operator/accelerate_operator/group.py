@@ -61,8 +61,8 @@ from .outcome import (
     pods_to_clean,
 )
 from .pod_state import PodState
-from .startup import WAITING_TIMEOUT_REASON, set_waiting, waiting_timeout
-from .status import Event, StatusBuilder
+from .startup import WAITING_TIMEOUT_REASON, set_waiting, waiting_message, waiting_timeout
+from .status import COMPLETED_INDEXES, Event, StatusBuilder, format_indexes, parse_indexes
 from .timefmt import format_time, naive_utc, parse_time
 
 # The Restarting condition's reasons: why the group restarts.
@@ -103,30 +103,34 @@ class Failure:
 
 
 def find_failures(job: JobSpec, current: Sequence[PodState], was_running: bool,
-                  lost: Mapping[str, str]) -> list[Failure]:
+                  lost: Mapping[str, str], completed: frozenset[int] = frozenset()
+                  ) -> list[Failure]:
     """Why the current group cannot go on: its failed pods (counted), and its disrupted ones
     (not counted): a node lost (`lost`: pod name -> why), a DisruptionTarget or a node gone,
     and, once the group runs, a pod being deleted or gone. The operator deletes a group's pods
     only after it has moved to a new attempt, so a pod of the current attempt being deleted was
-    deleted by someone else."""
+    deleted by someone else. A node that finished (`completed`) is none of these: its pod
+    may go (deleted after it ended, its node scaled away) while rank 0 still saves."""
     failures = [f for p in sorted(current, key=lambda p: p.index)
                 if (f := _failure(p, was_running, lost.get(p.name))) is not None]
     if was_running:
         # Once the group runs, a pod that disappears (deleted, its node gone) takes its ranks
         # with it.
-        present = {p.index for p in current}
+        present = {p.index for p in current} | completed
         failures += [Failure(f"{job.name}-{index}", POD_DELETED, "was deleted", disrupted=True)
                      for index in range(job.num_nodes) if index not in present]
     return failures
 
 
 def _failure(p: PodState, was_running: bool, lost: str | None) -> Failure | None:
+    if p.phase == SUCCEEDED:
+        return None  # its ranks are done: whatever happens to the pod now loses nothing
     if lost is not None:
         return Failure(p.name, NODE_LOST, f"was lost with its node: {lost}", disrupted=True)
     if p.disruption:
         return Failure(p.name, p.disruption, f"was disrupted ({p.disruption})", p.exit_code,
                        p.message, disrupted=True)
-    if p.deleting and p.phase != SUCCEEDED and (was_running or p.phase == RUNNING):
+    if p.deleting and (was_running or p.phase == RUNNING):
         # Its ranks are going away: every other rank would wait in its collectives forever.
         return Failure(p.name, POD_DELETED, "is being deleted", disrupted=True)
     if p.phase == FAILED:
@@ -144,6 +148,14 @@ def launch_failures(current: Sequence[PodState], attempt: int) -> list[Failure]:
                     cause=p.exit.cause, oom=p.exit.oom)
             for p in sorted(current, key=lambda p: p.index)
             if p.exit is not None and p.exit.attempt == attempt]
+
+
+def completed_nodes(facts: Facts, current: Sequence[PodState]) -> frozenset[int]:
+    """The nodes of the current group that finished training: those whose pod succeeded, and
+    those status.completedIndexes kept of it whose pods are gone since (as a Job's
+    status.completedIndexes). conclude() drops the record when the group changes."""
+    return frozenset(parse_indexes(facts.status.get(COMPLETED_INDEXES), facts.job.num_nodes)
+                     | {p.index for p in current if p.phase == SUCCEEDED})
 
 
 def lost_pods(facts: Facts, current: Sequence[PodState]
@@ -171,7 +183,12 @@ def run_group(facts: Facts, out: StatusBuilder, counters: Counters) -> Outcome:
     # stop cleanly nor checkpoint (that takes every rank), and a grace period would only keep
     # their names from the next group.
     ending = Ending(due=(node_due,), no_grace=bool(lost))
-    failures = find_failures(facts.job, current, out.previous_phase == RUNNING, lost)
+    completed = completed_nodes(facts, current)
+    out.status.pop(COMPLETED_INDEXES, None)
+    if completed:
+        out.status[COMPLETED_INDEXES] = format_indexes(completed)
+    failures = find_failures(facts.job, current, out.previous_phase == RUNNING, lost,
+                             completed)
     if failures:
         return restart_or_fail(facts, out, counters, failures, ending)
     ended = launch_failures(current, counters.attempt)
@@ -187,20 +204,22 @@ def run_group(facts: Facts, out: StatusBuilder, counters: Counters) -> Outcome:
         held = {p.name for p in current}
         return conclude(facts, out, counters, replace(
             ending, delete=[p.name for p in stale if not p.deleting and p.name not in held]))
-    return _start_or_run(facts, out, counters, current, ending)
+    return _start_or_run(facts, out, counters, current, ending, completed)
 
 
 def _start_or_run(facts: Facts, out: StatusBuilder, counters: Counters,
-                  current: list[PodState], ending: Ending) -> Outcome:
+                  current: list[PodState], ending: Ending, completed: frozenset[int]
+                  ) -> Outcome:
     """A group with no failure: fail it for waiting too long, restart it for a stall, or
     create, run or finish it; the times those would come are the clock's requeue."""
     policy = facts.job.run_policy
     timed_out, wait_due = waiting_timeout(policy.waiting_timeout_seconds,
                                           parse_time(facts.status.get("attemptStartTime")),
-                                          out.previous_phase, current, facts.now)
+                                          out.previous_phase, current, facts.now,
+                                          waiting_message(out))
     if timed_out is not None:
         return fail(facts, out, counters, WAITING_TIMEOUT_REASON, timed_out)
-    stalled, stall_due = stall(facts, out, current)
+    stalled, stall_due = stall(facts, out, current, completed)
     ending = replace(ending, due=(*ending.due, wait_due, stall_due))
     if stalled is not None:
         out.condition(STALLED, True, RESTART_STALLED, stalled)
@@ -208,7 +227,7 @@ def _start_or_run(facts: Facts, out: StatusBuilder, counters: Counters,
         out.status["lastFailureReason"] = RESTART_STALLED
         # restart() posts the Warning event (reason Stalled) with this message.
         return restart(facts, out, counters, stalled, RESTART_STALLED, ending, counted=True)
-    return advance(facts, out, counters, current, ending)
+    return advance(facts, out, counters, current, ending, completed)
 
 
 def can_restart_in_place(facts: Facts, current: Sequence[PodState]) -> bool:
@@ -295,8 +314,8 @@ def stall_reference(facts: Facts, out: StatusBuilder, current: Sequence[PodState
     return started, "starting"
 
 
-def stall(facts: Facts, out: StatusBuilder, current: Sequence[PodState]
-          ) -> tuple[str | None, datetime | None]:
+def stall(facts: Facts, out: StatusBuilder, current: Sequence[PodState],
+          completed: frozenset[int] = frozenset()) -> tuple[str | None, datetime | None]:
     """(why the group is Stalled, None) past spec.runPolicy.stallTimeoutSeconds; before that
     (None, when it will be)."""
     timeout = facts.job.run_policy.stall_timeout_seconds
@@ -316,7 +335,7 @@ def stall(facts: Facts, out: StatusBuilder, current: Sequence[PodState]
     if state == "running":
         return (f"no log line or progress report from rank 0 (pod {facts.job.name}-0) for "
                 f"{timeout}s (spec.runPolicy.stallTimeoutSeconds); {seen}"), None
-    names = _not_running(facts.job, current)
+    names = _not_running(facts.job, current, completed)
     if not names:
         return None, None  # every pod runs: the group is about to be Running
     return (f"{', '.join(names)} not running {timeout}s after the group was created "
@@ -324,20 +343,26 @@ def stall(facts: Facts, out: StatusBuilder, current: Sequence[PodState]
             f"rendezvous; {seen}"), None
 
 
-def _not_running(job: JobSpec, current: Sequence[PodState]) -> list[str]:
+def _not_running(job: JobSpec, current: Sequence[PodState], completed: frozenset[int]
+                 ) -> list[str]:
+    """The nodes the group waits for, each with what keeps it: Kubernetes' reason for a pod
+    that cannot start (not_started.py), else the pod's phase."""
     missing = [p for p in sorted(current, key=lambda p: p.index)
                if not (p.phase == SUCCEEDED or (p.phase == RUNNING and p.ready))]
-    present = {p.index for p in current}
-    names = [f"node {p.index} (pod {p.name}: {p.phase}" + (f", {p.reason}" if p.reason else "")
-             + ")" for p in missing]
+    present = {p.index for p in current} | completed
+    names = [f"node {p.index} (" + (p.not_started.describe(p.name) if p.not_started else
+                                    f"pod {p.name}: {p.phase}"
+                                    + (f", {p.reason}" if p.reason else "")) + ")"
+             for p in missing]
     return names + [f"node {i} (no pod)" for i in range(job.num_nodes) if i not in present]
 
 
 def advance(facts: Facts, out: StatusBuilder, counters: Counters, current: list[PodState],
-            ending: Ending) -> Outcome:
-    """Create the group's missing pods, or say it runs, or that it succeeded."""
+            ending: Ending, completed: frozenset[int] = frozenset()) -> Outcome:
+    """Create the group's missing pods (not those of nodes that finished), or say it runs, or
+    that it succeeded."""
     job = facts.job
-    present = {p.index for p in current}
+    present = {p.index for p in current} | completed
     create = [i for i in range(job.num_nodes) if i not in present]
     # Count the pods this pass creates as Pending: the next pass, which sees them, then finds
     # nothing to change and writes nothing.
@@ -350,8 +375,8 @@ def advance(facts: Facts, out: StatusBuilder, counters: Counters, current: list[
         message = f"ConfigMap, headless Service and {job.num_nodes} pod(s) created"
         if out.condition(CREATED, True, "PodsCreated", message):
             out.events.append(Event("Normal", "PodsCreated", message))
-    succeeded = sum(p.phase == SUCCEEDED for p in current)
-    running = sum(p.phase in (RUNNING, SUCCEEDED) for p in current)
+    succeeded = len(completed)
+    running = succeeded + sum(p.phase == RUNNING for p in current)
     if succeeded == job.num_nodes:
         out.phase(SUCCEEDED, "AllNodesSucceeded",
                   f"all {job.num_nodes} node(s) finished training successfully")

@@ -17,7 +17,13 @@ ON_ITS_WAY = frozenset({"ContainerCreating", "PodInitializing"})
 # Reasons that alternate while one cause lasts (the kubelet retries a pull, failing each time):
 # one Warning event for the whole family.
 FAMILIES = {"ErrImagePull": "ImagePull", "ImagePullBackOff": "ImagePull"}
+# The wait between two tries of a family: before Kubernetes 1.32 its message is only `Back-off
+# pulling image "..."`, so the error it waits after stays what the job says.
+BACK_OFFS = frozenset({"ImagePullBackOff"})
 UNSCHEDULABLE = "Unschedulable"
+# The PodScheduled condition's reasons of a pod no node takes: none fits, or the scheduler failed
+# on it (a volume it could not bind or provision, a plugin's error).
+NOT_SCHEDULED = frozenset({UNSCHEDULABLE, "SchedulerError"})
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,8 @@ def read_not_started(pod: Mapping[str, Any]) -> NotStarted | None:
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
         if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
-                and condition.get("reason") == UNSCHEDULABLE):
-            return NotStarted(UNSCHEDULABLE, condition.get("message") or "",
+                and condition.get("reason") in NOT_SCHEDULED):
+            return NotStarted(condition["reason"], condition.get("message") or "",
                               since=condition.get("lastTransitionTime"))
     for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
         for container in status.get(key) or []:

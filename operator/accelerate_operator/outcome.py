@@ -15,7 +15,7 @@ from typing import Any
 from .api import JobSpec
 from .constants import FAILED, FINISHED_PHASES, PENDING
 from .pod_state import NodeState, PodState
-from .status import Event, StatusBuilder, attempt_of, group_attempt
+from .status import COMPLETED_INDEXES, Event, StatusBuilder, attempt_of, group_attempt
 from .timefmt import format_time, parse_time
 
 
@@ -110,6 +110,8 @@ def conclude(facts: Facts, out: StatusBuilder, counters: Counters,
              ending: Ending = Ending()) -> Outcome:
     """The Outcome of a policy that ends the lifecycle with `ending`."""
     out.status["attempt"] = counters.attempt
+    if counters.group != group_attempt(facts.status):
+        out.status.pop(COMPLETED_INDEXES, None)  # the nodes of a group that is gone
     out.status.pop("groupAttempt", None)
     if counters.group != counters.attempt:
         out.status["groupAttempt"] = counters.group

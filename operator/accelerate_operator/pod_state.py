@@ -20,7 +20,7 @@ from accelerate_trainer.contract import (
 )
 
 from .causes import OOM_KILLED, read_exit_cause, read_pod_cause
-from .constants import FAILED, PENDING, RUNNING, SUCCEEDED
+from .constants import DEFAULT_CONTAINER_ANNOTATION, FAILED, PENDING, RUNNING, SUCCEEDED
 from .not_started import NotStarted, read_not_started
 from .timefmt import parse_time
 
@@ -104,9 +104,12 @@ class NodeState:
 
 
 # status.reason values the kubelet or the node controller set on a pod it ends for reasons of the
-# node's, not the training's: node pressure eviction, node shutdown, a node that is gone.
-NODE_DISRUPTION_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "NodeShutdown",
-                                     "Terminated", "UnexpectedAdmissionError"})
+# node's, not the training's: node shutdown, a node that is gone. Not `Evicted`: the kubelet's
+# eviction for node pressure also sets DisruptionTarget (TerminationByKubelet), and one without it
+# is for the pod's own limits (ephemeral-storage, an emptyDir's sizeLimit): the job's, like an
+# OOMKilled container's, so counted.
+NODE_DISRUPTION_REASONS = frozenset({"NodeLost", "Shutdown", "NodeShutdown", "Terminated",
+                                     "UnexpectedAdmissionError"})
 
 
 @dataclass(frozen=True)
@@ -142,18 +145,71 @@ def read_process_exit(report: str | None, pod: str = "") -> ProcessExit | None:
                        oom)
 
 
-def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
-    """The exit code, reason and message that speak for the pod: a failed container's before a
-    succeeded one's."""
-    exit_code = reason = message = None
-    for container in status.get("containerStatuses") or []:
-        terminated = (container.get("state") or {}).get("terminated")
-        if terminated and (exit_code is None or terminated.get("exitCode", 0) != 0):
-            exit_code = terminated.get("exitCode")
-            reason, message = terminated.get("reason"), terminated.get("message")
+def trainer_name(pod: Mapping[str, Any]) -> str | None:
+    """The container that trains: the one the default-container annotation names, else the
+    first (the pod builder's order)."""
+    named = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        DEFAULT_CONTAINER_ANNOTATION)
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return named if isinstance(named, str) and named else containers[0].get("name")
+
+
+def _ended(container: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return (container.get("state") or {}).get("terminated") or None
+
+
+def _failed_init(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The status of an init container that failed (the pod's containers never ran); a native
+    sidecar (restartPolicy Always) ended with the pod is none."""
+    sidecars = {c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []
+                if c.get("restartPolicy") == "Always"}
+    return next((c for c in (pod.get("status") or {}).get("initContainerStatuses") or []
+                 if c.get("name") not in sidecars and (_ended(c) or {}).get("exitCode", 0)),
+                None)
+
+
+def _speaking(pod: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
+    """The ended container that speaks for the pod, and how the message names it: a failed init
+    container, else the trainer once it ended (a sidecar's exit follows from the pod's end),
+    else a failed container before a succeeded one."""
+    failed_init = _failed_init(pod)
+    if failed_init is not None:
+        return _ended(failed_init), f"init container {failed_init.get('name')}"
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    trainer = next((c for c in statuses if c.get("name") == trainer_name(pod) and _ended(c)),
+                   None)
+    ended = [c for c in statuses if _ended(c)]
+    chosen = trainer or next((c for c in ended if _ended(c).get("exitCode", 0)),
+                             ended[0] if ended else None)
+    return (_ended(chosen) if chosen else None), ""
+
+
+def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """The exit code, reason and message that speak for the pod (_speaking)."""
+    terminated, whose = _speaking(pod)
+    if terminated is None:
+        return None, None, None
+    message = terminated.get("message")
     if isinstance(message, str):  # the container's own words (its log's tail): printable
         message = printable_text(message, MAX_MESSAGE_CHARS, keep_end=True)
-    return exit_code, reason, message
+    if whose:
+        message = f"{whose}: {message}" if message else whose
+    return terminated.get("exitCode"), terminated.get("reason"), message
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    """The kubelet's phase (it alone knows the pod ended), or Failed once the trainer failed
+    while another container keeps the pod Running: with restartPolicy Never it never runs
+    again, and a plain sidecar (a mesh's proxy) may never end. A trainer that succeeded waits
+    for the pod's other containers (an uploader may still be at work), as Kubernetes does. A
+    pod being deleted keeps its phase: its trainer ends because of the deletion."""
+    status = pod.get("status") or {}
+    phase = status.get("phase") or PENDING
+    if phase != RUNNING or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return phase
+    trainer = next((c for c in status.get("containerStatuses") or []
+                    if c.get("name") == trainer_name(pod)), {})
+    return FAILED if (_ended(trainer) or {}).get("exitCode", 0) else phase
 
 
 def _disruption(status: Mapping[str, Any], reason: str | None, message: str | None
@@ -184,14 +240,14 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
     status = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions") or [])
-    exit_code, reason, message = _terminated(status)
+    exit_code, reason, message = _terminated(pod)
     disruption, reason, message = _disruption(status, reason, message)
     name = metadata.get("name", "")
     return PodState(
         name=name,
         index=int(labels.get(NODE_INDEX_LABEL, -1)),
         attempt=int(labels.get(ATTEMPT_LABEL, 0)),
-        phase=status.get("phase") or PENDING,  # the kubelet's: it alone knows the pod ended
+        phase=_phase(pod),
         ready=ready,
         deleting=bool(metadata.get("deletionTimestamp")),
         exit_code=exit_code,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from .constants import PENDING, RESTARTING, WAITING
-from .not_started import family
+from .not_started import BACK_OFFS, family
 from .pod_state import PodState
 from .status import Event, StatusBuilder
 
@@ -56,6 +56,8 @@ def set_waiting(out: StatusBuilder, current: Sequence[PodState]) -> None:
         return
     reason = stuck[0].not_started.reason  # type: ignore[union-attr]
     message = _describe(stuck)
+    if reason in BACK_OFFS and was is not None and family(was) == family(reason):
+        message = before.get("message") or message  # the error it backs off from says more
     out.condition(WAITING, True, reason, message)
     if was is None or family(was) != family(reason):
         out.events.append(Event("Warning", reason, message))
@@ -63,10 +65,12 @@ def set_waiting(out: StatusBuilder, current: Sequence[PodState]) -> None:
 
 def waiting_timeout(timeout: int | None, attempt_started: datetime | None,
                     previous_phase: str | None, current: Sequence[PodState],
-                    now: datetime) -> tuple[str | None, datetime | None]:
+                    now: datetime, said: str | None = None) -> tuple[str | None, datetime | None]:
     """(why the job fails, None) when a pod of the group has not started `timeout` seconds
     (spec.runPolicy.waitingTimeoutSeconds) after the group's pods were created
-    (status.attemptStartTime); until then (None, the time it will)."""
+    (status.attemptStartTime), with what the Waiting condition `said` (set_waiting keeps the
+    error a back-off waits after) or else the pods' reasons; until then (None, the time it
+    will)."""
     waiting = pending(current)
     if not timeout or attempt_started is None or not waiting \
             or previous_phase not in (PENDING, RESTARTING):
@@ -76,5 +80,11 @@ def waiting_timeout(timeout: int | None, attempt_started: datetime | None,
         return None, due
     return (f"not started {timeout}s after the group's pods were created "
             f"(spec.runPolicy.waitingTimeoutSeconds; 0 waits forever): "
-            f"{_describe(_stuck(waiting) or waiting)}"), None
+            f"{said or _describe(_stuck(waiting) or waiting)}"), None
+
+
+def waiting_message(out: StatusBuilder) -> str | None:
+    """What the Waiting condition says while it is True."""
+    condition = out.conditions.get(WAITING) or {}
+    return condition.get("message") if condition.get("status") == "True" else None
 

@@ -5,7 +5,7 @@ and the few facts read back from a status (attempt_of, group_attempt) or merged 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -44,6 +44,20 @@ class Event:
     message: str
 
 
+# client-go's recorder and events.k8s.io/v1 (its `note`) hold an event's text to 1 KiB.
+MAX_EVENT_MESSAGE = 1024
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters: its start (the root cause comes first) and its end
+    (a log's last lines, what restarts next), marked `[...]` where cut."""
+    if len(text) <= limit:
+        return text
+    mark = " [...] "
+    head = (limit - len(mark)) // 2
+    return text[:head] + mark + text[-(limit - len(mark) - head):]
+
+
 def build_event(metadata: Mapping[str, Any], event: Event, now: datetime) -> dict[str, Any]:
     """A core/v1 Event about the job (what `kubectl describe` lists); the API server names it
     (generateName), as client-go's recorder has it named."""
@@ -53,7 +67,8 @@ def build_event(metadata: Mapping[str, Any], event: Event, now: datetime) -> dic
         "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                            "name": metadata["name"], "namespace": metadata["namespace"],
                            "uid": metadata.get("uid")},
-        "type": event.type, "reason": event.reason, "message": event.message[:1024],
+        "type": event.type, "reason": event.reason,
+        "message": cut_middle(event.message, MAX_EVENT_MESSAGE),
         "firstTimestamp": format_time(now), "lastTimestamp": format_time(now), "count": 1,
         "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
     }
@@ -151,6 +166,31 @@ class StatusBuilder:
 def attempt_of(status: Mapping[str, Any]) -> int:
     """status.attempt: the attempt the training processes run."""
     return int(status.get("attempt") or 0)
+
+
+# The nodes of the current group that finished, as a Job's status.completedIndexes ("0,2-4").
+COMPLETED_INDEXES = "completedIndexes"
+
+
+def format_indexes(indexes: Iterable[int]) -> str:
+    """Node indexes as a Job writes its completedIndexes: sorted, runs as `first-last`."""
+    runs: list[list[int]] = []
+    for index in sorted(set(indexes)):
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def parse_indexes(text: Any, limit: int) -> set[int]:
+    """format_indexes read back, below `limit`; what does not parse is no index."""
+    found: set[int] = set()
+    for part in text.split(",") if isinstance(text, str) else ():
+        first, _, last = part.partition("-")
+        if first.isdigit() and (last.isdigit() or not last):
+            found.update(range(int(first), min(int(last or first), limit - 1) + 1))
+    return found
 
 
 def group_attempt(status: Mapping[str, Any]) -> int:

@@ -3,6 +3,7 @@ deletes and reports."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from accelerate_operator.api import parse_job
@@ -254,14 +255,18 @@ def kubelet_reported(containers, *, phase="Running", exit_codes=None, sidecar=Fa
             "spec": spec, "status": status}
 
 
-def test_a_pod_whose_containers_all_exited_keeps_the_kubelets_phase_until_it_changes_it():
-    # The kubelet reports the terminated containers first and the pod's phase later: the
-    # operator waits for the phase rather than deciding it ahead of the kubelet.
-    state = read_pod_state(kubelet_reported(["trainer", "uploader"],
-                                            exit_codes={"trainer": 137, "uploader": 0}))
-    assert (state.phase, state.exit_code) == ("Running", 137)
+def test_a_pod_whose_trainer_succeeded_keeps_the_kubelets_phase_until_it_changes_it():
+    # The kubelet reports the terminated containers first and the pod's phase later: a trainer
+    # that succeeded waits for the phase rather than deciding it ahead of the kubelet.
     done = read_pod_state(kubelet_reported(["trainer"], exit_codes={"trainer": 0}, sidecar=True))
     assert (done.phase, done.exit_code) == ("Running", 0)
+
+
+def test_a_pod_whose_trainer_failed_has_failed_whatever_its_other_containers_do():
+    # restartPolicy Never: the trainer never runs again, and a sidecar may never end.
+    state = read_pod_state(kubelet_reported(["trainer", "uploader"],
+                                            exit_codes={"trainer": 137, "uploader": 0}))
+    assert (state.phase, state.exit_code) == ("Failed", 137)
 
 
 def test_a_pod_is_running_while_any_of_its_containers_runs():
@@ -290,6 +295,34 @@ def test_a_job_succeeds_once_the_kubelet_reports_its_pods_succeeded():
     plan = step(job(), running_status(), pods("Succeeded"))
     assert plan.status["phase"] == "Succeeded"
     assert plan.status["nodes"]["succeeded"] == 2
+
+
+def test_a_node_that_finished_is_kept_when_its_pod_goes_and_never_made_again():
+    """Node 1 succeeded while rank 0 still saves; its pod then goes (PodGC after its node was
+    scaled away, a clean-up of completed pods, a drain that evicts it): nothing to restart."""
+    j = job()
+    done = step(j, running_status(), [pod("train", 0), pod("train", 1, "Succeeded")])
+    assert done.status["completedIndexes"] == "1"
+    drained = replace(pod("train", 1, "Succeeded", deleting=True),
+                      disruption="EvictionByEvictionAPI")
+    for pods in ([pod("train", 0)], [pod("train", 0), drained]):
+        plan = step(j, done.status, pods)
+        assert (plan.status["phase"], plan.create, plan.delete) == ("Running", (), ())
+        assert plan.status["completedIndexes"] == "1"
+    gone = step(j, done.status, [pod("train", 0)])
+    finished = step(j, gone.status, [pod("train", 0, "Succeeded")])
+    assert finished.status["phase"] == "Succeeded"
+    assert finished.status["completedIndexes"] == "0-1"
+
+
+def test_a_new_group_forgets_the_nodes_the_old_one_finished():
+    j = job()
+    done = step(j, running_status(), [pod("train", 0), pod("train", 1, "Succeeded")])
+    failed = step(j, done.status, [pod("train", 0, "Failed", exit_code=1),
+                                   pod("train", 1, "Succeeded")])
+    assert failed.status["phase"] == "Restarting" and "completedIndexes" not in failed.status
+    fresh = step(j, failed.status, [])
+    assert fresh.create == (0, 1)
 
 
 def test_a_pod_the_server_refuses_fails_the_job_with_the_servers_reason():

@@ -210,6 +210,40 @@ def test_a_pod_that_cannot_pull_sets_waiting_and_one_warning_for_the_pull():
     assert backoff.status["reason"] == "ImagePullBackOff"
 
 
+def test_a_back_off_keeps_the_pull_error_it_waits_after_to_the_timeout():
+    """Before Kubernetes 1.32 the kubelet's back-off message is only `Back-off pulling image`,
+    and a pod spends most of its time in the back-off."""
+    pulling = step(PENDING_STATUS, [PULL_ERROR, at(1, CREATING)], waitingTimeoutSeconds=600)
+    backoff = step(pulling.status, [PULL_BACKOFF, at(1, CREATING)], waitingTimeoutSeconds=600)
+    condition = waiting_condition(backoff)
+    assert condition["reason"] == "ImagePullBackOff"
+    assert condition["message"] == waiting_condition(pulling)["message"]
+    assert "docker.io/library/trainer:nope: not found" in condition["message"]
+    failed = step(backoff.status, [PULL_BACKOFF, at(1, CREATING)],
+                  NOW + timedelta(seconds=600), waitingTimeoutSeconds=600)
+    assert failed.status["phase"] == "Failed"
+    assert "trainer:nope: not found" in failed.status["conditions"][-1]["message"]
+
+
+def test_a_scheduler_error_is_why_a_pod_waits():
+    body = {**UNSCHEDULABLE, "status": {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "SchedulerError",
+        "message": 'running PreBind plugin "VolumeBinding": binding volumes: provisioning '
+                   'failed for PVC "data"', "lastTransitionTime": CREATED_AT}]}}
+    plan = step(PENDING_STATUS, [body, at(1, RUNNING)])
+    assert waiting_condition(plan)["message"] == (
+        'pod train-0 cannot be scheduled: SchedulerError: running PreBind plugin '
+        '"VolumeBinding": binding volumes: provisioning failed for PVC "data"')
+
+
+def test_a_group_that_stalls_starting_names_what_keeps_its_pod():
+    plan = step(PENDING_STATUS, [RUNNING, at(1, PULL_ERROR)], NOW + timedelta(seconds=300),
+                stallTimeoutSeconds=300)
+    stalled = next(c for c in plan.status["conditions"] if c["type"] == "Stalled")
+    assert stalled["message"].startswith(
+        "node 1 (pod train-1 cannot start: container trainer: ErrImagePull: rpc error")
+
+
 def test_a_new_cause_is_a_new_warning_and_started_pods_clear_waiting():
     unschedulable = step(PENDING_STATUS, [UNSCHEDULABLE, at(1, UNSCHEDULABLE)])
     assert waiting_condition(unschedulable)["message"].endswith(
@@ -271,3 +305,134 @@ def test_the_rank_killed_for_memory_is_named_before_the_peers_it_took_down():
     plan = step({**PENDING_STATUS, "phase": "Running"}, [peer, OOM_KILLED])
     assert plan.status["lastFailure"].startswith(
         "out of memory: the kernel killed container trainer of pod train-1")
+
+
+# --- the trainer container speaks for the pod (sidecars, init containers) ---
+
+
+def with_sidecar(body, first=False):
+    """`body` with a plain sidecar container still running (a mesh's proxy, a log shipper):
+    the pod stays Running whatever the trainer did. `first`: injected before the trainer, the
+    default-container annotation naming the trainer, as Istio does."""
+    copy = json.loads(json.dumps(body))
+    proxy = {"name": "istio-proxy", "ready": True, "restartCount": 0,
+             "state": {"running": {"startedAt": "2026-01-01T12:00:30Z"}}}
+    copy["status"]["phase"] = "Running"
+    statuses = copy["status"]["containerStatuses"]
+    copy["status"]["containerStatuses"] = [proxy, *statuses] if first else [*statuses, proxy]
+    spec = copy["spec"]["containers"]
+    copy["spec"]["containers"] = [{"name": "istio-proxy"}, *spec] if first \
+        else [*spec, {"name": "istio-proxy"}]
+    if first:
+        copy["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] = "trainer"
+    return copy
+
+
+def trainer_ended(code, reason, message=None):
+    return manifest(1, "Failed", limit="300Mi", containers=[{
+        "name": "trainer", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": code, "reason": reason,
+                                 **({"message": message} if message else {})}}}])
+
+
+def test_a_trainer_dead_beside_a_running_sidecar_fails_its_pod_with_its_own_cause():
+    for first in (False, True):
+        state = read_pod_state(with_sidecar(OOM_KILLED, first))
+        assert (state.phase, state.exit_code, state.reason) == ("Failed", 137, "OOMKilled")
+        assert state.cause.startswith("out of memory: the kernel killed container trainer")
+    plan = step({**PENDING_STATUS, "phase": "Running"},
+                [at(0, RUNNING), with_sidecar(OOM_KILLED, first=True)])
+    assert plan.status["phase"] == "Restarting"
+    assert plan.status["lastFailure"].startswith("out of memory: the kernel killed container "
+                                                 "trainer of pod train-1")
+
+
+
+
+def test_a_pod_being_deleted_keeps_its_phase_while_its_trainer_ends():
+    going = with_sidecar(trainer_ended(143, "Error"))
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T12:05:00Z"
+    assert read_pod_state(going).phase == "Running"
+
+
+def test_the_trainers_failure_speaks_for_the_pod_not_a_sidecar_ended_with_it():
+    for where in (0, 1):
+        body = trainer_ended(1, "Error", "KeyError: 'input_ids'")
+        body["status"]["containerStatuses"].insert(where, {
+            "name": "log-shipper", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 2, "reason": "Error",
+                                     "message": "flush failed"}}})
+        body["spec"]["containers"].append({"name": "log-shipper"})
+        state = read_pod_state(body)
+        assert (state.exit_code, state.message) == (1, "KeyError: 'input_ids'")
+
+
+def init_failed(reason, code, message=None, sidecar_ended=False):
+    """A pod whose init container fetch-data ended `code` (restartPolicy Never: the pod failed
+    and its containers never ran)."""
+    init = [{"name": "fetch-data", "ready": False, "restartCount": 0,
+             "state": {"terminated": {"exitCode": code, "reason": reason,
+                                      **({"message": message} if message else {})}}}]
+    if sidecar_ended:
+        init.insert(0, {"name": "proxy", "ready": False, "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 137, "reason": "Error"}}})
+    body = manifest(0, "Failed", init=init, containers=[trainer_waiting("PodInitializing", "")])
+    body["spec"]["initContainers"] = [{"name": "fetch-data", "resources": {
+        "limits": {"memory": "256Mi"}}}] + ([{"name": "proxy", "restartPolicy": "Always"}]
+                                            if sidecar_ended else [])
+    return body
+
+
+def test_a_failed_init_container_names_itself_its_exit_code_and_its_words():
+    state = read_pod_state(init_failed("Error", 1, "AccessDenied: ListObjectsV2",
+                                       sidecar_ended=True))
+    assert (state.phase, state.exit_code) == ("Failed", 1)
+    assert state.message == "init container fetch-data: AccessDenied: ListObjectsV2"
+    plan = step(PENDING_STATUS, [init_failed("Error", 1, "AccessDenied: ListObjectsV2")])
+    assert plan.status["lastFailure"] == ("pod train-0 failed with exit code 1: init container "
+                                          "fetch-data: AccessDenied: ListObjectsV2")
+
+
+def test_an_init_container_killed_for_memory_says_so_first_with_its_limit():
+    state = read_pod_state(init_failed("OOMKilled", 137))
+    assert state.cause == ("out of memory: the kernel killed container fetch-data of pod "
+                           "train-0 at its memory limit 256Mi (OOMKilled)")
+
+
+# --- evictions: the node's, or the pod's own limits ---
+
+
+def evicted(message, by_node_pressure):
+    body = manifest(1, "Failed", containers=[{
+        "name": "trainer", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}])
+    body["status"].update(reason="Evicted", message=message)
+    if by_node_pressure:  # the kubelet's eviction manager sets it for node pressure only
+        body["status"]["conditions"].append({
+            "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+            "message": message})
+    return body
+
+
+def test_an_eviction_for_the_pods_own_storage_limit_is_counted_like_out_of_memory():
+    limit = evicted("Pod ephemeral local storage usage exceeds the total limit of containers "
+                    "50Gi. ", by_node_pressure=False)
+    plan = step({**PENDING_STATUS, "phase": "Running"}, [at(0, RUNNING), limit])
+    assert (plan.status["restartsCounted"], plan.status["lastFailureReason"]) == (1, "Evicted")
+    assert "exceeds the total limit of containers 50Gi" in plan.status["lastFailure"]
+    pressure = evicted("The node was low on resource: ephemeral-storage. ",
+                       by_node_pressure=True)
+    plan = step({**PENDING_STATUS, "phase": "Running"}, [at(0, RUNNING), pressure])
+    assert (plan.status["restartsCounted"], plan.status["restarts"]) == (0, 1)
+    assert plan.status["lastFailureReason"] == "TerminationByKubelet"
+
+
+def test_an_event_keeps_the_start_and_the_end_of_a_long_text():
+    from accelerate_operator.status import Event, build_event
+
+    text = "out of memory: the cause" + " NCCL WARN noise" * 200 + " KeyError: 'input_ids'"
+    message = build_event({"name": "train", "namespace": "ml"}, Event("Warning", "PodFailed",
+                                                                      text), NOW)["message"]
+    assert len(message) == 1024 and " [...] " in message
+    assert message.startswith("out of memory: the cause")
+    assert message.endswith("KeyError: 'input_ids'")
