@@ -5,9 +5,11 @@ manifest in, a frozen record out. The job's Waiting condition and its Warning ev
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from accelerate_trainer.contract import MAX_FIELD_CHARS, MAX_MESSAGE_CHARS, printable_text
 
 # Reasons of a pod that is on its way: pulling, creating, initialising. Every other reason the
 # kubelet writes (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName,
@@ -32,7 +34,8 @@ class NotStarted:
     cannot start (None: the pod itself, not yet scheduled); `exit_code` an init container's
     last exit code; `since` when the scheduler first found no node for it, as written (the
     PodScheduled condition's lastTransitionTime: an elastic job shrinks after
-    spec.elastic.shrinkAfterSeconds of it)."""
+    spec.elastic.shrinkAfterSeconds of it), or, for a container that waits, when the pod got
+    its node."""
 
     reason: str
     message: str = ""
@@ -40,6 +43,9 @@ class NotStarted:
     init: bool = False
     exit_code: int | None = None
     since: str | None = None
+    # Read from the pod's newest Warning event (pod_warning): a cause Kubernetes writes nowhere
+    # on the pod (a volume it cannot mount).
+    from_event: bool = False
 
     @property
     def stuck(self) -> bool:
@@ -52,7 +58,9 @@ class NotStarted:
 
     def describe(self, pod: str) -> str:
         """`pod j-0 cannot be scheduled: Unschedulable: 0/2 nodes are available: ...`."""
-        if self.container is None:
+        if self.from_event:
+            head = f"pod {pod} cannot start: {self.reason}"
+        elif self.container is None:
             head = f"pod {pod} cannot be scheduled: {self.reason}"
         else:
             kind = "init container" if self.init else "container"
@@ -73,16 +81,36 @@ def read_not_started(pod: Mapping[str, Any]) -> NotStarted | None:
     one), then its containers. None for a pod whose containers all run or ended, or which says
     nothing yet."""
     status = pod.get("status") or {}
+    scheduled = None
     for condition in status.get("conditions") or []:
-        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
-                and condition.get("reason") in NOT_SCHEDULED):
+        if condition.get("type") != "PodScheduled":
+            continue
+        if condition.get("status") == "False" and condition.get("reason") in NOT_SCHEDULED:
             return NotStarted(condition["reason"], condition.get("message") or "",
                               since=condition.get("lastTransitionTime"))
+        scheduled = condition.get("lastTransitionTime")
     for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
         for container in status.get(key) or []:
             waiting = (container.get("state") or {}).get("waiting")
             if waiting and waiting.get("reason"):
                 last = (container.get("lastState") or {}).get("terminated") or {}
                 return NotStarted(waiting["reason"], waiting.get("message") or "",
-                                  container.get("name"), init, last.get("exitCode"))
+                                  container.get("name"), init, last.get("exitCode"),
+                                  since=scheduled)
     return None
+
+
+def pod_warning(events: Sequence[Mapping[str, Any]]) -> NotStarted | None:
+    """The newest of a pod's Warning events as why it cannot start (FailedMount,
+    FailedAttachVolume, FailedCreatePodSandBox...), its message as the kubelet or the
+    controller wrote it, made printable and bounded; None for no event."""
+    def when(event: Mapping[str, Any]) -> str:
+        return str(event.get("lastTimestamp") or event.get("eventTime")
+                   or (event.get("metadata") or {}).get("creationTimestamp") or "")
+    warnings = [e for e in events if e.get("type") == "Warning" and e.get("reason")]
+    if not warnings:
+        return None
+    newest = max(warnings, key=when)
+    return NotStarted(printable_text(str(newest["reason"]), MAX_FIELD_CHARS),
+                      printable_text(str(newest.get("message") or ""), MAX_MESSAGE_CHARS),
+                      from_event=True)

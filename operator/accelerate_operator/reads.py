@@ -9,19 +9,30 @@ decide.py decides, from the completed Snapshot.
   WorkloadPriorityClass its label names until its Workload exists, the ResourceFlavors its
   admission names until its group is all there.
 - The Node of a pod whose state says its node may be lost (PodState.waits_on_node), once per
-  node and pass."""
+  node and pass.
+- The Warning events of the first pod of the group whose container has been ContainerCreating
+  for CREATING_GRACE_SECONDS: what keeps it (a volume it cannot mount or attach, a sandbox the
+  network plugin cannot make) is written only there (not_started.pod_warning). One list per
+  pass, the first such pod only: the Waiting condition names one pod."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from .constants import PENDING
 from .kube import ConfigMapMissing, Kube
 from .kueue import read_kueue
 from .naming import configmap_name
+from .not_started import pod_warning
 from .pod_state import NodeState, PodState, read_node_state
 from .snapshot import Snapshot
+from .timefmt import parse_time
+
+# A container may take this long to be created (volumes mounted, the sandbox made) before the
+# pass asks the pod's events why it is not.
+CREATING_GRACE_SECONDS = 30
 
 
 async def read(kube: Kube, seen: Snapshot) -> Snapshot:
@@ -30,7 +41,30 @@ async def read(kube: Kube, seen: Snapshot) -> Snapshot:
         kueue, error = await read_kueue(seen.kueue, seen.job, seen.pods, kube.read_kueue_object)
         seen = replace(seen, kueue=kueue, config_error=error)
     seen = replace(seen, lost_nodes=await read_lost_nodes(kube, seen.pods, seen.now))
+    seen = await read_creating_warning(kube, seen)
     return await read_config_source(kube, seen)
+
+
+async def read_creating_warning(kube: Kube, seen: Snapshot) -> Snapshot:
+    """The snapshot with why its first long-creating pod cannot start, when an event says."""
+    creating = [p for p in seen.pods if _long_creating(p, seen.group, seen.now)]
+    if seen.finished or not creating:
+        return seen
+    first = min(creating, key=lambda p: p.index)
+    warning = pod_warning(await kube.list_pod_warnings(seen.job.namespace, first.name,
+                                                       first.uid))
+    if warning is None:
+        return seen
+    pods = tuple(replace(p, not_started=warning) if p is first else p for p in seen.pods)
+    return replace(seen, pods=pods)
+
+
+def _long_creating(pod: PodState, group: int, now: datetime) -> bool:
+    waiting = pod.not_started
+    since = parse_time(waiting.since) if waiting is not None else None
+    return (waiting is not None and not waiting.stuck and pod.attempt == group
+            and pod.phase == PENDING and not pod.deleting and since is not None
+            and now - since >= timedelta(seconds=CREATING_GRACE_SECONDS))
 
 
 async def read_lost_nodes(kube: Kube, pods: Sequence[PodState], now: datetime

@@ -64,7 +64,11 @@ def jobs() -> list[dict]:
     rank_oom = (launch_job("rank-oom", "/scripts/oom.py")
                 .volume(name="scripts", configMap={"name": "scripts"})
                 .container(volumeMounts=[{"name": "scripts", "mountPath": "/scripts"}]))
-    return [job.for_server().build() for job in (pull, cpu, oom, typo, rank_oom)]
+    # A Secret volume that does not exist: the kubelet says so only in the pod's events.
+    mount = (command_job("mount", SLEEP).nodes(1)
+             .volume(name="data", secret={"secretName": "no-such-secret"})
+             .container(volumeMounts=[{"name": "data", "mountPath": "/data"}]))
+    return [job.for_server().build() for job in (pull, cpu, oom, typo, rank_oom, mount)]
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +148,16 @@ def test_a_cpu_request_no_node_meets_says_unschedulable_with_the_schedulers_mess
     events = warnings(kubeconfig, ns, "cpu")
     assert [e["reason"] for e in events] == ["Unschedulable"], events
     assert "Insufficient cpu" in events[0]["message"]
+
+
+def test_a_volume_that_cannot_be_mounted_is_named_from_the_pods_events(kubeconfig, ns):
+    job = wait_for_job(kubeconfig, ns, "mount", waits_for({"FailedMount"}), timeout=150,
+                       description="the Waiting condition to name the mount failure")
+    message = condition(job, "Waiting")["message"]
+    assert message.startswith("pod mount-0 cannot start: FailedMount: "), message
+    assert 'secret "no-such-secret" not found' in message, message
+    assert reason_column(kubeconfig, ns, "mount") == "FailedMount"
+    assert [e["reason"] for e in warnings(kubeconfig, ns, "mount")] == ["FailedMount"]
 
 
 def test_a_pod_over_its_memory_limit_restarts_the_group_then_says_out_of_memory(kubeconfig, ns):

@@ -36,6 +36,7 @@ class FakeKube:
         # Cluster-scoped Kueue objects by (plural, name): ResourceFlavors, priority classes.
         self.kueue_objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}  # Node manifests by name (read_node)
+        self.pod_events: dict[str, list[dict[str, Any]]] = {}  # Warning events by pod name
 
     # ---- Kube's interface ----------------------------------------------------------------
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
@@ -60,6 +61,11 @@ class FakeKube:
         self.calls.append(("delete" if grace_period_seconds is None else "force-delete", "Pod",
                            name))
         self.objects.pop(("Pod", name), None)
+
+    async def list_pod_warnings(self, namespace: str, name: str, uid: str
+                                ) -> list[dict[str, Any]]:
+        self.calls.append(("list", "Event", name))
+        return copy.deepcopy(self.pod_events.get(name, []))
 
     async def read_node(self, name: str) -> dict[str, Any] | None:
         self.calls.append(("read", "Node", name))

@@ -76,6 +76,8 @@ ALLOWED = [
     pytest.param("watch", JOBS, (), id="watch-acceleratejobs"),
     pytest.param("patch", JOBS, ("--subresource=status",), id="patch-acceleratejobs-status"),
     pytest.param("create", "events", (), id="create-events"),
+    # The Warning events of a pod long in ContainerCreating (why it cannot mount a volume).
+    pytest.param("list", "events", (), id="list-events"),
     pytest.param("create", "configmaps", (), id="create-configmaps"),
     pytest.param("create", "services", (), id="create-services"),
     # The run-attempt annotation (restart in place), and the report CA bundle in a job's

@@ -39,7 +39,7 @@ NAMESPACED_RULES = {
     ("", "pods/log"): {"get"},  # the trainer's versions and the logs archived before a restart
     ("", "services"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},  # + the CA bundle
-    ("", "events"): {"create"},
+    ("", "events"): {"create", "list"},  # list: why a pod is long in ContainerCreating
     # spec.runPolicy.podDisruptionBudget: one budget per job, owned by it
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create"},
     ("kopf.dev", "kopfpeerings"): READ | {"create", "patch"},  # kopf's peering per namespace

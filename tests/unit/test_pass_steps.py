@@ -27,6 +27,7 @@ from accelerate_operator.kueue.reads import read_kueue
 from accelerate_operator.kueue.workload import KueueView, read_workload
 from accelerate_operator.kueue.writes import active_write, finished_write, pods_ready_write
 from accelerate_operator.lifecycle import JobError, finished, resume
+from accelerate_operator.not_started import NotStarted
 from accelerate_operator.outcome import (
     Activity,
     Counters,
@@ -39,7 +40,7 @@ from accelerate_operator.outcome import (
 )
 from accelerate_operator.pod_state import NodeState, ProcessExit
 from accelerate_operator.progress import parse_report
-from accelerate_operator.reads import read_config_source, read_lost_nodes
+from accelerate_operator.reads import read_config_source, read_creating_warning, read_lost_nodes
 from accelerate_operator.startup import set_waiting, waiting_timeout
 from accelerate_operator.state import Refusal
 from accelerate_operator.status import StatusBuilder, merge_patch
@@ -362,6 +363,40 @@ def test_each_node_a_pod_may_be_lost_with_is_read_once_and_only_those_not_ready(
     lost = asyncio.run(read_lost_nodes(kube, [*not_ready, pod("j", 2, node="m")], NOW))
     assert lost == {"n": NodeState("n", datetime(2026, 1, 1, 11, 0), reporting=False)}
     assert kube.calls == [("read", "Node", "n")]
+
+
+def creating(index: int, scheduled_ago: int):
+    """Pod `index`, scheduled `scheduled_ago` seconds ago, its container still being created."""
+    since = (NOW - timedelta(seconds=scheduled_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return replace(pod("j", index, "Pending"), uid=f"uid-{index}",
+                   not_started=NotStarted("ContainerCreating", container="trainer", since=since))
+
+
+MOUNT_FAILED = {"type": "Warning", "reason": "FailedMount",
+                "lastTimestamp": "2026-01-01T11:59:50Z",
+                "message": 'MountVolume.SetUp failed for volume "data" : secret "hf-data" not '
+                           'found'}
+
+
+def test_a_pod_long_in_container_creating_says_why_from_its_newest_warning():
+    kube = FakeKube()
+    kube.pod_events["j-1"] = [MOUNT_FAILED, {**MOUNT_FAILED, "reason": "FailedScheduling",
+                                             "lastTimestamp": "2026-01-01T11:58:00Z"}]
+    body = JobBuilder("j").nodes(2).build()
+    seen = snapshot(body, pods=(creating(0, 10), creating(1, 31)))
+    read = asyncio.run(read_creating_warning(kube, seen))
+    assert kube.calls == [("list", "Event", "j-1")]
+    warning = read.pods[1].not_started
+    assert (warning.reason, warning.stuck) == ("FailedMount", True)
+    assert warning.describe("j-1") == ('pod j-1 cannot start: FailedMount: MountVolume.SetUp '
+                                       'failed for volume "data" : secret "hf-data" not found')
+    assert read.pods[0] == seen.pods[0]
+    kube.calls.clear()  # nothing long in creation, or no warning: nothing read, nothing changed
+    assert asyncio.run(read_creating_warning(kube, replace(seen, pods=(creating(0, 29),)))
+                       ).pods == (creating(0, 29),)
+    assert kube.calls == []
+    quiet = snapshot(body, pods=(creating(0, 60),))
+    assert asyncio.run(read_creating_warning(FakeKube(), quiet)) == quiet
 
 
 def test_merge_patch_is_how_the_api_server_merges_a_status_write():

@@ -112,10 +112,12 @@ there: the one Secret the operator reads, its report endpoint's TLS, is in its o
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# One event per transition (core/v1, what kubectl describe lists; kopf posts none).
+# One event per transition (core/v1, what kubectl describe lists; kopf posts none); list: the
+# Warning events of a pod long in ContainerCreating, the only place Kubernetes says why (a volume
+# it cannot mount), one pod per pass.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 # The PodDisruptionBudget of a job with spec.runPolicy.podDisruptionBudget (owned by the job).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]

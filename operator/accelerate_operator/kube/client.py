@@ -64,6 +64,7 @@ log = logging.getLogger("accelerate_operator.kube")
 # A node agent that does not answer must not hold a pass long.
 LOG_REQUEST_TIMEOUT = 10
 REQUEST_TIMEOUT = 30
+WARNINGS_READ = 50
 
 
 class Kube:
@@ -215,6 +216,18 @@ class Kube:
         response = await ignore_gone(self._run("GET", self.core.read_node, name,
                                                 _preload_content=False))
         return None if response is None else json.loads(response.data)
+
+    async def list_pod_warnings(self, namespace: str, name: str, uid: str
+                                ) -> list[dict[str, Any]]:
+        """The Warning events of one pod (at most WARNINGS_READ: the kubelet counts a repeated
+        one in a single event)."""
+        selector = f"involvedObject.kind=Pod,involvedObject.name={name},type=Warning"
+        if uid:
+            selector += f",involvedObject.uid={uid}"
+        response = await self._run("GET", self.core.list_namespaced_event, namespace,
+                                   field_selector=selector, limit=WARNINGS_READ,
+                                   _preload_content=False)
+        return json.loads(response.data).get("items") or []
 
     # ---- Kueue ----------------------------------------------------------------------------
     async def discover_kueue_version(self) -> str | None:
