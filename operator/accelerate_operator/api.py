@@ -291,7 +291,7 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
     its `topology` keeps the numbers an earlier pass resolved."""
     metadata = body.get("metadata", {})
     spec = body.get("spec", {})
-    template = copy.deepcopy(spec.get("template") or {})
+    template = without_nulls(spec.get("template") or {})
     if not template.get("spec", {}).get("containers"):
         raise SpecError("spec.template.spec.containers must list the trainer container")
     config_from = _config_ref(spec)
@@ -321,6 +321,17 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
         elastic=_elastic(spec),
         queue_name=(metadata.get("labels") or {}).get(QUEUE_LABEL) or None,
     )
+
+
+def without_nulls(value: Any) -> Any:
+    """A copy without the keys whose value is null. The pod template keeps unknown fields, so
+    the nulls that kubectl create, Helm and Python clients write for unset keys are stored; the
+    API server reads them as missing, and so must every builder's default."""
+    if isinstance(value, Mapping):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
 
 
 def _config_ref(spec: Mapping[str, Any]) -> ConfigMapKeyRef | None:

@@ -259,6 +259,26 @@ def test_the_templates_grace_period_wins_and_the_launcher_waits_as_long():
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "600"
 
 
+def test_nulls_in_the_template_are_missing_keys_and_get_the_defaults():
+    """kubectl create, Helm and Python clients store null for a key left unset, and the template
+    keeps unknown fields: each default applies as if the key were left out."""
+    body = (JobBuilder()
+            .container(volumeMounts=None, securityContext={"runAsUser": None}, resources=None)
+            .pod_spec(automountServiceAccountToken=None, terminationGracePeriodSeconds=None,
+                      securityContext=None, tolerations=None)
+            .build())
+    pod = build_pod(parse_job(body), 0, 0)
+    trainer = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in trainer["env"]}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "120"
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert [m["name"] for m in trainer["volumeMounts"]] == ["accelerate-config", "dshm",
+                                                            "accelerate-report"]
+    assert "tolerations" not in pod["spec"] and "resources" not in trainer
+
+
 def test_without_in_place_restarts_pod_0_alone_reports_with_a_token_for_the_endpoint_only():
     job = parse_job(JobBuilder("train", "ml").nodes(2).run_policy(restartInPlace=False).pod_spec(
         serviceAccountName="trainer", automountServiceAccountToken=False).build())

@@ -100,3 +100,16 @@ def test_a_placeholder_is_never_one_of_the_jobs_pods():
 def test_the_priority_class_is_the_callers():
     pod = build_placeholder_pod(gpu_job(), 2, priority_class="lowest")
     assert pod["spec"]["priorityClassName"] == "lowest"
+
+
+def test_nulls_in_the_template_are_missing_keys():
+    """A null the client stored for an unset key neither lands in the placeholder nor
+    overrides its defaults."""
+    body = (JobBuilder().nodes(4).elastic(2, 1)
+            .container(securityContext={"runAsUser": None}, resources=None)
+            .pod_spec(securityContext={"runAsNonRoot": None}, nodeSelector=None).build())
+    spec = build_placeholder_pod(parse_job(body), 3)["spec"]
+    assert spec["securityContext"] == {"runAsNonRoot": True,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "nodeSelector" not in spec
+    assert spec["containers"][0]["securityContext"] == RESTRICTED
