@@ -138,6 +138,23 @@ def test_user_env_volumes_and_security_settings_are_kept():
                                                            "accelerate-report"]
 
 
+@pytest.mark.parametrize("where", ["container", "init container", "pod"])
+def test_a_template_that_runs_as_root_gets_no_run_as_non_root_default(where):
+    """runAsUser 0 (how NGC and pytorch images run) beside the default runAsNonRoot true would
+    make the kubelet refuse the container: the template's choice stays alone."""
+    root = {"securityContext": {"runAsUser": 0}}
+    builder = JobBuilder()
+    if where == "container":
+        builder.container(**root)
+    elif where == "init container":
+        builder.pod_spec(initContainers=[{"name": "fetch", "image": "busybox", **root}])
+    else:
+        builder.pod_spec(**root)
+    pod = build_pod(parse_job(builder.build()), 0, 0)
+    assert "runAsNonRoot" not in pod["spec"]["securityContext"]
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
 def test_builders_do_not_mutate_the_job():
     body = JobBuilder().build()
     job = parse_job(body)

@@ -113,3 +113,12 @@ def test_nulls_in_the_template_are_missing_keys():
                                        "seccompProfile": {"type": "RuntimeDefault"}}
     assert "nodeSelector" not in spec
     assert spec["containers"][0]["securityContext"] == RESTRICTED
+
+
+def test_a_placeholder_of_a_template_that_runs_as_root_gets_no_run_as_non_root_default():
+    """Its holders keep the trainer's runAsUser 0: with runAsNonRoot true beside it, the kubelet
+    would refuse them."""
+    body = JobBuilder().nodes(4).elastic(2, 1).container(securityContext={"runAsUser": 0}).build()
+    spec = build_placeholder_pod(parse_job(body), 3)["spec"]
+    assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["containers"][0]["securityContext"]["runAsUser"] == 0

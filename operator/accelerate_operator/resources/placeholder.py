@@ -23,7 +23,7 @@ from accelerate_trainer.contract import JOB_NAME_LABEL, NODE_INDEX_LABEL
 
 from ..api import JobSpec
 from ..constants import FIELD_MANAGER
-from .pods import RESTRICTED_CONTAINER_SECURITY, RESTRICTED_POD_SECURITY
+from .pods import RESTRICTED_CONTAINER_SECURITY, pod_security_defaults
 
 PLACEHOLDER_LABEL = "accelerate-operator.io/placeholder-for"
 # The chart's PriorityClass for placeholders (value -10: the lowest the cluster autoscaler still
@@ -94,7 +94,7 @@ def build_placeholder_pod(job: JobSpec, index: int, *,
     spec: dict[str, Any] = {key: copy.deepcopy(template_spec[key])
                             for key in SCHEDULING_FIELDS if key in template_spec}
     spec.update({
-        "securityContext": {**RESTRICTED_POD_SECURITY,
+        "securityContext": {**pod_security_defaults(template_spec),
                             **copy.deepcopy(template_spec.get("securityContext") or {})},
         "priorityClassName": priority_class,
         "restartPolicy": "Always",

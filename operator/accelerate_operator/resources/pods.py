@@ -82,6 +82,19 @@ RESTRICTED_CONTAINER_SECURITY = {
 }
 
 
+def pod_security_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+    """The restricted profile's pod-level defaults, less runAsNonRoot where the template runs the
+    pod or a container as root (runAsUser 0, as NGC and pytorch images do): the kubelet refuses
+    a container whose runAsNonRoot and runAsUser 0 meet (CreateContainerConfigError)."""
+    containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+    contexts = [spec.get("securityContext") or {}, *(c.get("securityContext") or {}
+                                                      for c in containers)]
+    if any(context.get("runAsUser") == 0 for context in contexts):
+        return {key: value for key, value in RESTRICTED_POD_SECURITY.items()
+                if key != "runAsNonRoot"}
+    return RESTRICTED_POD_SECURITY
+
+
 def _container_security_defaults(container: dict[str, Any]) -> dict[str, Any]:
     """Restricted-profile defaults, except where the template asks for more: the API server
     refuses allowPrivilegeEscalation false beside privileged or CAP_SYS_ADMIN."""
@@ -168,7 +181,8 @@ def _set_pod_defaults(job: JobSpec, index: int, spec: dict[str, Any]) -> None:
     # reports with its own token for the operator's endpoint alone.
     spec.setdefault("automountServiceAccountToken", False)
     spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
-    spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
+    spec["securityContext"] = _with_defaults(spec.get("securityContext"),
+                                             pod_security_defaults(spec))
     for container in spec["containers"]:
         container["securityContext"] = _with_defaults(
             container.get("securityContext"), _container_security_defaults(container)
