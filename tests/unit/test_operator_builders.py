@@ -155,6 +155,19 @@ def test_a_template_that_runs_as_root_gets_no_run_as_non_root_default(where):
     assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
+def test_on_the_hosts_network_pods_resolve_through_the_clusters_dns():
+    """With hostNetwork, Kubernetes' ClusterFirst resolves through the node's resolv.conf, where
+    MASTER_ADDR (train-0.train) does not resolve; a dnsPolicy of the template's own stays."""
+    def dns_policy(**pod_spec):
+        pod = build_pod(parse_job(JobBuilder().pod_spec(**pod_spec).build()), 1, 0)
+        return pod["spec"].get("dnsPolicy")
+
+    assert dns_policy(hostNetwork=True) == "ClusterFirstWithHostNet"
+    assert dns_policy(hostNetwork=True, dnsPolicy="None") == "None"
+    assert dns_policy(hostNetwork=False) is None
+    assert dns_policy() is None
+
+
 def test_builders_do_not_mutate_the_job():
     body = JobBuilder().build()
     job = parse_job(body)

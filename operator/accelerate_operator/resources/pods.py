@@ -173,7 +173,8 @@ def build_pod(job: JobSpec, index: int, attempt: int, run_attempt: int | None = 
 
 def _set_pod_defaults(job: JobSpec, index: int, spec: dict[str, Any]) -> None:
     """The pod's name in the job's Service, a restart policy of Never, and what the template
-    does not set itself: a grace period, the restricted security profile, no API token."""
+    does not set itself: a grace period, the restricted security profile, no API token, the
+    cluster's DNS on the host's network."""
     spec["hostname"] = pod_name(job.name, index)
     spec["subdomain"] = service_name(job.name)
     spec["restartPolicy"] = "Never"
@@ -181,6 +182,10 @@ def _set_pod_defaults(job: JobSpec, index: int, spec: dict[str, Any]) -> None:
     # reports with its own token for the operator's endpoint alone.
     spec.setdefault("automountServiceAccountToken", False)
     spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
+    if spec.get("hostNetwork"):
+        # ClusterFirst on the host's network resolves through the node's resolv.conf, where
+        # MASTER_ADDR (<job>-0.<job>, a name of the cluster's DNS) does not resolve.
+        spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     spec["securityContext"] = _with_defaults(spec.get("securityContext"),
                                              pod_security_defaults(spec))
     for container in spec["containers"]:
