@@ -122,3 +122,15 @@ def test_a_placeholder_of_a_template_that_runs_as_root_gets_no_run_as_non_root_d
     spec = build_placeholder_pod(parse_job(body), 3)["spec"]
     assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     assert spec["containers"][0]["securityContext"]["runAsUser"] == 0
+
+
+def test_a_placeholder_keeps_the_dra_claims_its_containers_name():
+    """A container's resources.claims must name one of the pod's resourceClaims (the API server
+    refuses it otherwise), and the devices they allocate decide where the pod fits."""
+    claims = [{"name": "gpu", "resourceClaimTemplateName": "gpu-template"}]
+    body = (JobBuilder().nodes(4).elastic(2, 1)
+            .container(resources={"claims": [{"name": "gpu"}]})
+            .pod_spec(resourceClaims=claims).build())
+    spec = build_placeholder_pod(parse_job(body), 3)["spec"]
+    assert spec["resourceClaims"] == claims
+    assert spec["containers"][0]["resources"] == {"claims": [{"name": "gpu"}]}
