@@ -23,6 +23,13 @@ from accelerate_trainer.contract import CONFIG_KEY
 from .constants import API_VERSION, GPU_RESOURCE, KIND, QUEUE_LABEL
 
 DEFAULT_MASTER_PORT = 29500
+# The CRD's ranges (minimum, maximum) of the spec fields the YAML's topology keys stand for.
+MAX_NODES = 1024
+CONFIG_RANGES = {
+    "num_machines": (1, MAX_NODES, "spec.numNodes"),
+    "num_processes": (1, MAX_NODES * 1024, "spec.numNodes x spec.numProcPerNode"),
+    "main_process_port": (1024, 65535, "spec.masterPort"),
+}
 # spec.elastic.shrinkAfterSeconds when left out (the CRD's default too).
 DEFAULT_SHRINK_AFTER_SECONDS = 120
 # Pods are named <job>-<index>, a DNS label: at most 63 characters.
@@ -176,11 +183,16 @@ def resolve_nproc_per_node(value: Any, template: Mapping[str, Any]) -> int:
 
 
 def _config_int(config: Mapping[str, Any], key: str) -> int | None:
+    """A topology key of the YAML, in the range the CRD gives the spec field it stands for:
+    a ConfigMap's YAML never passes admission."""
     value = config.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"accelerate config key {key}={value!r} must be a positive integer")
+    low, high, field_name = CONFIG_RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SpecError(f"accelerate config key {key}={value!r} must be an integer from {low} "
+                        f"to {high}, the range of {field_name}: fix {key} in the accelerate "
+                        "config")
     return value
 
 
