@@ -23,6 +23,13 @@ from accelerate_trainer.contract import CONFIG_KEY
 from .constants import API_VERSION, GPU_RESOURCE, KIND, QUEUE_LABEL
 
 DEFAULT_MASTER_PORT = 29500
+# The CRD's ranges (minimum, maximum) of the spec fields the YAML's topology keys stand for.
+MAX_NODES = 1024
+CONFIG_RANGES = {
+    "num_machines": (1, MAX_NODES, "spec.numNodes"),
+    "num_processes": (1, MAX_NODES * 1024, "spec.numNodes x spec.numProcPerNode"),
+    "main_process_port": (1024, 65535, "spec.masterPort"),
+}
 # spec.elastic.shrinkAfterSeconds when left out (the CRD's default too).
 DEFAULT_SHRINK_AFTER_SECONDS = 120
 # Pods are named <job>-<index>, a DNS label: at most 63 characters.
@@ -176,11 +183,16 @@ def resolve_nproc_per_node(value: Any, template: Mapping[str, Any]) -> int:
 
 
 def _config_int(config: Mapping[str, Any], key: str) -> int | None:
+    """A topology key of the YAML, in the range the CRD gives the spec field it stands for:
+    a ConfigMap's YAML never passes admission."""
     value = config.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"accelerate config key {key}={value!r} must be a positive integer")
+    low, high, field_name = CONFIG_RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SpecError(f"accelerate config key {key}={value!r} must be an integer from {low} "
+                        f"to {high}, the range of {field_name}: fix {key} in the accelerate "
+                        "config")
     return value
 
 
@@ -291,7 +303,7 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
     its `topology` keeps the numbers an earlier pass resolved."""
     metadata = body.get("metadata", {})
     spec = body.get("spec", {})
-    template = copy.deepcopy(spec.get("template") or {})
+    template = without_nulls(spec.get("template") or {})
     if not template.get("spec", {}).get("containers"):
         raise SpecError("spec.template.spec.containers must list the trainer container")
     config_from = _config_ref(spec)
@@ -321,6 +333,17 @@ def parse_job(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) 
         elastic=_elastic(spec),
         queue_name=(metadata.get("labels") or {}).get(QUEUE_LABEL) or None,
     )
+
+
+def without_nulls(value: Any) -> Any:
+    """A copy without the keys whose value is null. The pod template keeps unknown fields, so
+    the nulls that kubectl create, Helm and Python clients write for unset keys are stored; the
+    API server reads them as missing, and so must every builder's default."""
+    if isinstance(value, Mapping):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
 
 
 def _config_ref(spec: Mapping[str, Any]) -> ConfigMapKeyRef | None:

@@ -245,6 +245,14 @@ MALFORMED = [
     pytest.param(chain(drop("spec", "numNodes"), config(num_machines=3, num_processes=4)),
                  ["spec.accelerateConfig.num_processes (the TOTAL over all machines) contradicts"],
                  id="yaml-num_machines-times-spec-procs-contradicts-num_processes"),
+    # numProcPerNode auto: the operator checks num_processes once it is resolved; it must divide
+    pytest.param(chain(spec(numProcPerNode="auto"), config(num_processes=15)),
+                 ["spec.accelerateConfig.num_processes (the TOTAL over all machines)",
+                  "does not divide evenly over the machines"],
+                 id="auto-procs-num_processes-not-divisible-by-numNodes"),
+    pytest.param(config(num_machines=1025),
+                 ["spec.accelerateConfig.num_machines in body should be less than or equal to "
+                  "1024"], id="yaml-num_machines-above-1024"),
     pytest.param(chain(name("a" * 61), drop("spec", "numNodes"), config(num_machines=11),
                        spec(numProcPerNode=1)), [TOO_LONG],
                  id="name-too-long-for-num_machines-from-the-yaml"),
@@ -428,9 +436,24 @@ def test_consistent_topology_keys_are_accepted(kubeconfig: str, admission_ns: st
     assert proc.returncode == 0, proc.stderr
 
 
-def test_distributed_type_no_is_accepted_for_one_process(kubeconfig: str, admission_ns: str):
-    body = valid_job(namespace=admission_ns, nodes=1, procs=1)
+@pytest.mark.parametrize("procs", [1, "auto"])
+def test_distributed_type_no_is_accepted_for_one_process(kubeconfig: str, admission_ns: str,
+                                                        procs: int | str):
+    """With "auto" the GPU limit decides, which the operator checks once it has resolved it."""
+    body = valid_job(namespace=admission_ns, nodes=1, procs=procs)
     body["spec"]["accelerateConfig"] = {"distributed_type": "NO"}
+    proc = server_apply(kubeconfig, body)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_auto_processes_with_the_yamls_num_processes_are_accepted(kubeconfig: str,
+                                                                  admission_ns: str):
+    """`accelerate config` always writes num_processes; with numProcPerNode "auto" the operator
+    checks it against the GPU limit (as for a ConfigMap's YAML)."""
+    body = valid_job(namespace=admission_ns, nodes=2, procs="auto")
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": 8}}
+    body["spec"]["accelerateConfig"].update(num_machines=2, num_processes=16)
     proc = server_apply(kubeconfig, body)
     assert proc.returncode == 0, proc.stderr
 

@@ -96,6 +96,42 @@ def test_a_configmap_topology_too_big_for_the_job_name_is_rejected():
         prepare_config(parse_job(body), ConfigSource("cm", "a.yaml", text))
 
 
+@pytest.mark.parametrize("line,message", [
+    ("num_machines: 100000", "num_machines=100000 must be an integer from 1 to 1024, the range "
+                             "of spec.numNodes"),
+    ("main_process_port: 70000", "main_process_port=70000 must be an integer from 1024 to 65535, "
+                                 "the range of spec.masterPort"),
+    ("main_process_port: 80", "main_process_port=80 must be an integer from 1024 to 65535"),
+    ("num_processes: 0", "num_processes=0 must be an integer from 1 to"),
+])
+def test_a_configmap_topology_out_of_the_crds_ranges_is_refused_naming_the_key(line, message):
+    """A ConfigMap's YAML never passes admission: its topology keys get the CRD's ranges for the
+    spec fields they stand for here, before any child is made."""
+    body = job_body()
+    del body["spec"]["accelerateConfig"]
+    body["spec"]["accelerateConfigFrom"] = {"configMapKeyRef": {"name": "cm", "key": "a.yaml"}}
+    text = f"distributed_type: MULTI_CPU\nuse_cpu: true\n{line}\n"
+    with pytest.raises(SpecError) as refused:
+        prepare_config(parse_job(body), ConfigSource("cm", "a.yaml", text))
+    assert str(refused.value).startswith("ConfigMap 'cm'") and message in str(refused.value)
+
+
+def test_the_yamls_topology_keys_have_the_ranges_of_the_spec_fields_they_stand_for():
+    """Inline, the CRD refuses a value out of range at admission; from a ConfigMap, the
+    operator (api.CONFIG_RANGES): both the ranges of numNodes and masterPort."""
+    from accelerate_operator.api import CONFIG_RANGES
+
+    from devtools.cluster import ROOT
+
+    crd = yaml.safe_load((ROOT / "crds" / "accelerate-operator.io_acceleratejobs.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    inline = spec["properties"]["accelerateConfig"]["properties"]
+    for key, field_name in (("num_machines", "numNodes"), ("main_process_port", "masterPort")):
+        ranges = {(schema["minimum"], schema["maximum"])
+                  for schema in (inline[key], spec["properties"][field_name])}
+        assert ranges == {CONFIG_RANGES[key][:2]}, key
+
+
 # ---- files beside the config ------------------------------------------------------------------
 
 DS_YAML = ("distributed_type: DEEPSPEED\n"

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from accelerate_operator.api import SpecError, parse_job
-from accelerate_operator.resources.configmap import build_configmap, render_accelerate_config
+from accelerate_operator.resources.configmap import (
+    build_configmap,
+    prepare_config,
+    render_accelerate_config,
+)
 from accelerate_operator.resources.pods import ReportEndpoint, build_pod
 from accelerate_operator.resources.service import build_service
 from accelerate_trainer.config import ConfigError
@@ -138,6 +144,110 @@ def test_user_env_volumes_and_security_settings_are_kept():
                                                            "accelerate-report"]
 
 
+@pytest.mark.parametrize("where", ["container", "init container", "pod"])
+def test_a_template_that_runs_as_root_gets_no_run_as_non_root_default(where):
+    """runAsUser 0 (how NGC and pytorch images run) beside the default runAsNonRoot true would
+    make the kubelet refuse the container: the template's choice stays alone."""
+    root = {"securityContext": {"runAsUser": 0}}
+    builder = JobBuilder()
+    if where == "container":
+        builder.container(**root)
+    elif where == "init container":
+        builder.pod_spec(initContainers=[{"name": "fetch", "image": "busybox", **root}])
+    else:
+        builder.pod_spec(**root)
+    pod = build_pod(parse_job(builder.build()), 0, 0)
+    assert "runAsNonRoot" not in pod["spec"]["securityContext"]
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_on_the_hosts_network_pods_resolve_through_the_clusters_dns():
+    """With hostNetwork, Kubernetes' ClusterFirst resolves through the node's resolv.conf, where
+    MASTER_ADDR (train-0.train) does not resolve; a dnsPolicy of the template's own stays."""
+    def dns_policy(**pod_spec):
+        pod = build_pod(parse_job(JobBuilder().pod_spec(**pod_spec).build()), 1, 0)
+        return pod["spec"].get("dnsPolicy")
+
+    assert dns_policy(hostNetwork=True) == "ClusterFirstWithHostNet"
+    assert dns_policy(hostNetwork=True, dnsPolicy="None") == "None"
+    assert dns_policy(hostNetwork=False) is None
+    assert dns_policy() is None
+
+
+CODE = {"configMap": "train-code", "sha256": "a" * 64}
+
+
+@pytest.mark.parametrize("builder,refused", [
+    (JobBuilder().volume(name="accelerate-config", configMap={"name": "mine"})
+     .container(volumeMounts=[{"name": "accelerate-config", "mountPath": "/cfg"}]),
+     "spec.template.spec.volumes[0].name 'accelerate-config' is reserved"),
+    (JobBuilder().volume(name="dshm", emptyDir={})
+     .container(volumeMounts=[{"name": "dshm", "mountPath": "/scratch"}]),
+     "spec.template.spec.volumes[0].name 'dshm' is reserved"),
+    (JobBuilder().volume(name="accelerate-report", emptyDir={}),
+     "spec.template.spec.volumes[0].name 'accelerate-report' is reserved"),
+    (JobBuilder().spec(code=CODE).volume(name="accelerate-workspace", emptyDir={}),
+     "spec.template.spec.volumes[0].name 'accelerate-workspace' is reserved"),
+    (JobBuilder().volume(name="mine", configMap={"name": "mine"})
+     .container(volumeMounts=[{"name": "mine", "mountPath": "/etc/accelerate/"}]),
+     "volumeMounts[0].mountPath '/etc/accelerate/' is reserved: the operator mounts the "
+     "rendered accelerate config at /etc/accelerate"),
+    (JobBuilder().volume(name="mine", emptyDir={}).spec(code=CODE)
+     .container(volumeMounts=[{"name": "mine", "mountPath": "/etc/accelerate-code/x"}]),
+     "mountPath '/etc/accelerate-code/x' is reserved"),
+    (JobBuilder().volume(name="mine", emptyDir={})
+     .container(volumeMounts=[{"name": "mine",
+                               "mountPath": "/var/run/secrets/accelerate-operator.io/report"}]),
+     "mountPath '/var/run/secrets/accelerate-operator.io/report' is reserved"),
+    (JobBuilder().spec(code=CODE).volume(name="ck", emptyDir={}).checkpoint("ck", "/workspace"),
+     "spec.checkpoint.mountPath '/workspace' is reserved: the operator mounts the workspace "
+     "spec.code is unpacked into at /workspace; set another path"),
+    (JobBuilder().volume(name="ck", emptyDir={}).checkpoint("ck", "/dev/shm"),
+     "spec.checkpoint.mountPath '/dev/shm' is reserved"),
+    (JobBuilder().volume(name="ck", emptyDir={}).checkpoint("ck", "/etc/accelerate"),
+     "spec.checkpoint.mountPath '/etc/accelerate' is reserved"),
+], ids=["config-volume", "dshm-elsewhere", "report-volume", "workspace-volume", "config-path",
+        "below-code-path", "report-path", "checkpoint-on-workspace", "checkpoint-on-shm",
+        "checkpoint-on-config"])
+def test_a_template_that_takes_a_name_or_path_of_ours_is_refused_naming_it(builder, refused):
+    """The API server would refuse every pod (a duplicate name or mount path) without naming
+    either the operator's volume or the fix."""
+    with pytest.raises(SpecError, match=re.escape(refused)):
+        prepare_config(parse_job(builder.build()), None)
+
+
+def test_names_and_paths_of_ours_that_the_pod_would_not_use_are_the_templates():
+    """A template's own /dev/shm or /workspace replaces ours; without spec.code neither the
+    code's paths nor /workspace are ours."""
+    shm = {"name": "dshm", "mountPath": "/dev/shm"}
+    own = [
+        JobBuilder().volume(name="dshm", emptyDir={"medium": "Memory"}).container(
+            volumeMounts=[shm]),
+        JobBuilder().spec(code=CODE).volume(name="ws", emptyDir={}).container(
+            volumeMounts=[{"name": "ws", "mountPath": "/workspace"}]),
+        JobBuilder().volume(name="accelerate-code", emptyDir={}).volume(name="ck", emptyDir={})
+        .checkpoint("ck", "/workspace"),
+    ]
+    for builder in own:
+        job, _ = prepare_config(parse_job(builder.build()), None)
+        mounts = [m["mountPath"] for m in build_pod(job, 0, 0)["spec"]["containers"][0]
+                  ["volumeMounts"]]
+        assert len(mounts) == len(set(mounts))
+
+
+def test_a_refused_template_fails_the_job_at_once_without_children():
+    from accelerate_operator.decide import decide
+
+    from tests.helpers.passes import snapshot
+
+    body = JobBuilder().volume(name="accelerate-config", emptyDir={}).build()
+    actions = decide(snapshot(body))
+    assert actions.status["phase"] == "Failed" and not actions.pods and not actions.children
+    failed = next(c for c in actions.status["conditions"] if c["type"] == "Failed")
+    assert failed["message"].startswith(
+        "spec.template.spec.volumes[0].name 'accelerate-config' is reserved")
+
+
 def test_builders_do_not_mutate_the_job():
     body = JobBuilder().build()
     job = parse_job(body)
@@ -257,6 +367,26 @@ def test_the_templates_grace_period_wins_and_the_launcher_waits_as_long():
     assert pod["spec"]["terminationGracePeriodSeconds"] == 600
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "600"
+
+
+def test_nulls_in_the_template_are_missing_keys_and_get_the_defaults():
+    """kubectl create, Helm and Python clients store null for a key left unset, and the template
+    keeps unknown fields: each default applies as if the key were left out."""
+    body = (JobBuilder()
+            .container(volumeMounts=None, securityContext={"runAsUser": None}, resources=None)
+            .pod_spec(automountServiceAccountToken=None, terminationGracePeriodSeconds=None,
+                      securityContext=None, tolerations=None)
+            .build())
+    pod = build_pod(parse_job(body), 0, 0)
+    trainer = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in trainer["env"]}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "120"
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert [m["name"] for m in trainer["volumeMounts"]] == ["accelerate-config", "dshm",
+                                                            "accelerate-report"]
+    assert "tolerations" not in pod["spec"] and "resources" not in trainer
 
 
 def test_without_in_place_restarts_pod_0_alone_reports_with_a_token_for_the_endpoint_only():

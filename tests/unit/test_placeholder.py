@@ -100,3 +100,37 @@ def test_a_placeholder_is_never_one_of_the_jobs_pods():
 def test_the_priority_class_is_the_callers():
     pod = build_placeholder_pod(gpu_job(), 2, priority_class="lowest")
     assert pod["spec"]["priorityClassName"] == "lowest"
+
+
+def test_nulls_in_the_template_are_missing_keys():
+    """A null the client stored for an unset key neither lands in the placeholder nor
+    overrides its defaults."""
+    body = (JobBuilder().nodes(4).elastic(2, 1)
+            .container(securityContext={"runAsUser": None}, resources=None)
+            .pod_spec(securityContext={"runAsNonRoot": None}, nodeSelector=None).build())
+    spec = build_placeholder_pod(parse_job(body), 3)["spec"]
+    assert spec["securityContext"] == {"runAsNonRoot": True,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "nodeSelector" not in spec
+    assert spec["containers"][0]["securityContext"] == RESTRICTED
+
+
+def test_a_placeholder_of_a_template_that_runs_as_root_gets_no_run_as_non_root_default():
+    """Its holders keep the trainer's runAsUser 0: with runAsNonRoot true beside it, the kubelet
+    would refuse them."""
+    body = JobBuilder().nodes(4).elastic(2, 1).container(securityContext={"runAsUser": 0}).build()
+    spec = build_placeholder_pod(parse_job(body), 3)["spec"]
+    assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["containers"][0]["securityContext"]["runAsUser"] == 0
+
+
+def test_a_placeholder_keeps_the_dra_claims_its_containers_name():
+    """A container's resources.claims must name one of the pod's resourceClaims (the API server
+    refuses it otherwise), and the devices they allocate decide where the pod fits."""
+    claims = [{"name": "gpu", "resourceClaimTemplateName": "gpu-template"}]
+    body = (JobBuilder().nodes(4).elastic(2, 1)
+            .container(resources={"claims": [{"name": "gpu"}]})
+            .pod_spec(resourceClaims=claims).build())
+    spec = build_placeholder_pod(parse_job(body), 3)["spec"]
+    assert spec["resourceClaims"] == claims
+    assert spec["containers"][0]["resources"] == {"claims": [{"name": "gpu"}]}

@@ -44,6 +44,7 @@ from ..constants import GPU_RESOURCE
 from ..elastic import check_elastic
 from ..labels import job_labels
 from ..naming import configmap_name
+from .pods import check_pod_template
 
 PER_POD_KEYS = ("machine_rank", "main_process_ip")
 
@@ -240,8 +241,9 @@ def prepare_config(job: JobSpec, source: ConfigSource | None) -> tuple[JobSpec, 
     """From the job and the ConfigMap it reads its YAML from (None for an inline config): the
     job with its topology resolved and `config_warnings` set (the values accelerate would drop
     harmlessly, for a Warning event and the ConfigWarnings condition), and the ConfigMap
-    `<job>-accelerate-config` to create. Raises SpecError or ConfigError, naming the file to
-    fix, when the job cannot run."""
+    `<job>-accelerate-config` to create. Raises SpecError or ConfigError, naming the file (or
+    the field of the spec) to fix, when the job cannot run."""
+    check_pod_template(job)
     if source:
         user_config = parse_accelerate_yaml(source.text, source=source.label)
         shipped_in = f"ConfigMap {source.name!r} (a key beside {source.key!r})"

@@ -1,9 +1,10 @@
 """Placeholder pod `<job>-placeholder-<index>`: while an elastic job runs reduced, one per missing
 node asks the scheduler whether that node's capacity is back. It has what decides where the
 missing pod could go (every container's resources and host ports, node selector, affinity,
-tolerations, topology spread, scheduler, runtime class, the PersistentVolumeClaims) and nothing
-that trains: each container only waits for SIGTERM, in the trainer's image, which the node then
-holds for the job's own pod. Once the scheduler binds it, the job can grow (elastic.decide_grow).
+tolerations, topology spread, scheduler, runtime class, the PersistentVolumeClaims, the DRA
+resource claims) and nothing that trains: each container only waits for SIGTERM, in the
+trainer's image, which the node then holds for the job's own pod. Once the scheduler binds it,
+the job can grow (elastic.decide_grow).
 
 It runs at the lowest priority (a PriorityClass the chart installs, preemptionPolicy Never), so
 it never takes a node from anyone and any pod, the job's own included, preempts it. It carries
@@ -23,7 +24,7 @@ from accelerate_trainer.contract import JOB_NAME_LABEL, NODE_INDEX_LABEL
 
 from ..api import JobSpec
 from ..constants import FIELD_MANAGER
-from .pods import RESTRICTED_CONTAINER_SECURITY, RESTRICTED_POD_SECURITY
+from .pods import RESTRICTED_CONTAINER_SECURITY, pod_security_defaults
 
 PLACEHOLDER_LABEL = "accelerate-operator.io/placeholder-for"
 # The chart's PriorityClass for placeholders (value -10: the lowest the cluster autoscaler still
@@ -33,8 +34,11 @@ PLACEHOLDER_PRIORITY_CLASS = "accelerate-operator-placeholder"
 HOLD_COMMAND = ["python3", "-c", "import signal; signal.pause()"]
 EXIT_COMMAND = ["python3", "-c", "pass"]
 # Fields of the pod spec that decide where a pod can be placed, copied as the template has them.
+# resourceClaims: the DRA claims the containers' resources.claims name (the API server refuses a
+# name the pod does not list), allocated for the placeholder as for the pod it stands for.
 SCHEDULING_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints",
-                     "schedulerName", "runtimeClassName", "imagePullSecrets", "hostNetwork")
+                     "schedulerName", "runtimeClassName", "imagePullSecrets", "hostNetwork",
+                     "resourceClaims")
 # Who a container runs as: kept, so the image starts under the same Pod Security rules.
 IDENTITY_FIELDS = ("runAsUser", "runAsGroup", "runAsNonRoot")
 
@@ -94,7 +98,7 @@ def build_placeholder_pod(job: JobSpec, index: int, *,
     spec: dict[str, Any] = {key: copy.deepcopy(template_spec[key])
                             for key in SCHEDULING_FIELDS if key in template_spec}
     spec.update({
-        "securityContext": {**RESTRICTED_POD_SECURITY,
+        "securityContext": {**pod_security_defaults(template_spec),
                             **copy.deepcopy(template_spec.get("securityContext") or {})},
         "priorityClassName": priority_class,
         "restartPolicy": "Always",

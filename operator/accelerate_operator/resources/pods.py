@@ -7,6 +7,7 @@ checkpoint."""
 from __future__ import annotations
 
 import copy
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ from accelerate_trainer.contract import (
     WORKSPACE_DIR,
 )
 
-from ..api import JobSpec
+from ..api import JobSpec, SpecError
 from ..constants import CODE_VOLUME, CONFIG_VOLUME, REPORT_VOLUME, SHM_VOLUME, WORKSPACE_VOLUME
 from ..elastic import build_elastic_env
 from ..labels import pod_labels
@@ -73,6 +74,7 @@ DEFAULT_TERMINATION_GRACE_SECONDS = 120
 # on: 30 s unless told. Set to the pod's grace period, so the kubelet's deadline is the one.
 ENV_LAUNCHER_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
+SHM_PATH = "/dev/shm"
 # transformers' own switch for its KubeflowCallback (read as transformers reads it).
 ENV_KUBEFLOW_DISABLE = "DISABLE_KUBEFLOW_INTEGRATION"
 RESTRICTED_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
@@ -80,6 +82,19 @@ RESTRICTED_CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
 }
+
+
+def pod_security_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+    """The restricted profile's pod-level defaults, less runAsNonRoot where the template runs the
+    pod or a container as root (runAsUser 0, as NGC and pytorch images do): the kubelet refuses
+    a container whose runAsNonRoot and runAsUser 0 meet (CreateContainerConfigError)."""
+    containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+    contexts = [spec.get("securityContext") or {}, *(c.get("securityContext") or {}
+                                                      for c in containers)]
+    if any(context.get("runAsUser") == 0 for context in contexts):
+        return {key: value for key, value in RESTRICTED_POD_SECURITY.items()
+                if key != "runAsNonRoot"}
+    return RESTRICTED_POD_SECURITY
 
 
 def _container_security_defaults(container: dict[str, Any]) -> dict[str, Any]:
@@ -160,7 +175,8 @@ def build_pod(job: JobSpec, index: int, attempt: int, run_attempt: int | None = 
 
 def _set_pod_defaults(job: JobSpec, index: int, spec: dict[str, Any]) -> None:
     """The pod's name in the job's Service, a restart policy of Never, and what the template
-    does not set itself: a grace period, the restricted security profile, no API token."""
+    does not set itself: a grace period, the restricted security profile, no API token, the
+    cluster's DNS on the host's network."""
     spec["hostname"] = pod_name(job.name, index)
     spec["subdomain"] = service_name(job.name)
     spec["restartPolicy"] = "Never"
@@ -168,27 +184,102 @@ def _set_pod_defaults(job: JobSpec, index: int, spec: dict[str, Any]) -> None:
     # reports with its own token for the operator's endpoint alone.
     spec.setdefault("automountServiceAccountToken", False)
     spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
-    spec["securityContext"] = _with_defaults(spec.get("securityContext"), RESTRICTED_POD_SECURITY)
+    if spec.get("hostNetwork"):
+        # ClusterFirst on the host's network resolves through the node's resolv.conf, where
+        # MASTER_ADDR (<job>-0.<job>, a name of the cluster's DNS) does not resolve.
+        spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
+    spec["securityContext"] = _with_defaults(spec.get("securityContext"),
+                                             pod_security_defaults(spec))
     for container in spec["containers"]:
         container["securityContext"] = _with_defaults(
             container.get("securityContext"), _container_security_defaults(container)
         )
 
 
+def _added_volumes(job: JobSpec, mounted: set[str]) -> dict[str, str]:
+    """The volumes build_pod adds, by name, with what each holds; `mounted`: the trainer's own
+    mount paths (a template that mounts /dev/shm or /workspace gets no volume of ours there)."""
+    added = {CONFIG_VOLUME: "the rendered accelerate config", REPORT_VOLUME: "the report token"}
+    if SHM_PATH not in mounted:
+        added[SHM_VOLUME] = f"the memory-backed {SHM_PATH}"
+    if job.code:
+        added[CODE_VOLUME] = "spec.code's archive"
+        if WORKSPACE_DIR not in mounted:
+            added[WORKSPACE_VOLUME] = "the workspace spec.code is unpacked into"
+    return added
+
+
+def _read_only_mounts(job: JobSpec) -> dict[str, str]:
+    """Where build_pod mounts a volume of its own on the trainer, read-only: no mount may be
+    there or below."""
+    mounts = {CONFIG_MOUNT_PATH: "the rendered accelerate config", REPORT_DIR: "the report token"}
+    if job.code:
+        mounts[CODE_MOUNT_PATH] = "spec.code's archive"
+    return mounts
+
+
+def _under(path: str, mounts: dict[str, str]) -> str | None:
+    """The mount of `mounts` that `path` is, or lies below."""
+    path = posixpath.normpath(path)
+    return next((m for m in mounts if path == m or path.startswith(m + "/")), None)
+
+
+def check_pod_template(job: JobSpec) -> None:
+    """Raises SpecError, naming the field, the name or path and the fix, where the template or
+    spec.checkpoint takes a volume name or mount path build_pod adds: the API server would
+    refuse every pod, with a message that names neither."""
+    spec = job.template.get("spec") or {}
+    mounts = [m.get("mountPath") or "" for m in spec["containers"][0].get("volumeMounts") or []]
+    added = _added_volumes(job, {posixpath.normpath(path) for path in mounts if path})
+    for index, volume in enumerate(spec.get("volumes") or []):
+        if volume.get("name") in added:
+            raise SpecError(
+                f"spec.template.spec.volumes[{index}].name {volume['name']!r} is reserved: the "
+                f"operator adds a volume of that name ({added[volume['name']]}); rename the "
+                "volume, and its volumeMounts")
+    ours = _read_only_mounts(job)
+    for index, path in enumerate(mounts):
+        if taken := _under(path, ours):
+            raise SpecError(
+                f"spec.template.spec.containers[0].volumeMounts[{index}].mountPath {path!r} is "
+                f"reserved: the operator mounts {ours[taken]} at {taken}; mount the volume at "
+                "another path")
+    if job.checkpoint:
+        _check_checkpoint_path(job, ours)
+
+
+def _check_checkpoint_path(job: JobSpec, ours: dict[str, str]) -> None:
+    """The checkpoint volume never takes a path of ours: none of the read-only mounts, nor
+    /dev/shm, nor with spec.code /workspace (the shared volume as the workspace would put every
+    pod's code and virtualenv in one folder, and the code beside the checkpoints)."""
+    path = job.checkpoint.mount_path
+    exact = {SHM_PATH: f"the memory-backed {SHM_PATH}"}
+    if job.code:
+        exact[WORKSPACE_DIR] = "the workspace spec.code is unpacked into"
+    normal = posixpath.normpath(path)
+    taken = _under(path, ours) or (normal if normal in exact else None)
+    if taken:
+        what = {**ours, **exact}[taken]
+        raise SpecError(f"spec.checkpoint.mountPath {path!r} is reserved: the operator mounts "
+                        f"{what} at {taken}; set another path (the default is /checkpoints)")
+
+
 def _add_volumes(job: JobSpec, spec: dict[str, Any], trainer: dict[str, Any]) -> None:
-    """The config mount, a memory-backed /dev/shm and the checkpoint volume, on the trainer."""
+    """The config mount, a memory-backed /dev/shm and the checkpoint volume, on the trainer
+    (check_pod_template refused a template whose names or paths collide with ours)."""
     volumes = spec.setdefault("volumes", [])
     # Every key: the rendered config.yaml and the files shipped beside it (a DeepSpeed JSON).
     volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(job.name)}})
     mounts = trainer.setdefault("volumeMounts", [])
     mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True})
     mounted_paths = {mount.get("mountPath") for mount in mounts}
-    if "/dev/shm" not in mounted_paths:
+    if SHM_PATH not in mounted_paths:
         # Docker's default 64 MiB /dev/shm breaks NCCL and DataLoader workers.
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
-        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
     if job.checkpoint and job.checkpoint.mount_path not in mounted_paths:
         mounts.append({"name": job.checkpoint.volume_name, "mountPath": job.checkpoint.mount_path})
+        mounted_paths.add(job.checkpoint.mount_path)
     if job.code:
         _add_code(job, volumes, mounts, mounted_paths)
 
