@@ -58,7 +58,8 @@ def test_pod_is_built_whole_with_topology_env_hostname_and_config_mount():
             "namespace": "ml",
             "labels": {**LABELS, "accelerate-operator.io/node-index": "1",
                        "accelerate-operator.io/attempt": "2"},
-            "annotations": {"accelerate-operator.io/run-attempt": "3"},
+            "annotations": {"kubectl.kubernetes.io/default-container": "trainer",
+                            "accelerate-operator.io/run-attempt": "3"},
             "ownerReferences": [OWNER],
         },
         "spec": {
@@ -411,7 +412,8 @@ def test_without_in_place_restarts_pod_0_alone_reports_with_a_token_for_the_endp
     assert "accelerate-report" not in [v["name"] for v in second["spec"]["volumes"]]
     assert not any(e["name"].startswith(("ACCELERATE_REPORT_", "KUBEFLOW_"))
                    for e in second["spec"]["containers"][0]["env"])
-    assert first["metadata"]["annotations"] == {}
+    assert first["metadata"]["annotations"] == {
+        "kubectl.kubernetes.io/default-container": "trainer"}
 
 
 def test_no_service_account_token_of_the_api_servers_audience_unless_the_template_asks():

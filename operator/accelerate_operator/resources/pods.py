@@ -46,7 +46,14 @@ from accelerate_trainer.contract import (
 )
 
 from ..api import JobSpec, SpecError
-from ..constants import CODE_VOLUME, CONFIG_VOLUME, REPORT_VOLUME, SHM_VOLUME, WORKSPACE_VOLUME
+from ..constants import (
+    CODE_VOLUME,
+    CONFIG_VOLUME,
+    DEFAULT_CONTAINER_ANNOTATION,
+    REPORT_VOLUME,
+    SHM_VOLUME,
+    WORKSPACE_VOLUME,
+)
 from ..elastic import build_elastic_env
 from ..labels import pod_labels
 from ..naming import configmap_name, master_address, pod_name, report_path, service_name
@@ -154,7 +161,10 @@ def build_pod(job: JobSpec, index: int, attempt: int, run_attempt: int | None = 
     trainer = spec["containers"][0]
     _set_trainer_env(job, index, run_attempt, spec, trainer)
     _add_volumes(job, spec, trainer)
-    annotations = dict(metadata.get("annotations") or {})
+    # The trainer is the pod's main container, for kubectl logs and exec, and for the pass
+    # (pod_state.trainer_name) whatever container a mesh's injector puts first.
+    annotations = {**(metadata.get("annotations") or {}),
+                   DEFAULT_CONTAINER_ANNOTATION: trainer["name"]}
     if index == 0 or job.run_policy.restart_in_place:
         _add_report_channel(job, index, spec, trainer, endpoint)
         annotations.update(_run_attempt(job, run_attempt))
