@@ -52,6 +52,7 @@ from .contract import (
     ENV_NODE_RANK,
     ENV_NUM_NODES,
     ENV_REPORT_URL,
+    MAX_MESSAGE_CHARS,
     REPORT_DIR,
     REPORT_TOKEN_FILE,
     RUN_ATTEMPT_FILE,
@@ -287,9 +288,18 @@ def supervise(launch: Launch, client: ReportClient | None, node_rank: int = 0,
     return code
 
 
-def termination_text(cause: root_cause.RootCause, tail: str) -> str:
-    """The pod's last word after a failed launch: the root cause first, then its last lines."""
-    return f"{cause.text}\n\n{tail}"
+def termination_text(cause: root_cause.RootCause, tail: str,
+                     limit: int = MAX_MESSAGE_CHARS) -> str:
+    """The pod's last word after a failed launch: the root cause first, whole, then as many of
+    its last lines as fit in `limit`, the operator's cap: it keeps a message's end, so a longer
+    one would lose the cause."""
+    head = cause.text[:limit]
+    room = limit - len(head) - 2
+    mark = "[...]"
+    if room <= len(mark):
+        return head
+    kept = tail if len(tail) <= room else mark + tail[-(room - len(mark)):]
+    return f"{head}\n\n{kept}"
 
 
 def command(argv: Sequence[str], python: str = sys.executable) -> list[str]:
