@@ -100,3 +100,11 @@ def test_a_failed_launchs_root_cause_the_trainer_reports_is_one_the_operator_rea
     assert ended.cause.startswith("out of memory") and ended.oom
     assert ended.cause == f"{first} (pod llm-1, rank 1)" + (f"\n{rest}" if rest else "")
     assert set(cause.report()) == set(contract.EXIT_ROOT_CAUSE_FIELDS)
+
+
+def test_printable_text_drops_whole_escape_sequences_and_keeps_what_a_redraw_left():
+    colours = "\x1b[31;1mRuntimeError\x1b[0m: boom \x1b]8;;https://x\x1b\\link\x1b]8;;\x1b\\"
+    bar = "  0%|          | 0/9\r 50%|#####     | 4/9\r100%|##########| 9/9\r\n"
+    text = contract.printable_text(colours + "\n" + bar + "done", 200)
+    assert text == "RuntimeError: boom link\n100%|##########| 9/9\ndone"
+    assert contract.printable_text("a\r" + "b" * 300 + "\rcd", 10) == "cd"  # before the cut

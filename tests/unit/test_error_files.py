@@ -81,3 +81,41 @@ def test_the_hook_goes_after_the_users_own_folders():
     env = error_files.launch_env({"PYTHONPATH": "/workspace"})
     assert env["PYTHONPATH"].split(os.pathsep) == ["/workspace", error_files.HOOK_DIR]
     assert error_files.launch_env({})["PYTHONPATH"] == error_files.HOOK_DIR
+
+
+PROBE_THEN = """\
+import os, subprocess, sys
+probe = [sys.executable, "-c", "import flash_attn_optional_probe"]
+inherited = subprocess.run(probe, capture_output=True)
+copied = subprocess.run(probe, capture_output=True, env=dict(os.environ))
+print(inherited.returncode, copied.returncode, os.environ["TORCHELASTIC_ERROR_FILE"])
+{end}
+"""
+
+
+def test_a_helper_the_rank_starts_does_not_write_the_ranks_error_file(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PROBE_THEN.format(end="sys.exit(3)"))
+    error_file = tmp_path / "error.json"
+    done = run(tmp_path, [str(script)], TORCHELASTIC_ERROR_FILE=str(error_file))
+    # Both probes failed (with or without a copied env), the script still sees torch's
+    # variable, and the rank, which exited 3 without an exception, has no error file.
+    assert done.stdout.split() == ["1", "1", str(error_file)], done.stderr
+    assert done.returncode == 3 and not error_file.exists()
+
+
+def test_the_rank_still_records_its_own_exception_after_a_failed_helper(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PROBE_THEN.format(end="raise KeyError('labels')"))
+    error_file = tmp_path / "error.json"
+    done = run(tmp_path, [str(script)], TORCHELASTIC_ERROR_FILE=str(error_file))
+    assert done.returncode == 1
+    assert json.loads(error_file.read_text())["message"]["message"] == "KeyError: 'labels'"
+
+
+def test_a_rank_of_a_torchrun_inside_a_rank_records_its_own_file():
+    outer = "123 /tmp/outer/error.json"
+    assert error_files.owns_error_file("/tmp/inner/error.json", outer, pid=456)
+    assert not error_files.owns_error_file("/tmp/outer/error.json", outer, pid=456)
+    assert error_files.owns_error_file("/tmp/outer/error.json", outer, pid=123)  # exec'd
+    assert error_files.owns_error_file("/tmp/outer/error.json", None, pid=456)

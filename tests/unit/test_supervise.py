@@ -499,3 +499,18 @@ def test_a_launch_that_only_lost_a_peer_lets_the_other_pods_report_first(tmp_pat
     assert time.monotonic() - started < 0.1
     attempt_file.write_text("1")  # the operator restarted the group meanwhile
     assert supervisor("2", lost).settle(0) == 1
+
+
+def test_a_long_termination_message_keeps_the_whole_root_cause_where_the_operator_cuts():
+    """The operator keeps a message's last MAX_MESSAGE_CHARS (pod_state, keep_end): the
+    supervisor's own message fits it, the cause whole first and the tail cut from its start."""
+    from accelerate_trainer.contract import MAX_MESSAGE_CHARS, printable_text
+    from accelerate_trainer.root_cause import RootCause
+    from accelerate_trainer.supervise import termination_text
+
+    cause = "Traceback (most recent call last):\n" + "  frame\n" * 120 + "KeyError: 'labels'"
+    tail = "".join(f"line {n}\n" for n in range(400)) + "the last line"
+    text = termination_text(RootCause(cause), tail)
+    assert len(text) == MAX_MESSAGE_CHARS
+    kept = printable_text(text, MAX_MESSAGE_CHARS, keep_end=True)  # what the operator keeps
+    assert kept.startswith(cause + "\n\n[...]") and kept.endswith("the last line")

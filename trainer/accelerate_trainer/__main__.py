@@ -4,15 +4,17 @@ Logs the library versions it runs with (pod 0's supervisor reports them to the o
 status.trainer), reads the mounted accelerate YAML and the topology env,
 validates them, unpacks the shipped code into the workspace and installs its requirements (when
 the job ships code), waits for the master, then replaces itself with `accelerate launch` so
-signals reach the training processes and their exit code is the pod's. The script runs as
-`accelerate launch` runs it; ACCELERATE_TRAINER_FAST_EXIT=1 opts into ending the launcher and the
-ranks without the interpreter's teardown (fast_exit.py). A config
-error (or shipped code that cannot be used) exits 78 (permanent), a failed requirements install
-75, each with the reason in the termination log, where the operator shows it on the job.
+signals reach the training processes and their exit code is the pod's; as its container's PID 1
+it is replaced with the supervisor that runs the launcher instead (supervise.wanted says why).
+The script runs as `accelerate launch` runs it; ACCELERATE_TRAINER_FAST_EXIT=1 opts into ending
+the launcher and the ranks without the interpreter's teardown (fast_exit.py). A config error
+(or shipped code that cannot be used) exits 78 (permanent), a failed requirements install 75, each
+with the reason in the termination log, where the operator shows it on the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -20,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from . import deepspeed_cpu, supervise
@@ -332,20 +334,38 @@ def resume_and_launch(topology: Topology, config: Mapping, script: Sequence[str]
 
 
 def launch(argv: list[str], env: dict[str, str], node_rank: int) -> int:
-    """Replace this process with the launcher; where the pod reports (supervise.wanted), with
-    the supervisor that runs it and reports its progress to the operator (supervise.py).
+    """Replace this process with the launcher; where the pod reports or this process is PID 1
+    (supervise.wanted), with the supervisor that runs it (supervise.py).
     transformers.Trainer scripts report with no code change: the operator points their
     KubeflowCallback at the same endpoint."""
-    if supervise.wanted(env, node_rank):
+    supervised = supervise.wanted(env, node_rank, os.getpid())
+    if supervised:
         argv = supervise.command(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(argv[0], argv, env)
+        with hold_stops_across_exec(supervised):
+            os.execvpe(argv[0], argv, env)
     except OSError as error:
         return fail(f"cannot run {argv[0]!r} ({error.strerror}); is accelerate installed "
                     "and on PATH?", 127)
     return 0  # not reached: exec replaced this process
+
+
+@contextlib.contextmanager
+def hold_stops_across_exec(supervised: bool) -> Iterator[None]:
+    """Block the stop signals over the exec of the supervisor, which unblocks them once its
+    handlers are in: the signal mask survives an exec, handlers do not, and a SIGTERM sent
+    between the two would be dropped by a PID 1 with none. Unblocked again if the exec fails.
+    A launcher exec'd in this process's place starts with the default actions instead."""
+    if not supervised:
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, supervise.STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, supervise.STOP_SIGNALS)
 
 
 if __name__ == "__main__":

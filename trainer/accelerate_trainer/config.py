@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from .accelerate_reads import flag
 from .block_keys import check_block_keys, check_parallelism
 from .deepspeed_checks import FILE_KEY as DEEPSPEED_FILE_KEY
 from .deepspeed_checks import check_deepspeed
@@ -77,8 +78,9 @@ def distributed_type(config: Mapping[str, Any]) -> str:
 
 
 def is_cpu_job(config: Mapping[str, Any]) -> bool:
-    """True when the processes must train on CPU over gloo."""
-    return bool(config.get("use_cpu")) or distributed_type(config) in CPU_TYPES
+    """True when the processes must train on CPU over gloo (use_cpu read as accelerate reads
+    it: accelerate_reads.flag)."""
+    return flag(config, "use_cpu") or distributed_type(config) in CPU_TYPES
 
 
 def check_topology_keys(
@@ -106,7 +108,7 @@ def check_distribution(config: Mapping[str, Any], *, num_nodes: int, num_process
             f"distributed_type NO runs one process, but the job asks for {num_processes}; "
             "use MULTI_GPU (or MULTI_CPU with use_cpu: true), FSDP or DEEPSPEED"
         )
-    if config.get("use_cpu") and dtype in SHARDED_TYPES:
+    if flag(config, "use_cpu") and dtype in SHARDED_TYPES:
         raise ConfigError(
             f"use_cpu: true with distributed_type {dtype} would quietly train plain DDP on CPU "
             f"({dtype} needs GPUs); remove use_cpu or use MULTI_CPU"
@@ -258,7 +260,15 @@ def _check_unknown_keys(unknown: list[str], known: set[str], version: str) -> No
 
 
 def _check_distributed_type_name(config: Mapping[str, Any], valid_types: list[str]) -> None:
-    """accelerate refuses a distributed_type its DistributedType enum lacks."""
+    """accelerate refuses a distributed_type its DistributedType enum lacks, and a file without
+    one (process_config raises ValueError in `accelerate launch`). The operator's render fills
+    it in; a config the trainer is pointed at otherwise may lack it."""
+    if "distributed_type" not in config:
+        raise ConfigError(
+            "distributed_type is missing: accelerate refuses a config file without it; add "
+            "distributed_type: 'NO' (one process), MULTI_GPU, MULTI_CPU (with use_cpu: true), "
+            f"FSDP or DEEPSPEED (one of {', '.join(valid_types)})"
+        )
     dtype = distributed_type(config)
     if dtype not in valid_types:
         raise ConfigError(

@@ -121,11 +121,25 @@ MAX_FIELD_CHARS = 128
 UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
+# Terminal escape sequences, whole: CSI (colours, cursor moves: ESC [ ... final byte, or the
+# one-byte C1 CSI), OSC (titles, links: ESC ] ... BEL or ESC backslash) and the two-byte ones.
+ESCAPE_SEQUENCE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+                             r"|\x1b[@-_]")
+
+
+def as_shown(value: str) -> str:
+    """The text a terminal would show: escape sequences dropped whole (not only their ESC,
+    which left "[31m" litter), and of each line what follows its last carriage return (a
+    progress bar redraws itself so; a line's closing CR, CRLF's, erases nothing)."""
+    text = ESCAPE_SEQUENCE.sub("", value)
+    return "\n".join(line.rstrip("\r").rpartition("\r")[2] for line in text.split("\n"))
+
+
 def printable_text(value: str, limit: int, keep_end: bool = False) -> str:
-    """`value` as the job keeps text a pod wrote: UNPRINTABLE dropped, a tab a space, at most
-    `limit` characters: its start, or with `keep_end` its end (a log's last lines say most),
-    marked `[...]` where cut."""
-    text = UNPRINTABLE.sub("", value.replace("\t", " "))
+    """`value` as the job keeps text a pod wrote: as a terminal shows it (as_shown), UNPRINTABLE
+    dropped, a tab a space, at most `limit` characters: its start, or with `keep_end` its end (a
+    log's last lines say most), marked `[...]` where cut."""
+    text = UNPRINTABLE.sub("", as_shown(value).replace("\t", " "))
     if len(text) <= limit:
         return text
     mark = "[...]"

@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from .accelerate_reads import configured_precision
 from .errors import ConfigError
 
 FILE_KEY = "deepspeed_config_file"
@@ -76,11 +77,12 @@ def _check_yaml_beside_file(config: Mapping[str, Any], block: Mapping[str, Any],
             f"deepspeed_config_file ({source}); accelerate refuses both in every rank: set it in "
             f"the JSON and delete deepspeed_config.{owned[0]} from the YAML"
         )
-    if config.get("mixed_precision") is not None:
+    if configured_precision(config) is not None:  # the legacy fp16: true sets it too
+        key = "mixed_precision" if "mixed_precision" in config else "fp16"
         raise ConfigError(
-            f"mixed_precision: {config['mixed_precision']!r} is set in the accelerate config "
+            f"{key}: {config[key]!r} is set in the accelerate config "
             f"beside deepspeed_config_file ({source}); accelerate refuses it in every rank: say "
-            "it in the JSON (fp16/bf16 \"enabled\") and delete mixed_precision from the YAML"
+            f"it in the JSON (fp16/bf16 \"enabled\") and delete {key} from the YAML"
         )
 
 

@@ -10,6 +10,13 @@ process's PYTHONPATH) calls `install`, which:
   traceback into that file, as torch's ErrorHandler.record_exception would, plus the time to the
   microsecond (torch's is whole seconds: ranks failing in the same second would tie). A script
   Python cannot open is recorded too, with the OSError the same open() gives, in Python's words.
+  Only the rank itself records: every Python process the rank starts inherits the variable and
+  this hook, and a helper that fails and is handled (a probe such as `python -c "import
+  flash_attn"`) must not become the rank's root cause when the rank then dies of a signal or
+  exits non-zero. The first process to see the file claims it (ENV_ERROR_FILE_OWNER, its PID
+  and the file), and its descendants, which inherit the claim, leave the file alone. The claim
+  is added beside torch's variable rather than removing that one, so the script's os.environ
+  still has it (torch's own `@record` reads it there).
 - in the launcher (ENV_LAUNCH_REPORT set, set by the supervisor): chains sys.excepthook to write
   what ended the launch into that file: the ChildFailedError's failures as torch read them (rank,
   exit code, signal, error file), or any other exception (a rendezvous that timed out) with the
@@ -26,11 +33,12 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch's: set by torchrun for each rank
 ENV_LAUNCH_REPORT = "ACCELERATE_TRAINER_LAUNCH_REPORT"
+ENV_ERROR_FILE_OWNER = "ACCELERATE_TRAINER_ERROR_FILE_OWNER"  # "<pid> <error file>": the rank's
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_hook")
 TRACEBACK_CHARS = 8000
 CHILD_FAILED = "ChildFailedError"
@@ -109,11 +117,23 @@ def _chain(write) -> None:
     sys.excepthook = hook
 
 
-def install(environ: Mapping[str, str] | None = None) -> None:
+def owns_error_file(error_file: str, owner: str | None, pid: int) -> bool:
+    """Whether the process `pid` is the rank torchrun gave `error_file`: no process claimed the
+    file yet (`owner`, ENV_ERROR_FILE_OWNER as inherited), or this one did (it exec'd). A claim
+    on another file is a rank of an outer torchrun: this process is a rank of its own."""
+    claimed_pid, _, claimed_file = (owner or "").partition(" ")
+    return claimed_file != error_file or claimed_pid == str(pid)
+
+
+def install(environ: MutableMapping[str, str] | None = None) -> None:
     """Set this process up to explain its failure (the module's docstring)."""
     environ = os.environ if environ is None else environ
     error_file = environ.get(ENV_ERROR_FILE)
+    if error_file and not owns_error_file(error_file, environ.get(ENV_ERROR_FILE_OWNER),
+                                          os.getpid()):
+        return  # a process the rank started: its failure is not the rank's (the docstring)
     if error_file:
+        environ[ENV_ERROR_FILE_OWNER] = f"{os.getpid()} {error_file}"
         unopenable = unopenable_script(list(sys.argv), sys.executable)
         if unopenable is not None:
             write_json(error_file, unopenable)

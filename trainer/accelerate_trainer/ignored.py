@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import accelerate_reads
 from .errors import ConfigError
 
 # The backend each block configures: accelerate reads the block only when distributed_type
@@ -53,8 +54,7 @@ def _truthy(value: Any) -> bool:
 
 
 def _precision(config: Mapping[str, Any]) -> str:
-    value = config.get("mixed_precision")
-    return "no" if value is None or isinstance(value, bool) else str(value).lower()
+    return accelerate_reads.precision(config)  # the legacy fp16: true is fp16 too
 
 
 def _dtype(config: Mapping[str, Any]) -> str:
@@ -62,15 +62,16 @@ def _dtype(config: Mapping[str, Any]) -> str:
 
 
 def _is_cpu(config: Mapping[str, Any]) -> bool:
-    return bool(config.get("use_cpu")) or _dtype(config) == "MULTI_CPU"
+    return accelerate_reads.flag(config, "use_cpu") or _dtype(config) == "MULTI_CPU"
 
 
 def gpu_ids_of(config: Mapping[str, Any]) -> list[str] | None:
-    """The GPU ids the config pins, or None for all of them (the key absent, null or "all")."""
-    value = config.get("gpu_ids")
-    if value is None or str(value).strip().lower() in ("all", ""):
+    """The GPU ids the config pins, or None for all of them (the key absent, null or "all").
+    Raises ConfigError for ids not written as text (accelerate_reads.gpu_ids)."""
+    value = accelerate_reads.gpu_ids(config)
+    if value is None or value.strip().lower() in ("all", ""):
         return None
-    return [part.strip() for part in str(value).split(",") if part.strip()]
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def dynamo_backend(config: Mapping[str, Any]) -> str:
@@ -125,7 +126,8 @@ def _refuse_cpu_precision(config: Mapping[str, Any]) -> None:
         return
     if _precision(config) == "fp16":
         raise ConfigError(
-            "mixed_precision: fp16 on a CPU job (use_cpu: true or MULTI_CPU): accelerate turns "
+            f"{accelerate_reads.said_precision(config)} on a CPU job (use_cpu: true or "
+            "MULTI_CPU): accelerate turns "
             "fp16 autocast on only on accelerators (Accelerator.__init__ leaves native_amp off "
             "when the device is cpu), so every step would run in fp32 without a word. Use bf16, "
             "which CPU autocast supports, or mixed_precision: 'no'; or request nvidia.com/gpu "
@@ -312,7 +314,8 @@ def check_pod_hardware(config: Mapping[str, Any], hardware: PodHardware) -> None
         # A CPU job is refused by check_ignored_values already; this is a config that does not
         # say CPU (distributed_type NO, say) on a pod whose torch sees no GPU.
         raise ConfigError(
-            "mixed_precision: fp16 on a pod whose torch sees no GPU: accelerate then trains on "
+            f"{accelerate_reads.said_precision(config)} on a pod whose torch sees no GPU: "
+            "accelerate then trains on "
             "the CPU, where it turns fp16 autocast off (Accelerator.__init__ leaves native_amp "
             "off for the cpu device), so every step would run in fp32 without a word. Request "
             "nvidia.com/gpu in the template, or use bf16 or mixed_precision: 'no' to train on CPU"

@@ -52,6 +52,7 @@ from .contract import (
     ENV_NODE_RANK,
     ENV_NUM_NODES,
     ENV_REPORT_URL,
+    MAX_MESSAGE_CHARS,
     REPORT_DIR,
     REPORT_TOKEN_FILE,
     RUN_ATTEMPT_FILE,
@@ -264,6 +265,9 @@ def supervise(launch: Launch, client: ReportClient | None, node_rank: int = 0,
     supervisor = Supervisor(launch, node_rank, attempts, versions)
     for number in FORWARDED_SIGNALS:
         signal.signal(number, lambda received, _frame: supervisor.signal(received))
+    # accelerate-trainer blocks them across its exec of this module (hold_stops_across_exec):
+    # one that came meanwhile is taken now, by the handlers above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     pumps = [Pump(out_read, sys.stdout.fileno(), supervisor.reports),
              Pump(err_read, sys.stderr.fileno(), supervisor.reports)]
     supervisor.pumps = pumps
@@ -284,9 +288,18 @@ def supervise(launch: Launch, client: ReportClient | None, node_rank: int = 0,
     return code
 
 
-def termination_text(cause: root_cause.RootCause, tail: str) -> str:
-    """The pod's last word after a failed launch: the root cause first, then its last lines."""
-    return f"{cause.text}\n\n{tail}"
+def termination_text(cause: root_cause.RootCause, tail: str,
+                     limit: int = MAX_MESSAGE_CHARS) -> str:
+    """The pod's last word after a failed launch: the root cause first, whole, then as many of
+    its last lines as fit in `limit`, the operator's cap: it keeps a message's end, so a longer
+    one would lose the cause."""
+    head = cause.text[:limit]
+    room = limit - len(head) - 2
+    mark = "[...]"
+    if room <= len(mark):
+        return head
+    kept = tail if len(tail) <= room else mark + tail[-(room - len(mark)):]
+    return f"{head}\n\n{kept}"
 
 
 def command(argv: Sequence[str], python: str = sys.executable) -> list[str]:
@@ -294,9 +307,17 @@ def command(argv: Sequence[str], python: str = sys.executable) -> list[str]:
     return [python, "-m", "accelerate_trainer.supervise", "--", *argv]
 
 
-def wanted(environ: Mapping[str, str], node_rank: int) -> bool:
-    """A pod made by an operator that gave it somewhere to report: pod 0 reports progress, and
-    every pod restarted in place (an attempt file) reports a failed launch."""
+def wanted(environ: Mapping[str, str], node_rank: int, pid: int) -> bool:
+    """Where the launcher runs under this supervisor: a pod made by an operator that gave it
+    somewhere to report (pod 0 reports progress, every pod restarted in place, with an attempt
+    file, reports a failed launch), and wherever the trainer is its container's PID 1 (`pid`).
+    The kernel drops a signal PID 1 has no handler for, and torch's agent handles SIGTERM only
+    once it starts the ranks: a launcher exec'd as PID 1 held its pod for the whole grace
+    period when stopped while importing torch or waiting in the rendezvous. Under the
+    supervisor it is not PID 1, so the stop ends it at once (143), and once the ranks run they
+    get the SIGTERM the supervisor passes on, as under a plain `accelerate launch`."""
+    if pid == 1:
+        return True
     if not (environ.get(ENV_REPORT_URL)
             and os.path.isfile(os.path.join(REPORT_DIR, REPORT_TOKEN_FILE))):
         return False
@@ -317,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"{error}; progress is not reported to the operator")
         client = None
     else:
-        if client is None:
+        if client is None and int(os.environ.get(ENV_NODE_RANK) or 0) == 0:
             say("no report endpoint in this pod's env: progress is not reported to the operator")
     attempt_file = os.path.join(REPORT_DIR, RUN_ATTEMPT_FILE)
     attempts = Attempts(attempt_file) if os.path.isfile(attempt_file) else None
