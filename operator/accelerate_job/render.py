@@ -23,6 +23,7 @@ from rich.text import Text
 from . import table
 
 BAR_WIDTH = 30
+UNBOUNDED = 1_000_000  # wider than any table: what to_text measures its renderable in
 # What a terminal would act on rather than show: C0 controls but newline and tab (ESC starts
 # the escape sequences that move the cursor, clear the screen or set the window title), DEL, C1
 # controls (0x9b is a one-byte CSI), bidirectional overrides.
@@ -215,11 +216,16 @@ def status_view(job: Mapping[str, Any]) -> RenderableType:
     return Group(*out)
 
 
-def to_text(renderable: RenderableType, width: int = 200) -> str:
-    """What rich draws, as plain text without colours (for pipes, files and tests)."""
+def to_text(renderable: RenderableType, width: int | None = None) -> str:
+    """What rich draws, as plain text without colours (for pipes, files and tests). At the
+    renderable's own width unless `width` is given: as kubectl, no cell is ever cut short to
+    fit a width."""
     buffer = io.StringIO()
-    Console(file=buffer, width=width, color_system=None, force_terminal=False,
-            legacy_windows=False).print(renderable)
+    console = Console(file=buffer, width=width or UNBOUNDED, color_system=None,
+                      force_terminal=False, legacy_windows=False)
+    if width is None:
+        console.width = max(1, console.measure(renderable).maximum)
+    console.print(renderable)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 

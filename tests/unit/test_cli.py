@@ -376,6 +376,24 @@ def test_get_wide_adds_the_columns_kubectl_wide_adds(fake):
         "2x2", "29500", "0", "", "1.15.0"]
 
 
+def test_get_never_cuts_a_cell_however_wide_the_table(fake):
+    long = in_namespace(job(progress={**PROGRESS, "summary": "123456/1000000 (12%)"},
+                            reason="AllNodesRunning", queue={"name": "team-nlp-a100-queue"},
+                            topology={"summary": "16x8", "masterPort": 29500},
+                            trainer={"versions": {"accelerate": "1.15.0"}}),
+                        "a-rather-long-namespace-name",
+                        "llama-3-70b-instruct-sft-lora-rank64-lr2e-5-run-2026-12-01")
+    fake(FakeClient([long]))
+    for argv in (("get",), ("get", "-A", "-o", "wide")):
+        code, out, _ = run(*argv)
+        assert "\u2026" not in out and out.splitlines()[0].split() == table.header(
+            wide="wide" in argv, namespaces="-A" in argv)
+        (row,) = cells(out)
+        assert row["NAME"] == long["metadata"]["name"] and row["AGE"]
+        assert row["PROGRESS"] == "123456/1000000 (12%)" and row["READY"] == "2/2"
+    assert row["NAMESPACE"] == "a-rather-long-namespace-name" and row["ACCELERATE"] == "1.15.0"
+
+
 def test_status_prints_yaml_for_scripts(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
     code, out, _ = run("status", "llm", "-o", "yaml")
