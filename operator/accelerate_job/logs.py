@@ -17,6 +17,7 @@ from accelerate_operator.resources.logs import logs_key
 from accelerate_trainer.contract import ATTEMPT_LABEL, JOB_NAME_LABEL
 
 from .errors import AccelerateJobError
+from .render import node_count
 from .request import Requests, WatchExpired
 
 Job = Mapping[str, Any]
@@ -31,7 +32,7 @@ def _container(job: Job) -> str | None:
 
 
 def _nodes(job: Job, node: int | str) -> list[int]:
-    count = int((job.get("spec") or {}).get("numNodes", 1))
+    count = node_count(job)
     if node == "all":
         return list(range(count))
     try:

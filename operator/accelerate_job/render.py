@@ -45,6 +45,14 @@ def cell(value: Any) -> Text:
     return Text(printable(str(value)))
 
 
+def node_count(job: Mapping[str, Any]) -> int:
+    """How many nodes the job has: the operator's status.topology.numNodes (also when the
+    count comes from the accelerate YAML, which submit leaves spec.numNodes out for), else
+    spec.numNodes, else 1."""
+    topology = (job.get("status") or {}).get("topology") or {}
+    return int(topology.get("numNodes") or (job.get("spec") or {}).get("numNodes") or 1)
+
+
 def summarize(job: Mapping[str, Any]) -> dict[str, Any]:
     """What `status -o json` and `list -o json` print for one job."""
     status = job.get("status") or {}
@@ -115,11 +123,10 @@ def progress_text(progress: Mapping[str, Any]) -> str:
 def status_rows(job: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The (label, value) rows of `status`, which render_status and status_view lay out."""
     summary = summarize(job)
-    spec = job.get("spec") or {}
     rows = [
         ("Name:", f"{summary['name']} (namespace {summary['namespace']})"),
         ("Phase:", summary["phase"]),
-        ("Nodes:", f"{summary['readyNodes'] or '0/' + str(spec.get('numNodes', 1))} ready"),
+        ("Nodes:", f"{summary['readyNodes'] or f'0/{node_count(job)}'} ready"),
         ("Restarts:", f"{summary['restarts']}"
          + (f" (attempt {summary['attempt']})" if summary["attempt"] is not None else "")),
         ("Progress:", progress_bar(summary["progress"])),

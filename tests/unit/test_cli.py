@@ -582,6 +582,25 @@ def test_a_node_out_of_range_is_named():
         client([job()]).logs("llm", node=2)
 
 
+def yaml_counted_job(nodes=3):
+    """A job whose node count came from its accelerate YAML: submit leaves spec.numNodes out,
+    the operator writes status.topology.numNodes."""
+    body = job(topology={"numNodes": nodes, "summary": f"{nodes}x1"}, readyNodes=None)
+    body["spec"].pop("numNodes")
+    return body
+
+
+def test_the_node_count_is_the_operators_topology_before_the_spec():
+    core = FakeCore(logs={"llm-0": "a\n", "llm-1": "b\n", "llm-2": "c\n"},
+                    configmaps={"llm-logs-attempt-0": {"llm-2.log": "z\n"}})
+    c = client([yaml_counted_job()], core)
+    assert c.logs("llm", node="all") == "[node 0] a\n[node 1] b\n[node 2] c\n"
+    assert c.logs("llm", node=2) == "c\n" and c.logs("llm", node=2, attempt=0) == "z\n"
+    with pytest.raises(Exception, match="has 3 node.s.: pick a node from 0 to 2"):
+        c.logs("llm", node=3)
+    assert "Nodes:        0/3 ready" in render.render_status(yaml_counted_job())
+
+
 # ---- accelerate's own templates, as a user would submit them ------------------------------------
 
 
