@@ -16,6 +16,7 @@ from typing import Any
 import kubernetes
 import kubernetes.watch
 import urllib3
+import yaml
 from accelerate_operator.apierrors import server_message
 from kubernetes.client.rest import ApiException
 
@@ -52,13 +53,25 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Connec
                                            client_configuration=configuration,
                                            persist_config=False)
         contexts, active = kubernetes.config.list_kube_config_contexts(path)
-    except kubernetes.config.ConfigException as error:
+    except (kubernetes.config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError,
+            AttributeError, KeyError) as error:
         raise AccelerateJobError(
-            f"cannot use kubeconfig {path}: {error}; check the file, or pick a context with "
-            "--context") from None
+            f"cannot use kubeconfig {path}: {_config_problem(error)}; check the file, or pick a "
+            "context with --context") from None
     chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
     namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
     return Connection(kubernetes.client.ApiClient(configuration), namespace)
+
+
+def _config_problem(error: Exception) -> str:
+    """What is wrong with a kubeconfig, in one line: the loader's message, the file's own
+    error (a directory, unreadable, not UTF-8, not YAML), or, for YAML the loader cannot
+    walk (a list, a number), what a kubeconfig is."""
+    if isinstance(error, (TypeError, AttributeError, KeyError)):
+        return "it is not a kubeconfig (a YAML mapping of clusters, users and contexts)"
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return " ".join(str(error).split())
 
 
 def context_namespace(kubeconfig: str | None, context: str | None) -> str:

@@ -164,6 +164,36 @@ def test_a_missing_config_file_says_how_to_make_one():
                    "one with `accelerate config --config_file /nope/a.yaml`\n")
 
 
+def test_a_config_or_deepspeed_json_that_is_not_utf8_is_named(tmp_path):
+    config = tmp_path / "accelerate.yaml"
+    config.write_bytes(b"compute_environment: \xff\n")
+    code, _, err = run("submit", "--config", str(config), "--image", "i", "--dry-run", "t.py")
+    assert code == 1 and err.startswith(f"error: cannot read --config {config}: it is not "
+                                        "UTF-8 text (invalid start byte at byte 21)")
+    config.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                      "  deepspeed_config_file: ds.json\n")
+    (tmp_path / "ds.json").write_bytes(b'{"x": "\xe9"}')
+    code, _, err = run("submit", "--config", str(config), "--image", "i", "--dry-run", "t.py")
+    assert code == 1 and err.startswith(f"error: cannot read {tmp_path / 'ds.json'}: it is "
+                                        "not UTF-8 text")
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("garbage: [\n", ""),  # what is wrong is YAML's own message
+    ("- a\n- b\n", "it is not a kubeconfig (a YAML mapping of clusters, users and contexts)"),
+    ("42\n", "it is not a kubeconfig"), (b"a: \xff\n", ""),
+    (None, "Is a directory")])
+def test_a_broken_kubeconfig_is_one_line_naming_the_file(tmp_path, content, says):
+    path = tmp_path / "kubeconfig"
+    if content is None:
+        path.mkdir()
+    else:
+        getattr(path, "write_bytes" if isinstance(content, bytes) else "write_text")(content)
+    code, out, err = run("get", "--kubeconfig", str(path))
+    assert (code, out) == (1, "") and err.startswith(f"error: cannot use kubeconfig {path}: ")
+    assert says in err and err.count("\n") == 1
+
+
 # ---- status and errors through a fake client ----------------------------------------------
 
 
