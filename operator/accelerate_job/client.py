@@ -29,6 +29,7 @@ from accelerate_trainer.contract import JOB_NAME_LABEL
 from .code import CodeArchive
 from .errors import AccelerateJobError, InvalidConfig, JobFailed, JobNotFound, WaitTimeout
 from .logs import LogReader
+from .render import printable
 from .request import Requests, WatchExpired, connect
 from .submission import build_submission, owned_by
 
@@ -346,10 +347,10 @@ class AccelerateJobClient:
         status = job.get("status") or {}
         summary = (status.get("progress") or {}).get("summary")
         at = f" at {summary}" if summary else ""
-        raise WaitTimeout(
+        raise WaitTimeout(printable(
             f"AccelerateJob {name} is still {status.get('phase') or 'Pending'}{at} after "
             f"{timeout:g}s of waiting for {condition}; wait longer with --timeout, or "
-            f"look at `accelerate-job status {name}`")
+            f"look at `accelerate-job status {name}`"))
 
     # ---- logs -----------------------------------------------------------------------------
 
@@ -377,8 +378,9 @@ def _never(job: Mapping[str, Any], name: str, condition: str) -> None:
     failed = true_condition(job, FAILED)
     if failed:
         raise JobFailed(
-            f"AccelerateJob {name} failed ({failed.get('reason')}): "
-            f"{failed.get('message')}; see `accelerate-job logs {name} --all`", job)
+            printable(f"AccelerateJob {name} failed ({failed.get('reason')}): "
+                      f"{failed.get('message')}; see `accelerate-job logs {name} --all`"), job)
     phase = (job.get("status") or {}).get("phase")
     if phase in FINISHED_PHASES:
-        raise AccelerateJobError(f"AccelerateJob {name} is {phase} and will never be {condition}")
+        raise AccelerateJobError(
+            printable(f"AccelerateJob {name} is {phase} and will never be {condition}"))

@@ -586,6 +586,19 @@ def test_wait_raises_job_failed_with_the_condition_message():
         client([failed]).wait("llm")
 
 
+def test_wait_escapes_what_the_job_says_as_status_does(fake):
+    hostile = "pod llm-0 failed: \x1b]0;pwned\x07\x1b[2J"
+    failed = job(phase="Failed", conditions=failed_condition(hostile))
+    with pytest.raises(JobFailed) as raised:
+        client([failed]).wait("llm")
+    assert "\x1b" not in str(raised.value) and "\\x1b]0;pwned\\x07\\x1b[2J" in str(raised.value)
+    fake(client([failed]))
+    code, out, err = run("wait", "llm", "--for=condition=Succeeded")
+    assert code == 1 and "\\x1b]0;pwned" in err and "\x1b" not in err
+    code, out, err = run("wait", "llm", "--for=jsonpath={.status.conditions[0].message}=ok")
+    assert code == 1 and "\\x1b]0;pwned" in err and "\x1b" not in err
+
+
 def test_wait_times_out_saying_where_the_job_is():
     with pytest.raises(WaitTimeout, match=r"still Running at 12/40 \(30%\) after 0.05s"):
         client([job(progress=PROGRESS)]).wait("llm", timeout=0.05)
