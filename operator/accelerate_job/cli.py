@@ -15,6 +15,7 @@ from typing import TextIO
 from .commands import cmd_delete, cmd_describe, cmd_get, cmd_logs, cmd_status, cmd_top
 from .errors import AccelerateJobError
 from .parser import PROG, build_parser, check_output
+from .render import printable
 from .session import CommandError, Terminal
 from .submit import cmd_submit
 from .waiting import cmd_wait
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
     try:
         return COMMANDS[args.command](args, term)
     except (AccelerateJobError, CommandError) as error:
-        message = str(error).replace(f"`{PROG} ", f"`{term.prog} ")
+        # what the server and the job's pods wrote may hold escape codes: written out
+        message = printable(str(error)).replace(f"`{PROG} ", f"`{term.prog} ")
         term.err.write(f"error: {message}\n")
         return 1
     except KeyboardInterrupt:

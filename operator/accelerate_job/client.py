@@ -8,7 +8,6 @@ logs.py's; building what submit creates is submission.py's."""
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from accelerate_trainer.contract import JOB_NAME_LABEL
 from .code import CodeArchive
 from .errors import AccelerateJobError, InvalidConfig, JobFailed, JobNotFound, WaitTimeout
 from .logs import LogReader
+from .render import printable
 from .request import Requests, WatchExpired, connect
 from .submission import build_submission, owned_by
 
@@ -36,14 +36,6 @@ if TYPE_CHECKING:
     import kubernetes
 
 LIST_HINT = "list them with `accelerate-job get`"
-# How long the API server holds one watch open before the client starts the next one from the
-# last resourceVersion (the server's own default is 30-60 minutes; a shorter one survives
-# idle-connection reaping by proxies).
-WATCH_SECONDS = 300
-
-
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else deadline - time.monotonic()
 
 
 def _job_key(job: Mapping[str, Any]) -> tuple[str, str]:
@@ -270,63 +262,49 @@ class AccelerateJobClient:
 
     def watch(self, name: str, timeout: float | None = None) -> Iterator[dict[str, Any]]:
         """The job now, then every new version of it as the API server sends it (a watch on
-        this one object: nothing is polled). Ends after `timeout` seconds (None: never, the
-        caller stops iterating); raises JobNotFound when the job is deleted."""
+        this one object: nothing is polled; a dropped connection is watched again). Ends after
+        `timeout` seconds (None: never, the caller stops iterating); raises JobNotFound when
+        the job is deleted."""
         deadline = None if timeout is None else time.monotonic() + timeout
         job = self.get(name)
         yield job
-        version = job["metadata"].get("resourceVersion")
-        selector = f"metadata.name={name}"
         while True:
-            left = _left(deadline)
-            if left is not None and left <= 0:
-                return
-            seconds = WATCH_SECONDS if left is None else max(1, min(WATCH_SECONDS,
-                                                                    math.ceil(left)))
             try:
-                for kind, body in self.requests.watch(
+                for kind, body in self.requests.follow(
                         f"watch AccelerateJob {name}",
                         self.requests.custom.list_namespaced_custom_object, GROUP, VERSION,
-                        self.namespace, PLURAL, field_selector=selector,
-                        resource_version=version, timeout_seconds=seconds,
-                        allow_watch_bookmarks=True):
-                    version = (body.get("metadata") or {}).get("resourceVersion") or version
+                        self.namespace, PLURAL, field_selector=f"metadata.name={name}",
+                        version=job["metadata"].get("resourceVersion"), deadline=deadline):
                     if kind == "DELETED":
                         raise JobNotFound(f"AccelerateJob {name} was deleted from namespace "
                                           f"{self.namespace}")
                     if kind in ("ADDED", "MODIFIED"):
                         yield body
-                    left = _left(deadline)
-                    if left is not None and left <= 0:
-                        return
+                return
             except WatchExpired:  # the version is too old: read the job again, then watch
                 job = self.get(name)
-                version = job["metadata"].get("resourceVersion")
                 yield job
 
     def watch_all(self, all_namespaces: bool = False) -> Iterator[list[dict[str, Any]]]:
         """Every job of the namespace (with `all_namespaces`, of every namespace), sorted as
         `list` sorts them: the list now, then again after each change the API server sends (one
-        watch on the jobs)."""
+        watch on the jobs, watched again when its connection drops)."""
         call = self._list_call(all_namespaces)
         while True:
             result = self.requests.call("list AccelerateJobs", *call)
             jobs = {_job_key(j): j for j in result.get("items") or []}
-            version = (result.get("metadata") or {}).get("resourceVersion")
             yield [jobs[key] for key in sorted(jobs)]
             try:
-                while True:
-                    for kind, body in self.requests.watch(
-                            "watch AccelerateJobs", *call, resource_version=version,
-                            timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True):
-                        version = (body.get("metadata") or {}).get("resourceVersion") or version
-                        if kind == "DELETED":
-                            jobs.pop(_job_key(body), None)
-                        elif kind in ("ADDED", "MODIFIED"):
-                            jobs[_job_key(body)] = body
-                        else:
-                            continue
-                        yield [jobs[key] for key in sorted(jobs)]
+                for kind, body in self.requests.follow(
+                        "watch AccelerateJobs", *call,
+                        version=(result.get("metadata") or {}).get("resourceVersion")):
+                    if kind == "DELETED":
+                        jobs.pop(_job_key(body), None)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        jobs[_job_key(body)] = body
+                    else:
+                        continue
+                    yield [jobs[key] for key in sorted(jobs)]
             except WatchExpired:
                 continue  # list again
 
@@ -346,10 +324,10 @@ class AccelerateJobClient:
         status = job.get("status") or {}
         summary = (status.get("progress") or {}).get("summary")
         at = f" at {summary}" if summary else ""
-        raise WaitTimeout(
+        raise WaitTimeout(printable(
             f"AccelerateJob {name} is still {status.get('phase') or 'Pending'}{at} after "
             f"{timeout:g}s of waiting for {condition}; wait longer with --timeout, or "
-            f"look at `accelerate-job status {name}`")
+            f"look at `accelerate-job status {name}`"))
 
     # ---- logs -----------------------------------------------------------------------------
 
@@ -361,8 +339,11 @@ class AccelerateJobClient:
 
         `attempt` reads the log the operator archived when it restarted the group after that
         attempt (its last lines). `follow` returns an iterator of lines instead of the text,
-        following the pods through restarts until the job finishes. `container` (default: the
-        trainer) and `since_seconds` are kubectl's -c and --since, for live logs."""
+        following the pods through restarts until the job finishes (an error raised; the
+        watches and streams stopped once it ends or the caller stops reading). `container`
+        (default: the trainer), `since_seconds` and `tail_lines` (-1: every line) are kubectl's
+        -c, --since and --tail, for live logs; following, the tail is of each node's first
+        pod."""
         return self._logs.logs(self.get(name), node, follow=follow, attempt=attempt,
                                tail_lines=tail_lines, container=container,
                                since_seconds=since_seconds)
@@ -377,8 +358,9 @@ def _never(job: Mapping[str, Any], name: str, condition: str) -> None:
     failed = true_condition(job, FAILED)
     if failed:
         raise JobFailed(
-            f"AccelerateJob {name} failed ({failed.get('reason')}): "
-            f"{failed.get('message')}; see `accelerate-job logs {name} --all`", job)
+            printable(f"AccelerateJob {name} failed ({failed.get('reason')}): "
+                      f"{failed.get('message')}; see `accelerate-job logs {name} --all`"), job)
     phase = (job.get("status") or {}).get("phase")
     if phase in FINISHED_PHASES:
-        raise AccelerateJobError(f"AccelerateJob {name} is {phase} and will never be {condition}")
+        raise AccelerateJobError(
+            printable(f"AccelerateJob {name} is {phase} and will never be {condition}"))

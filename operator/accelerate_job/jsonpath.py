@@ -1,9 +1,12 @@
 """kubectl's JSONPath templates (`-o jsonpath='{.status.phase}'`, `wait --for=jsonpath=...`) read
 with jsonpath-ng: each `{EXPR}` of the template is a JSONPath expression (`$` added in front),
-the text between them is printed as it is. `{range}`/`{end}` loops are not supported."""
+the text between them is printed as it is, and so is a string literal (`{"\\n"}`, `{"\\t"}`); a
+field's name may escape a dot (`{.metadata.annotations.kubectl\\.kubernetes\\.io/revision}`), as
+in kubectl. `{range}`/`{end}` loops are not supported."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass
@@ -11,7 +14,11 @@ from typing import Any
 
 from jsonpath_ng.ext import parse
 
-_EXPRESSION = re.compile(r"\{([^{}]*)\}")
+# One `{...}` of a template: a string literal in it may hold braces (`{"}"}`).
+_EXPRESSION = re.compile(r"""\{((?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^{}"'])*)\}""")
+_LITERAL = re.compile(r"""\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*""")
+# A field name jsonpath-ng reads unquoted; any other is quoted for it.
+_PLAIN_FIELD = re.compile(r"[A-Za-z0-9_@`*-]*")
 _HINT = "write it as kubectl does, e.g. jsonpath='{.status.phase}'"
 
 
@@ -51,6 +58,38 @@ def _text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (dict, list)) or value is None else str(value)
 
 
+def _literal(quoted: str) -> str:
+    """kubectl's string literal (`{"\\n"}`, `{'\\t'}`, `{"text"}`) as the text it prints."""
+    try:
+        return str(ast.literal_eval(quoted))
+    except (SyntaxError, ValueError) as error:
+        raise TemplateError(f"jsonpath: cannot read the string {{{quoted}}} ({error}); {_HINT}"
+                            ) from None
+
+
+def _quote_fields(text: str) -> str:
+    """kubectl's field names as jsonpath-ng reads them: a name with an escaped character
+    (`kubectl\\.kubernetes\\.io/name`, a dot in an annotation's key) or one jsonpath-ng
+    does not read bare is quoted, kubectl's backslashes dropped. Filters in [] are left."""
+    out, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if index < start:
+            continue
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        out.append(char)
+        if char != "." or depth:
+            continue
+        end = index + 1
+        while end < len(text) and text[end] not in ".[]":
+            end += 2 if text[end] == "\\" else 1
+        name, start = text[index + 1:end], end
+        if _PLAIN_FIELD.fullmatch(name):
+            out.append(name)
+        else:
+            out.append('"' + name.replace("\\", "").replace('"', '\\"') + '"')
+    return "".join(out)
+
+
 def _compile(expression: str) -> Any:
     text = expression.strip()
     if text.startswith(("range", "end")):
@@ -58,7 +97,7 @@ def _compile(expression: str) -> Any:
                             "a list with [*] ({.items[*].metadata.name})")
     if text.startswith("$"):
         text = text[1:]
-    path = "$" + (text if text.startswith(("[", ".")) or not text else "." + text)
+    path = "$" + _quote_fields(text if text.startswith(("[", ".")) or not text else "." + text)
     try:
         return parse(path)
     except Exception as error:  # jsonpath-ng raises its own and plain ones
@@ -78,7 +117,8 @@ def compile_template(source: str) -> Template:
     for match in _EXPRESSION.finditer(source):
         if match.start() > position:
             parts.append(source[position:match.start()])
-        parts.append(_compile(match.group(1)))
+        literal = _LITERAL.fullmatch(match.group(1))
+        parts.append(_literal(literal.group(1)) if literal else _compile(match.group(1)))
         position = match.end()
     rest = source[position:]
     if "{" in rest or "}" in rest:

@@ -177,7 +177,7 @@ def _add_logs(commands: Any, parent: argparse.ArgumentParser) -> None:
     logs.add_argument("--since", type=options.duration, default=None, metavar="DURATION",
                       help="only lines newer than this (5s, 2m, 3h; live logs)")
     logs.add_argument("--tail", type=int, default=None, metavar="LINES",
-                      help="only the last LINES lines (live logs)")
+                      help="only the last LINES lines (live logs; -1: every line)")
 
 
 def _add_wait_delete(commands: Any, parent: argparse.ArgumentParser) -> None:

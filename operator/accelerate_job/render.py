@@ -23,6 +23,7 @@ from rich.text import Text
 from . import table
 
 BAR_WIDTH = 30
+UNBOUNDED = 1_000_000  # wider than any table: what to_text measures its renderable in
 # What a terminal would act on rather than show: C0 controls but newline and tab (ESC starts
 # the escape sequences that move the cursor, clear the screen or set the window title), DEL, C1
 # controls (0x9b is a one-byte CSI), bidirectional overrides.
@@ -42,6 +43,14 @@ def cell(value: Any) -> Text:
     """A table cell of job text: printable, and never read as rich markup (a `[/x]` in a
     message would otherwise be a closing tag)."""
     return Text(printable(str(value)))
+
+
+def node_count(job: Mapping[str, Any]) -> int:
+    """How many nodes the job has: the operator's status.topology.numNodes (also when the
+    count comes from the accelerate YAML, which submit leaves spec.numNodes out for), else
+    spec.numNodes, else 1."""
+    topology = (job.get("status") or {}).get("topology") or {}
+    return int(topology.get("numNodes") or (job.get("spec") or {}).get("numNodes") or 1)
 
 
 def summarize(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,11 +123,10 @@ def progress_text(progress: Mapping[str, Any]) -> str:
 def status_rows(job: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The (label, value) rows of `status`, which render_status and status_view lay out."""
     summary = summarize(job)
-    spec = job.get("spec") or {}
     rows = [
         ("Name:", f"{summary['name']} (namespace {summary['namespace']})"),
         ("Phase:", summary["phase"]),
-        ("Nodes:", f"{summary['readyNodes'] or '0/' + str(spec.get('numNodes', 1))} ready"),
+        ("Nodes:", f"{summary['readyNodes'] or f'0/{node_count(job)}'} ready"),
         ("Restarts:", f"{summary['restarts']}"
          + (f" (attempt {summary['attempt']})" if summary["attempt"] is not None else "")),
         ("Progress:", progress_bar(summary["progress"])),
@@ -215,11 +223,16 @@ def status_view(job: Mapping[str, Any]) -> RenderableType:
     return Group(*out)
 
 
-def to_text(renderable: RenderableType, width: int = 200) -> str:
-    """What rich draws, as plain text without colours (for pipes, files and tests)."""
+def to_text(renderable: RenderableType, width: int | None = None) -> str:
+    """What rich draws, as plain text without colours (for pipes, files and tests). At the
+    renderable's own width unless `width` is given: as kubectl, no cell is ever cut short to
+    fit a width."""
     buffer = io.StringIO()
-    Console(file=buffer, width=width, color_system=None, force_terminal=False,
-            legacy_windows=False).print(renderable)
+    console = Console(file=buffer, width=width or UNBOUNDED, color_system=None,
+                      force_terminal=False, legacy_windows=False)
+    if width is None:
+        console.width = max(1, console.measure(renderable).maximum)
+    console.print(renderable)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 

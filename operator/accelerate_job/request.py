@@ -7,7 +7,11 @@ about ApiException, HTTP statuses and transport errors."""
 
 from __future__ import annotations
 
+import functools
+import math
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +20,7 @@ from typing import Any
 import kubernetes
 import kubernetes.watch
 import urllib3
+import yaml
 from accelerate_operator.apierrors import server_message
 from kubernetes.client.rest import ApiException
 
@@ -24,6 +29,71 @@ from .errors import AccelerateJobError
 
 class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410 Gone): read the object again, then watch."""
+
+
+class WatchDropped(AccelerateJobError):
+    """A watch's connection failed or broke (or the server answered 429 or 5xx); `connected`:
+    whether the server had answered first. Requests.follow watches again."""
+
+    def __init__(self, message: str, connected: bool):
+        super().__init__(message)
+        self.connected = connected
+
+
+# How long the API server holds one watch open before the client starts the next one from the
+# last resourceVersion (the server's own default is 30-60 minutes; a shorter one survives
+# idle-connection reaping by proxies).
+WATCH_SECONDS = 300
+# After a dropped watch, the next one waits as kubectl's retry watcher does: 0.8 s, doubling,
+# at most 30 s; once the server has not answered for UNREACHABLE_SECONDS, the error is raised.
+RETRY_FIRST_SECONDS, RETRY_MOST_SECONDS, UNREACHABLE_SECONDS = 0.8, 30.0, 120.0
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class Cancel:
+    """Ends watches from another thread at once: set() shuts down every response they hold
+    open, which wakes the read blocked on it (a thread left blocked in a TLS read at
+    interpreter exit aborts the process)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[Any] = set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep `seconds`, or less when set meanwhile."""
+        return self._event.wait(seconds)
+
+    def set(self) -> None:
+        self._event.set()
+        with self._lock:
+            responses = list(self._open)
+        for response in responses:
+            _shutdown(response)
+
+    def hold(self, response: Any) -> None:
+        with self._lock:
+            self._open.add(response)
+        if self.is_set():
+            _shutdown(response)
+
+    def release(self, response: Any) -> None:
+        with self._lock:
+            self._open.discard(response)
+
+
+def _shutdown(response: Any) -> None:
+    try:
+        (getattr(response, "shutdown", None) or response.close)()
+    except Exception:  # already closed, or closing under a reader: it stops either way
+        pass
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -52,13 +122,25 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Connec
                                            client_configuration=configuration,
                                            persist_config=False)
         contexts, active = kubernetes.config.list_kube_config_contexts(path)
-    except kubernetes.config.ConfigException as error:
+    except (kubernetes.config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError,
+            AttributeError, KeyError) as error:
         raise AccelerateJobError(
-            f"cannot use kubeconfig {path}: {error}; check the file, or pick a context with "
-            "--context") from None
+            f"cannot use kubeconfig {path}: {_config_problem(error)}; check the file, or pick a "
+            "context with --context") from None
     chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
     namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
     return Connection(kubernetes.client.ApiClient(configuration), namespace)
+
+
+def _config_problem(error: Exception) -> str:
+    """What is wrong with a kubeconfig, in one line: the loader's message, the file's own
+    error (a directory, unreadable, not UTF-8, not YAML), or, for YAML the loader cannot
+    walk (a list, a number), what a kubeconfig is."""
+    if isinstance(error, (TypeError, AttributeError, KeyError)):
+        return "it is not a kubeconfig (a YAML mapping of clusters, users and contexts)"
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return " ".join(str(error).split())
 
 
 def context_namespace(kubeconfig: str | None, context: str | None) -> str:
@@ -94,25 +176,79 @@ class Requests:
 
     def watch(self, what: str, fn: Callable[..., Any], *args: Any,
               errors: Mapping[int, Exception | Callable[[str], Exception]] | None = None,
-              **kwargs: Any) -> Iterator[tuple[str, Any]]:
+              cancel: Cancel | None = None, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """The events of one watch (`fn` a list call; with `follow=True`, a log read: then each
         event is ("LINE", text)) as (type, object as a dict), until the server ends it (pass
-        `timeout_seconds`). Raises WatchExpired on 410 Gone, else as `call` does."""
-        watch = kubernetes.watch.Watch()
+        `timeout_seconds`) or `cancel` is set. Raises WatchExpired on 410 Gone, WatchDropped
+        when the connection fails or breaks, else as `call` does."""
+        watch, cancel, opened = kubernetes.watch.Watch(), cancel or Cancel(), []
+
+        @functools.wraps(fn)  # Watch reads the call's docstring: its return type, follow
+        def opening(*args: Any, **kwargs: Any) -> Any:
+            opened.append(fn(*args, **kwargs))
+            cancel.hold(opened[-1])
+            return opened[-1]
+
         try:
-            for event in watch.stream(fn, *args, **kwargs):
-                if isinstance(event, str):
-                    yield "LINE", event
-                else:
-                    yield event["type"], event["raw_object"]
-        except ApiException as error:
-            if error.status == 410:
-                raise WatchExpired(str(error.reason)) from None
-            self._failed(error, what, None, errors, None)
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            self._failed(error, what, None, errors, None)
+            for event in watch.stream(opening, *args, **kwargs):
+                yield ("LINE", event) if isinstance(event, str) else (event["type"],
+                                                                     event["raw_object"])
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            if not cancel.is_set():
+                self._watch_failed(error, what, errors, connected=bool(opened))
         finally:
             watch.stop()
+            for response in opened:
+                cancel.release(response)
+
+    def _watch_failed(self, error: Exception, what: str,
+                      errors: Mapping[int, Exception | Callable[[str], Exception]] | None,
+                      connected: bool) -> None:
+        status = getattr(error, "status", None) if isinstance(error, ApiException) else None
+        if status == 410:
+            raise WatchExpired(str(error.reason)) from None
+        if isinstance(error, ApiException) and status not in RETRIED_STATUSES:
+            self._failed(error, what, None, errors, None)
+        try:
+            self._failed(error, what, None, None, None)
+        except AccelerateJobError as failure:
+            raise WatchDropped(str(failure), connected and status is None) from None
+
+    def follow(self, what: str, fn: Callable[..., Any], *args: Any, version: str | None,
+               deadline: float | None = None, cancel: Cancel | None = None,
+               **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """The events after resourceVersion `version`, watch after watch, until `deadline`
+        (time.monotonic(); None: for as long as the caller iterates) or `cancel`. As kubectl's
+        retry watcher, a watch that ends or drops is started again from the last version seen;
+        after a drop with a backoff, raising the error once the server has not answered for
+        UNREACHABLE_SECONDS. Raises WatchExpired on 410 Gone: list again, then follow."""
+        cancel, delay, failing_since = cancel or Cancel(), RETRY_FIRST_SECONDS, None
+        dropped: WatchDropped | None = None
+        while not cancel.is_set():
+            left = _left(deadline)
+            if left is not None and left <= 0:
+                if dropped is not None and not dropped.connected:  # on an unreachable server
+                    raise dropped
+                return
+            seconds = WATCH_SECONDS if left is None else max(1, min(WATCH_SECONDS,
+                                                                    math.ceil(left)))
+            try:
+                for kind, body in self.watch(what, fn, *args, resource_version=version,
+                                             timeout_seconds=seconds, cancel=cancel,
+                                             allow_watch_bookmarks=True, **kwargs):
+                    version = (body.get("metadata") or {}).get("resourceVersion") or version
+                    yield kind, body
+                    if (left := _left(deadline)) is not None and left <= 0:
+                        return
+                dropped = None
+            except WatchDropped as error:
+                if error.connected:  # it had answered: this is a new failure
+                    delay, failing_since = RETRY_FIRST_SECONDS, None
+                dropped, failing_since = error, failing_since or time.monotonic()
+                if time.monotonic() - failing_since >= UNREACHABLE_SECONDS:
+                    raise
+                cancel.wait(delay if left is None else min(delay, max(0.0, left)))
+                delay = min(delay * 2, RETRY_MOST_SECONDS)
 
     def _failed(self, error: Exception, what: str, answers: Mapping[int, Any] | None,
                 errors: Mapping[int, Exception | Callable[[str], Exception]] | None,

@@ -81,10 +81,18 @@ class SubmitOptions:
 
 def _read_config(path: str) -> str:
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise CommandError(f"cannot read --config {path} ({error.strerror}); write one with "
                            f"`accelerate config --config_file {path}`") from None
+    except UnicodeDecodeError as error:
+        raise _not_utf8(f"--config {path}", error,
+                        f"the YAML `accelerate config --config_file {path}` writes") from None
+
+
+def _not_utf8(path: str | Path, error: UnicodeDecodeError, what: str) -> CommandError:
+    return CommandError(f"cannot read {path}: it is not UTF-8 text ({error.reason} at byte "
+                        f"{error.start}); it should be {what}")
 
 
 def _read_named_files(config: str, config_yaml: str) -> dict[str, str]:
@@ -93,7 +101,10 @@ def _read_named_files(config: str, config_yaml: str) -> dict[str, str]:
     for named in files_named_by(config_yaml):
         path = Path(config).parent / named
         if path.is_file():
-            files[path.name] = path.read_text()
+            try:
+                files[path.name] = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as error:
+                raise _not_utf8(path, error, f"the file {config} names ({named})") from None
     return files
 
 

@@ -15,6 +15,7 @@ from . import session
 from .commands import targets
 from .errors import AccelerateJobError, JobNotFound, WaitTimeout
 from .options import WaitFor
+from .render import printable
 from .session import CommandError, Terminal
 
 
@@ -38,13 +39,13 @@ def _jsonpath(client: Any, name: str, target: WaitFor, timeout: float) -> str:
             return _phase(job)
         if _phase(job) in FINISHED_PHASES:
             found = " ".join(map(str, target.template.values(job))) or "nothing"
-            raise AccelerateJobError(
+            raise AccelerateJobError(printable(
                 f"AccelerateJob {name} is {_phase(job)} and will not change: "
-                f"{target.template.source} is {found}, not {target.value}")
-    raise WaitTimeout(f"AccelerateJob {name} is still {_phase(job)} after {timeout:g}s of "
-                      f"waiting for {target.template.source}"
-                      + (f"={target.value}" if target.value is not None else "")
-                      + "; wait longer with --timeout")
+                f"{target.template.source} is {found}, not {target.value}"))
+    raise WaitTimeout(printable(f"AccelerateJob {name} is still {_phase(job)} after "
+                                f"{timeout:g}s of waiting for {target.template.source}"
+                                + (f"={target.value}" if target.value is not None else "")
+                                + "; wait longer with --timeout"))
 
 
 def _deleted(client: Any, name: str, timeout: float) -> str:

@@ -164,6 +164,36 @@ def test_a_missing_config_file_says_how_to_make_one():
                    "one with `accelerate config --config_file /nope/a.yaml`\n")
 
 
+def test_a_config_or_deepspeed_json_that_is_not_utf8_is_named(tmp_path):
+    config = tmp_path / "accelerate.yaml"
+    config.write_bytes(b"compute_environment: \xff\n")
+    code, _, err = run("submit", "--config", str(config), "--image", "i", "--dry-run", "t.py")
+    assert code == 1 and err.startswith(f"error: cannot read --config {config}: it is not "
+                                        "UTF-8 text (invalid start byte at byte 21)")
+    config.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                      "  deepspeed_config_file: ds.json\n")
+    (tmp_path / "ds.json").write_bytes(b'{"x": "\xe9"}')
+    code, _, err = run("submit", "--config", str(config), "--image", "i", "--dry-run", "t.py")
+    assert code == 1 and err.startswith(f"error: cannot read {tmp_path / 'ds.json'}: it is "
+                                        "not UTF-8 text")
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("garbage: [\n", ""),  # what is wrong is YAML's own message
+    ("- a\n- b\n", "it is not a kubeconfig (a YAML mapping of clusters, users and contexts)"),
+    ("42\n", "it is not a kubeconfig"), (b"a: \xff\n", ""),
+    (None, "Is a directory")])
+def test_a_broken_kubeconfig_is_one_line_naming_the_file(tmp_path, content, says):
+    path = tmp_path / "kubeconfig"
+    if content is None:
+        path.mkdir()
+    else:
+        getattr(path, "write_bytes" if isinstance(content, bytes) else "write_text")(content)
+    code, out, err = run("get", "--kubeconfig", str(path))
+    assert (code, out) == (1, "") and err.startswith(f"error: cannot use kubeconfig {path}: ")
+    assert says in err and err.count("\n") == 1
+
+
 # ---- status and errors through a fake client ----------------------------------------------
 
 
@@ -376,6 +406,24 @@ def test_get_wide_adds_the_columns_kubectl_wide_adds(fake):
         "2x2", "29500", "0", "", "1.15.0"]
 
 
+def test_get_never_cuts_a_cell_however_wide_the_table(fake):
+    long = in_namespace(job(progress={**PROGRESS, "summary": "123456/1000000 (12%)"},
+                            reason="AllNodesRunning", queue={"name": "team-nlp-a100-queue"},
+                            topology={"summary": "16x8", "masterPort": 29500},
+                            trainer={"versions": {"accelerate": "1.15.0"}}),
+                        "a-rather-long-namespace-name",
+                        "llama-3-70b-instruct-sft-lora-rank64-lr2e-5-run-2026-12-01")
+    fake(FakeClient([long]))
+    for argv in (("get",), ("get", "-A", "-o", "wide")):
+        code, out, _ = run(*argv)
+        assert "\u2026" not in out and out.splitlines()[0].split() == table.header(
+            wide="wide" in argv, namespaces="-A" in argv)
+        (row,) = cells(out)
+        assert row["NAME"] == long["metadata"]["name"] and row["AGE"]
+        assert row["PROGRESS"] == "123456/1000000 (12%)" and row["READY"] == "2/2"
+    assert row["NAMESPACE"] == "a-rather-long-namespace-name" and row["ACCELERATE"] == "1.15.0"
+
+
 def test_status_prints_yaml_for_scripts(fake):
     fake(FakeClient([job(progress=PROGRESS)]))
     code, out, _ = run("status", "llm", "-o", "yaml")
@@ -538,6 +586,19 @@ def test_wait_raises_job_failed_with_the_condition_message():
         client([failed]).wait("llm")
 
 
+def test_wait_escapes_what_the_job_says_as_status_does(fake):
+    hostile = "pod llm-0 failed: \x1b]0;pwned\x07\x1b[2J"
+    failed = job(phase="Failed", conditions=failed_condition(hostile))
+    with pytest.raises(JobFailed) as raised:
+        client([failed]).wait("llm")
+    assert "\x1b" not in str(raised.value) and "\\x1b]0;pwned\\x07\\x1b[2J" in str(raised.value)
+    fake(client([failed]))
+    code, out, err = run("wait", "llm", "--for=condition=Succeeded")
+    assert code == 1 and "\\x1b]0;pwned" in err and "\x1b" not in err
+    code, out, err = run("wait", "llm", "--for=jsonpath={.status.conditions[0].message}=ok")
+    assert code == 1 and "\\x1b]0;pwned" in err and "\x1b" not in err
+
+
 def test_wait_times_out_saying_where_the_job_is():
     with pytest.raises(WaitTimeout, match=r"still Running at 12/40 \(30%\) after 0.05s"):
         client([job(progress=PROGRESS)]).wait("llm", timeout=0.05)
@@ -562,6 +623,25 @@ def test_logs_of_an_attempt_never_archived_list_the_archived_ones():
 def test_a_node_out_of_range_is_named():
     with pytest.raises(Exception, match="has 2 node.s.: pick a node from 0 to 1"):
         client([job()]).logs("llm", node=2)
+
+
+def yaml_counted_job(nodes=3):
+    """A job whose node count came from its accelerate YAML: submit leaves spec.numNodes out,
+    the operator writes status.topology.numNodes."""
+    body = job(topology={"numNodes": nodes, "summary": f"{nodes}x1"}, readyNodes=None)
+    body["spec"].pop("numNodes")
+    return body
+
+
+def test_the_node_count_is_the_operators_topology_before_the_spec():
+    core = FakeCore(logs={"llm-0": "a\n", "llm-1": "b\n", "llm-2": "c\n"},
+                    configmaps={"llm-logs-attempt-0": {"llm-2.log": "z\n"}})
+    c = client([yaml_counted_job()], core)
+    assert c.logs("llm", node="all") == "[node 0] a\n[node 1] b\n[node 2] c\n"
+    assert c.logs("llm", node=2) == "c\n" and c.logs("llm", node=2, attempt=0) == "z\n"
+    with pytest.raises(Exception, match="has 3 node.s.: pick a node from 0 to 2"):
+        c.logs("llm", node=3)
+    assert "Nodes:        0/3 ready" in render.render_status(yaml_counted_job())
 
 
 # ---- accelerate's own templates, as a user would submit them ------------------------------------

@@ -122,6 +122,17 @@ def test_jsonpath_templates_read_as_kubectl_prints_them():
         {"type": "Succeeded", "status": "True"})
 
 
+def test_jsonpath_string_literals_and_escaped_dots_are_kubectls():
+    data = {"items": [{"metadata": {"name": "a", "annotations": {
+        "kubectl.kubernetes.io/last-applied-configuration": "{}", "app/x": "y"}}}]}
+    assert compile_template(
+        '{.items[0].metadata.name}{"\\t"}{"text"}{\'\\n\'} {"}"}').render(data) == "a\ttext\n }"
+    assert compile_template(
+        r"{.items[0].metadata.annotations.kubectl\.kubernetes\.io/last-applied-configuration}"
+    ).render(data) == "{}"
+    assert compile_template("{.items[*].metadata.annotations.app/x}").render(data) == "y"
+
+
 @pytest.mark.parametrize("template", ["{range .items[*]}{.x}{end}", "{.a", "", "{.a[}"])
 def test_a_template_jsonpath_cannot_read_says_how_to_write_one(template):
     with pytest.raises(TemplateError, match="jsonpath='{.status.phase}'"):
