@@ -152,14 +152,8 @@ class JobSpec:
 
     @property
     def owner_reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
+                "controller": True, "blockOwnerDeletion": True}
 
 
 def resolve_nproc_per_node(value: Any, template: Mapping[str, Any]) -> int:
@@ -255,27 +249,12 @@ def with_config(job: JobSpec, config: Mapping[str, Any]) -> JobSpec:
                                topology_resolved=True)
 
 
-def build_topology_status(job: JobSpec) -> dict[str, Any]:
-    """status.topology: what the job runs, whichever side each number came from; an elastic
-    job's at the size it wants (status.elastic has the size its group runs at)."""
-    nodes = job.wanted_nodes
-    return {
-        "numNodes": nodes,
-        "numProcPerNode": job.nproc_per_node,
-        "worldSize": nodes * job.nproc_per_node,
-        "masterPort": job.master_port,
-        "summary": f"{nodes}x{job.nproc_per_node}",
-    }
-
-
 def _check_name_fits(name: str, num_nodes: int) -> None:
     """The CRD checks this where it knows numNodes; a count from a ConfigMap is checked here."""
     longest = f"{name}-{num_nodes - 1}"
     if len(longest) > MAX_HOSTNAME:
-        raise SpecError(
-            f"metadata.name is too long for {num_nodes} node(s): the pod hostname {longest!r} "
-            f"must fit in {MAX_HOSTNAME} characters; shorten the job name"
-        )
+        raise SpecError(f"metadata.name is too long for {num_nodes} node(s): the pod hostname "
+                        f"{longest!r} must fit in {MAX_HOSTNAME} characters; shorten the job name")
 
 
 def parse_config_files(files: Mapping[str, Any] | None) -> dict[str, str]:
@@ -288,10 +267,9 @@ def parse_config_files(files: Mapping[str, Any] | None) -> dict[str, str]:
                 "'-', '_' and '.'; no folders); the config refers to it by that name"
             )
         if name == CONFIG_KEY:
-            raise SpecError(
-                f"spec.accelerateConfigFiles may not hold {CONFIG_KEY!r}: that name is the "
-                "rendered accelerate YAML; rename the file (and the path in the config)"
-            )
+            raise SpecError(f"spec.accelerateConfigFiles may not hold {CONFIG_KEY!r}: that name "
+                            "is the rendered accelerate YAML; rename the file (and the path in "
+                            "the config)")
         if not isinstance(content, str):
             raise SpecError(f"spec.accelerateConfigFiles[{name!r}] must be the file's text")
         parsed[name] = content

@@ -51,8 +51,7 @@ async def read_creating_warning(kube: Kube, seen: Snapshot) -> Snapshot:
     if seen.finished or not creating:
         return seen
     first = min(creating, key=lambda p: p.index)
-    warning = pod_warning(await kube.list_pod_warnings(seen.job.namespace, first.name,
-                                                       first.uid))
+    warning = pod_warning(await kube.list_pod_warnings(seen.job.namespace, first.uid))
     if warning is None:
         return seen
     pods = tuple(replace(p, not_started=warning) if p is first else p for p in seen.pods)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .api import JobSpec, build_topology_status
+from .api import JobSpec
 from .constants import (
     CONDITION_TYPES,
     CREATED,
@@ -72,6 +72,20 @@ def build_event(metadata: Mapping[str, Any], event: Event, now: datetime) -> dic
         "firstTimestamp": format_time(now), "lastTimestamp": format_time(now), "count": 1,
         "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
     }
+
+
+def build_topology_status(job: JobSpec) -> dict[str, Any]:
+    """status.topology: what the job runs, whichever side each number came from; an elastic
+    job's at the size it wants (status.elastic has the size its group runs at)."""
+    nodes = job.wanted_nodes
+    return {
+        "numNodes": nodes,
+        "numProcPerNode": job.nproc_per_node,
+        "worldSize": nodes * job.nproc_per_node,
+        "masterPort": job.master_port,
+        "summary": f"{nodes}x{job.nproc_per_node}",
+    }
+
 
 
 class StatusBuilder:

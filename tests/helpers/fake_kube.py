@@ -36,7 +36,7 @@ class FakeKube:
         # Cluster-scoped Kueue objects by (plural, name): ResourceFlavors, priority classes.
         self.kueue_objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}  # Node manifests by name (read_node)
-        self.pod_events: dict[str, list[dict[str, Any]]] = {}  # Warning events by pod name
+        self.pod_events: dict[str, list[dict[str, Any]]] = {}  # Warning events by pod uid
 
     # ---- Kube's interface ----------------------------------------------------------------
     async def create_if_absent(self, manifest: Mapping[str, Any]) -> bool:
@@ -62,10 +62,9 @@ class FakeKube:
                            name))
         self.objects.pop(("Pod", name), None)
 
-    async def list_pod_warnings(self, namespace: str, name: str, uid: str
-                                ) -> list[dict[str, Any]]:
-        self.calls.append(("list", "Event", name))
-        return copy.deepcopy(self.pod_events.get(name, []))
+    async def list_pod_warnings(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        self.calls.append(("list", "Event", uid))
+        return copy.deepcopy(self.pod_events.get(uid, []))
 
     async def read_node(self, name: str) -> dict[str, Any] | None:
         self.calls.append(("read", "Node", name))

@@ -380,12 +380,12 @@ MOUNT_FAILED = {"type": "Warning", "reason": "FailedMount",
 
 def test_a_pod_long_in_container_creating_says_why_from_its_newest_warning():
     kube = FakeKube()
-    kube.pod_events["j-1"] = [MOUNT_FAILED, {**MOUNT_FAILED, "reason": "FailedScheduling",
+    kube.pod_events["uid-1"] = [MOUNT_FAILED, {**MOUNT_FAILED, "reason": "FailedScheduling",
                                              "lastTimestamp": "2026-01-01T11:58:00Z"}]
     body = JobBuilder("j").nodes(2).build()
     seen = snapshot(body, pods=(creating(0, 10), creating(1, 31)))
     read = asyncio.run(read_creating_warning(kube, seen))
-    assert kube.calls == [("list", "Event", "j-1")]
+    assert kube.calls == [("list", "Event", "uid-1")]
     warning = read.pods[1].not_started
     assert (warning.reason, warning.stuck) == ("FailedMount", True)
     assert warning.describe("j-1") == ('pod j-1 cannot start: FailedMount: MountVolume.SetUp '

@@ -40,7 +40,7 @@ from ..kueue.workload import KUEUE_GROUP, KUEUE_VERSION, choose_kueue_version
 from ..metrics import record_api_error
 from ..resources.configmap import ConfigSource
 from ..status import Event, build_event
-from .errors import ConfigMapMissing, expected, refusal, verb
+from .errors import ConfigMapMissing, expected, missing_configmap, missing_key, refusal, verb
 from .paths import (
     APPLY,
     COLLECTIONS,
@@ -64,7 +64,6 @@ log = logging.getLogger("accelerate_operator.kube")
 # A node agent that does not answer must not hold a pass long.
 LOG_REQUEST_TIMEOUT = 10
 REQUEST_TIMEOUT = 30
-WARNINGS_READ = 50
 
 
 class Kube:
@@ -217,17 +216,11 @@ class Kube:
                                                 _preload_content=False))
         return None if response is None else json.loads(response.data)
 
-    async def list_pod_warnings(self, namespace: str, name: str, uid: str
-                                ) -> list[dict[str, Any]]:
-        """The Warning events of one pod (at most WARNINGS_READ: the kubelet counts a repeated
-        one in a single event)."""
-        selector = f"involvedObject.kind=Pod,involvedObject.name={name},type=Warning"
-        if uid:
-            selector += f",involvedObject.uid={uid}"
-        response = await self._run("GET", self.core.list_namespaced_event, namespace,
-                                   field_selector=selector, limit=WARNINGS_READ,
-                                   _preload_content=False)
-        return json.loads(response.data).get("items") or []
+    async def list_pod_warnings(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """A pod's Warning events (the kubelet counts a repeated one in a single event)."""
+        found = await self.request("GET", COLLECTIONS["Event"].format(namespace), query={
+            "fieldSelector": f"involvedObject.uid={uid},type=Warning", "limit": 50})
+        return (found or {}).get("items") or []
 
     # ---- Kueue ----------------------------------------------------------------------------
     async def discover_kueue_version(self) -> str | None:
@@ -317,19 +310,12 @@ class Kube:
                                        namespace, _preload_content=False)
         except ApiException as error:
             if error.status == 404:
-                raise ConfigMapMissing(
-                    f"spec.accelerateConfigFrom.configMapKeyRef names ConfigMap {name!r}, which "
-                    f"does not exist in namespace {namespace!r}; create it with "
-                    f"`kubectl create configmap {name} --from-file=<accelerate config>`"
-                ) from None
+                raise ConfigMapMissing(missing_configmap(namespace, name)) from None
             raise
         configmap = json.loads(response.data)
         data = configmap.get("data") or {}
         if key not in data:
-            raise ConfigMapMissing(
-                f"ConfigMap {name!r} has no key {key!r} "
-                f"(it has: {', '.join(sorted(data)) or 'none'}); "
-                "fix spec.accelerateConfigFrom.configMapKeyRef.key")
+            raise ConfigMapMissing(missing_key(name, key, data))
         return ConfigSource(name=name, key=key, text=data[key], files=dict(data),
                             binary_files=dict(configmap.get("binaryData") or {}))
 

@@ -34,6 +34,20 @@ class ConfigMapMissing(LookupError):
     """The ConfigMap or key named by spec.accelerateConfigFrom does not exist."""
 
 
+def missing_configmap(namespace: str, name: str) -> str:
+    """Why spec.accelerateConfigFrom cannot be read: its ConfigMap does not exist."""
+    return (f"spec.accelerateConfigFrom.configMapKeyRef names ConfigMap {name!r}, which does "
+            f"not exist in namespace {namespace!r}; create it with `kubectl create configmap "
+            f"{name} --from-file=<accelerate config>`")
+
+
+def missing_key(name: str, key: str, data: Mapping[str, Any]) -> str:
+    """Why spec.accelerateConfigFrom cannot be read: its ConfigMap lacks the key."""
+    return (f"ConfigMap {name!r} has no key {key!r} (it has: "
+            f"{', '.join(sorted(data)) or 'none'}); "
+            "fix spec.accelerateConfigFrom.configMapKeyRef.key")
+
+
 def verb(method: str) -> str:
     """The metrics' verb of an HTTP method."""
     return {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update",

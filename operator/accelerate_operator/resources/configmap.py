@@ -44,7 +44,7 @@ from ..constants import GPU_RESOURCE
 from ..elastic import check_elastic
 from ..labels import job_labels
 from ..naming import configmap_name
-from .pods import check_pod_template
+from .reserved import check_pod_template
 
 PER_POD_KEYS = ("machine_rank", "main_process_ip")
 
