@@ -24,7 +24,7 @@ def no_exec(monkeypatch):
     """Record what main() would exec instead of replacing the test process."""
     calls = []
     monkeypatch.setattr(trainer_main.os, "execvpe", lambda *args: calls.append(args))
-    monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda: 0)
+    monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda *_: 0)
     return calls
 
 

@@ -27,7 +27,7 @@ def pod_main(tmp_path, monkeypatch, termination_log):
     launched = []
     monkeypatch.setattr(trainer_main.os, "execvpe", lambda *args: launched.append(args[2]))
     monkeypatch.setattr(trainer_main, "wait_for_master", lambda *a, **k: None)
-    monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda: 0)
+    monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda *_: 0)
 
     def run(config: dict) -> tuple[int, str, dict | None]:
         path = tmp_path / "config.yaml"
@@ -141,3 +141,26 @@ def test_a_config_without_distributed_type_exits_78_naming_it(pod_main):
     assert message.startswith("invalid configuration: distributed_type is missing")
     with pytest.raises(ConfigError, match="^distributed_type is missing"):
         check_against_accelerate_schema({"use_cpu": True})
+
+
+# ---- the devices a distributed_type trains on, counted as accelerate launch counts them ------
+def test_a_vendor_backend_is_counted_on_its_own_devices(monkeypatch):
+    """MULTI_XPU on an Intel pod was refused: only CUDA's devices were counted."""
+    import torch
+    from accelerate import utils
+
+    monkeypatch.setattr(utils, "is_xpu_available", lambda *a, **k: True)
+    monkeypatch.setattr(torch.xpu, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert trainer_main.count_visible_gpus("MULTI_XPU") == 4
+    assert trainer_main.count_visible_gpus("MULTI_GPU") == 0
+    monkeypatch.setattr(utils, "is_npu_available", lambda *a, **k: False)
+    assert trainer_main.count_visible_gpus("MULTI_NPU") == 0  # no plugin: none usable
+    assert trainer_main.count_visible_gpus("XLA") is None
+
+
+def test_a_vendor_backend_without_devices_is_refused_naming_them(pod_main):
+    code, message, _ = pod_main({"distributed_type": "MULTI_XPU"})
+    assert code == 78
+    assert "MULTI_XPU needs Intel XPUs but this pod sees none" in message
+    assert "the Intel XPUs of its device plugin" in message

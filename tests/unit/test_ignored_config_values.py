@@ -263,7 +263,7 @@ def test_fp16_without_use_cpu_on_a_pod_that_sees_no_gpu_is_refused(gpus, refused
 
 
 def test_the_trainer_exits_78_for_fp16_on_a_pod_without_gpus(pod_main, monkeypatch, tmp_path):
-    monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda: 0)
+    monkeypatch.setattr(trainer_main, "count_visible_gpus", lambda *_: 0)
     assert pod_main({"distributed_type": "NO", "mixed_precision": "fp16"}, processes=1) == 78
     assert "fp16 on a pod whose torch sees no GPU" in (tmp_path / "termination-log").read_text()
 

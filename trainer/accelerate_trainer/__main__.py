@@ -29,6 +29,7 @@ from . import deepspeed_cpu, supervise
 from .checkpoints import find_resume_checkpoint
 from .command import LaunchPlan, build_launch_plan
 from .config import (
+    DEVICE_MODULES,
     OTHER_ACCELERATORS,
     ConfigError,
     check_against_accelerate_schema,
@@ -128,27 +129,44 @@ def validate(topology: Topology, config: Mapping, *, visible_gpus: int | None,
             if not deepspeed_on_cpu:
                 raise ConfigError(deepspeed_cpu.refusal_message())
             return  # the opted-in CPU rehearsal: one process per --num_processes, over gloo
+        needs = OTHER_ACCELERATORS.get(dtype, "GPUs")
+        resource = "nvidia.com/gpu" if needs == "GPUs" else f"the {needs} of its device plugin"
         if visible_gpus == 0:
-            needs = OTHER_ACCELERATORS.get(dtype, "GPUs")
             raise ConfigError(
                 f"distributed_type {dtype} needs {needs} but this pod sees none, so every "
-                "process would train alone; request nvidia.com/gpu, or set use_cpu: true "
+                f"process would train alone; request {resource}, or set use_cpu: true "
                 "(MULTI_CPU) for CPU training"
             )
         if visible_gpus < topology.nproc_per_node:
             raise ConfigError(
                 f"NPROC_PER_NODE={topology.nproc_per_node} processes but only {visible_gpus} "
-                "GPU(s) visible; lower spec.numProcPerNode or use \"auto\""
+                f"of the {needs} visible; lower spec.numProcPerNode or use \"auto\" (with "
+                f"{resource})"
             )
 
 
-def count_visible_gpus() -> int | None:
-    """GPUs torch can see, or None when torch is not importable here."""
+def count_visible_gpus(dtype: str = "MULTI_GPU") -> int | None:
+    """The devices `dtype` trains on that this pod's torch sees, counted as `accelerate launch`
+    counts them: CUDA's, or the vendor backend's (torch.xpu, torch.npu...) once accelerate's own
+    check has imported its plugin (torch_npu, Habana's...); none without that plugin. None when
+    it cannot tell here: no torch or accelerate, XLA's TPUs."""
     try:
         import torch
     except ImportError:
         return None
-    return torch.cuda.device_count()
+    backend = DEVICE_MODULES.get(dtype)
+    if dtype == "XLA":
+        return None
+    if backend is None:
+        return torch.cuda.device_count()
+    try:
+        from accelerate import utils
+    except ImportError:
+        return None
+    available = getattr(utils, f"is_{backend}_available", None)
+    if available is None:
+        return None
+    return getattr(torch, backend).device_count() if available() else 0
 
 
 def log_versions(versions: dict[str, str], source: str) -> None:
@@ -294,7 +312,7 @@ def checked_config(environ: Mapping[str, str]) -> tuple[Topology, dict, dict | N
     config = read_config(topology)
     deepspeed_json, deepspeed_source = read_deepspeed_json(config, topology.config_file)
     # Importing torch only to count GPUs costs seconds on every CPU job's start.
-    gpus = None if is_cpu_job(config) else count_visible_gpus()
+    gpus = None if is_cpu_job(config) else count_visible_gpus(distributed_type(config))
     validate(topology, config, visible_gpus=gpus, deepspeed_json=deepspeed_json,
              deepspeed_source=deepspeed_source,
              deepspeed_on_cpu=deepspeed_cpu.deepspeed_on_cpu_requested(environ))

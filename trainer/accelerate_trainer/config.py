@@ -51,6 +51,10 @@ FILE_KEYS = (
     (None, "command_file"),
 )
 # Accelerators other than NVIDIA GPUs, by the distributed_type that needs them.
+# The torch module that counts each one's devices (torch.xpu...), as `accelerate launch` counts
+# them; CUDA's for every other distributed_type.
+DEVICE_MODULES = {"MULTI_XPU": "xpu", "MULTI_NPU": "npu", "MULTI_MLU": "mlu", "MULTI_SDAA": "sdaa",
+                  "MULTI_MUSA": "musa", "MULTI_HPU": "hpu", "MULTI_NEURON": "neuron"}
 OTHER_ACCELERATORS = {
     "MULTI_XPU": "Intel XPUs", "MULTI_NPU": "Ascend NPUs", "MULTI_MLU": "Cambricon MLUs",
     "MULTI_SDAA": "SDAA devices", "MULTI_MUSA": "Moore Threads GPUs", "MULTI_HPU": "Gaudi HPUs",
