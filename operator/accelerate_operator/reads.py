@@ -47,23 +47,27 @@ async def read(kube: Kube, seen: Snapshot) -> Snapshot:
 
 async def read_creating_warning(kube: Kube, seen: Snapshot) -> Snapshot:
     """The snapshot with why its first long-creating pod cannot start, when an event says."""
-    creating = [p for p in seen.pods if _long_creating(p, seen.group, seen.now)]
+    creating = [(p, since) for p in seen.pods
+                if (since := _creating_since(p, seen.group, seen.now)) is not None]
     if seen.finished or not creating:
         return seen
-    first = min(creating, key=lambda p: p.index)
-    warning = pod_warning(await kube.list_pod_warnings(seen.job.namespace, first.uid))
+    first, since = min(creating, key=lambda pair: pair[0].index)
+    warning = pod_warning(await kube.list_pod_warnings(seen.job.namespace, first.uid), since)
     if warning is None:
         return seen
     pods = tuple(replace(p, not_started=warning) if p is first else p for p in seen.pods)
     return replace(seen, pods=pods)
 
 
-def _long_creating(pod: PodState, group: int, now: datetime) -> bool:
+def _creating_since(pod: PodState, group: int, now: datetime) -> datetime | None:
+    """Since when a pod of the group has waited on its node for its container to be created,
+    once that is CREATING_GRACE_SECONDS or more; None otherwise."""
     waiting = pod.not_started
     since = parse_time(waiting.since) if waiting is not None else None
-    return (waiting is not None and not waiting.stuck and pod.attempt == group
-            and pod.phase == PENDING and not pod.deleting and since is not None
-            and now - since >= timedelta(seconds=CREATING_GRACE_SECONDS))
+    if (waiting is None or waiting.stuck or pod.attempt != group or pod.phase != PENDING
+            or pod.deleting or since is None):
+        return None
+    return since if now - since >= timedelta(seconds=CREATING_GRACE_SECONDS) else None
 
 
 async def read_lost_nodes(kube: Kube, pods: Sequence[PodState], now: datetime

@@ -380,8 +380,9 @@ MOUNT_FAILED = {"type": "Warning", "reason": "FailedMount",
 
 def test_a_pod_long_in_container_creating_says_why_from_its_newest_warning():
     kube = FakeKube()
+    # Before the pod got its node, the scheduler's word; since, the kubelet's.
     kube.pod_events["uid-1"] = [MOUNT_FAILED, {**MOUNT_FAILED, "reason": "FailedScheduling",
-                                             "lastTimestamp": "2026-01-01T11:58:00Z"}]
+                                             "lastTimestamp": "2026-01-01T11:59:20Z"}]
     body = JobBuilder("j").nodes(2).build()
     seen = snapshot(body, pods=(creating(0, 10), creating(1, 31)))
     read = asyncio.run(read_creating_warning(kube, seen))
@@ -397,6 +398,11 @@ def test_a_pod_long_in_container_creating_says_why_from_its_newest_warning():
     assert kube.calls == []
     quiet = snapshot(body, pods=(creating(0, 60),))
     assert asyncio.run(read_creating_warning(FakeKube(), quiet)) == quiet
+    # A pod pulling a large image after it waited for a node: its only Warning came before.
+    kube.pod_events["uid-0"] = [{**MOUNT_FAILED, "reason": "FailedScheduling",
+                                 "lastTimestamp": "2026-01-01T11:58:59Z"}]
+    pulling = snapshot(body, pods=(creating(0, 60),))
+    assert asyncio.run(read_creating_warning(kube, pulling)) == pulling
 
 
 def test_merge_patch_is_how_the_api_server_merges_a_status_write():
