@@ -119,3 +119,16 @@ def test_a_rank_of_a_torchrun_inside_a_rank_records_its_own_file():
     assert not error_files.owns_error_file("/tmp/outer/error.json", outer, pid=456)
     assert error_files.owns_error_file("/tmp/outer/error.json", outer, pid=123)  # exec'd
     assert error_files.owns_error_file("/tmp/outer/error.json", None, pid=456)
+
+
+def test_an_error_file_is_written_whole_or_not_at_all(tmp_path):
+    """A rank stopped while writing left part of its file, and torchrun's JSON read of it
+    ended the launcher without the failures it had: a write cut short leaves no file."""
+    path = tmp_path / "error.json"
+    cut = {"message": {"message": "RuntimeError: Connection closed by peer",
+                       "extraInfo": {"cut here": object()}}}  # json.dump fails midway
+    error_files.write_json(str(path), cut)
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    whole = {"message": {"message": "KeyError: 'input_ids'"}}
+    error_files.write_json(str(path), whole)
+    assert json.loads(path.read_text()) == whole and list(tmp_path.iterdir()) == [path]

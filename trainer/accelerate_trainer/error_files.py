@@ -28,6 +28,7 @@ program, and a torch import here would cost every rank seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -72,12 +73,19 @@ def unopenable_script(argv: list[str], executable: str) -> dict[str, Any] | None
 
 
 def write_json(path: str, data: Mapping[str, Any]) -> None:
-    """Never raises: a failure to explain a failure must not change the exit."""
+    """Never raises: a failure to explain a failure must not change the exit. Written whole or
+    not at all (a file beside it, renamed over it): torchrun reads the error file of a rank it
+    has just stopped, and a rank stopped while writing (its peer gone, it raised, then got
+    torchrun's SIGTERM) left a part that torch's JSON read failed on, ending the launcher
+    without the failures it had."""
+    partial = f"{path}.{os.getpid()}.partial"
     try:
-        with open(path, "w", encoding="utf-8") as file:
+        with open(partial, "w", encoding="utf-8") as file:
             json.dump(data, file)
+        os.replace(partial, path)
     except (OSError, TypeError, ValueError):
-        pass
+        with contextlib.suppress(OSError):
+            os.remove(partial)
 
 
 def launch_record(error: BaseException) -> dict[str, Any]:
