@@ -77,9 +77,11 @@ docs: ## Build the docs site into site/ in strict mode (a broken link or a page 
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 .PHONY: images
+# grep reads all of the status (no -q): under pipefail, a grep that stops at its first match ends
+# the status with SIGPIPE, the test fails, and the images were never loaded.
 images: ## Build the operator and trainer images, and load them into the local cluster's nodes if it runs
 	images=$$(hack/build-images.sh); \
-	if hack/local-cluster.sh status | grep -q '^kubelet@.*running'; then hack/load-images.sh $$images; fi
+	if hack/local-cluster.sh status | grep '^kubelet@.*running' >/dev/null; then hack/load-images.sh $$images; fi
 
 .PHONY: bench
 bench: ## Benchmarks on the local cluster; numbers and ratios go to stdout

@@ -30,7 +30,7 @@ for image in "$@"; do
   need=()
   for node in "${nodes[@]}"; do
     stamp="$NODES_DIR/$node/images/$stamp_name"
-    if [[ $(cat "$stamp" 2>/dev/null) == "$id" ]] && nctr "$node" images ls -q | grep -qxF "$image"; then
+    if [[ $(cat "$stamp" 2>/dev/null) == "$id" ]] && nctr "$node" images ls -q | grep -xF "$image" >/dev/null; then
       continue
     fi
     need+=("$node")
