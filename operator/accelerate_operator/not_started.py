@@ -5,14 +5,9 @@ manifest in, a frozen record out. The job's Waiting condition and its Warning ev
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
-
-from accelerate_trainer.contract import MAX_FIELD_CHARS, MAX_MESSAGE_CHARS, printable_text
-
-from .timefmt import parse_time
 
 # Reasons of a pod that is on its way: pulling, creating, initialising. Every other reason the
 # kubelet writes (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName,
@@ -46,8 +41,8 @@ class NotStarted:
     init: bool = False
     exit_code: int | None = None
     since: str | None = None
-    # Read from the pod's newest Warning event (pod_warning): a cause Kubernetes writes nowhere
-    # on the pod (a volume it cannot mount).
+    # Read from the pod's newest Warning event (reads.pod_warning): a cause Kubernetes writes
+    # nowhere on the pod (a volume it cannot mount).
     from_event: bool = False
 
     @property
@@ -101,21 +96,3 @@ def read_not_started(pod: Mapping[str, Any]) -> NotStarted | None:
                                   container.get("name"), init, last.get("exitCode"),
                                   since=scheduled)
     return None
-
-
-def pod_warning(events: Sequence[Mapping[str, Any]], since: datetime) -> NotStarted | None:
-    """The newest of a pod's Warning events since it got its node (`since`: one before, the
-    scheduler's FailedScheduling, is about what came first) as why it cannot start
-    (FailedMount, FailedAttachVolume, FailedCreatePodSandBox...), its message as the kubelet or
-    the controller wrote it, made printable and bounded; None for no such event."""
-    def when(event: Mapping[str, Any]) -> datetime | None:
-        return parse_time(event.get("lastTimestamp") or event.get("eventTime")
-                          or (event.get("metadata") or {}).get("creationTimestamp"))
-    timed = [(at, e) for e in events if e.get("type") == "Warning" and e.get("reason")
-             and (at := when(e)) is not None and at >= since]
-    if not timed:
-        return None
-    newest = max(timed, key=lambda pair: pair[0])[1]
-    return NotStarted(printable_text(str(newest["reason"]), MAX_FIELD_CHARS),
-                      printable_text(str(newest.get("message") or ""), MAX_MESSAGE_CHARS),
-                      from_event=True)

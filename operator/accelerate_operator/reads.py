@@ -12,20 +12,23 @@ decide.py decides, from the completed Snapshot.
   node and pass.
 - The Warning events of the first pod of the group whose container has been ContainerCreating
   for CREATING_GRACE_SECONDS: what keeps it (a volume it cannot mount or attach, a sandbox the
-  network plugin cannot make) is written only there (not_started.pod_warning). One list per
+  network plugin cannot make) is written only there (pod_warning). One list per
   pass, the first such pod only: the Waiting condition names one pod."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
+
+from accelerate_trainer.contract import MAX_FIELD_CHARS, MAX_MESSAGE_CHARS, printable_text
 
 from .constants import PENDING
 from .kube import ConfigMapMissing, Kube
 from .kueue import read_kueue
 from .naming import configmap_name
-from .not_started import pod_warning
+from .not_started import NotStarted
 from .pod_state import NodeState, PodState, read_node_state
 from .snapshot import Snapshot
 from .timefmt import parse_time
@@ -93,3 +96,21 @@ async def read_config_source(kube: Kube, seen: Snapshot) -> Snapshot:
     except ConfigMapMissing as error:
         return replace(seen, config_error=str(error))
     return replace(seen, config_source=source)
+
+
+def pod_warning(events: Sequence[Mapping[str, Any]], since: datetime) -> NotStarted | None:
+    """The newest of a pod's Warning events since it got its node (`since`: one before, the
+    scheduler's FailedScheduling, is about what came first) as why it cannot start
+    (FailedMount, FailedAttachVolume, FailedCreatePodSandBox...), its message as the kubelet or
+    the controller wrote it, made printable and bounded; None for no such event."""
+    def when(event: Mapping[str, Any]) -> datetime | None:
+        return parse_time(event.get("lastTimestamp") or event.get("eventTime")
+                          or (event.get("metadata") or {}).get("creationTimestamp"))
+    timed = [(at, e) for e in events if e.get("type") == "Warning" and e.get("reason")
+             and (at := when(e)) is not None and at >= since]
+    if not timed:
+        return None
+    newest = max(timed, key=lambda pair: pair[0])[1]
+    return NotStarted(printable_text(str(newest["reason"]), MAX_FIELD_CHARS),
+                      printable_text(str(newest.get("message") or ""), MAX_MESSAGE_CHARS),
+                      from_event=True)
