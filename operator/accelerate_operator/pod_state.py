@@ -154,6 +154,13 @@ def trainer_name(pod: Mapping[str, Any]) -> str | None:
     return named if isinstance(named, str) and named else containers[0].get("name")
 
 
+def _trainer_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The trainer's container status ({} before the kubelet wrote one)."""
+    name = trainer_name(pod)
+    return next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
+                 if c.get("name") == name), {})
+
+
 def _ended(container: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return (container.get("state") or {}).get("terminated") or None
 
@@ -168,25 +175,24 @@ def _failed_init(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
                 None)
 
 
-def _speaking(pod: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
+def _speaking(pod: Mapping[str, Any], trainer: Mapping[str, Any]
+              ) -> tuple[Mapping[str, Any] | None, str]:
     """The ended container that speaks for the pod, and how the message names it: a failed init
-    container, else the trainer once it ended (a sidecar's exit follows from the pod's end),
-    else a failed container before a succeeded one."""
+    container, else the trainer (its status `trainer`) once it ended (a sidecar's exit follows
+    from the pod's end), else a failed container before a succeeded one."""
     failed_init = _failed_init(pod)
     if failed_init is not None:
         return _ended(failed_init), f"init container {failed_init.get('name')}"
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    trainer = next((c for c in statuses if c.get("name") == trainer_name(pod) and _ended(c)),
-                   None)
-    ended = [c for c in statuses if _ended(c)]
-    chosen = trainer or next((c for c in ended if _ended(c).get("exitCode", 0)),
-                             ended[0] if ended else None)
+    ended = [c for c in (pod.get("status") or {}).get("containerStatuses") or [] if _ended(c)]
+    chosen = (trainer if _ended(trainer) else None) or next(
+        (c for c in ended if _ended(c).get("exitCode", 0)), ended[0] if ended else None)
     return (_ended(chosen) if chosen else None), ""
 
 
-def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
+def _terminated(pod: Mapping[str, Any], trainer: Mapping[str, Any]
+                ) -> tuple[int | None, str | None, str | None]:
     """The exit code, reason and message that speak for the pod (_speaking)."""
-    terminated, whose = _speaking(pod)
+    terminated, whose = _speaking(pod, trainer)
     if terminated is None:
         return None, None, None
     message = terminated.get("message")
@@ -197,18 +203,17 @@ def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str | None, str | N
     return terminated.get("exitCode"), terminated.get("reason"), message
 
 
-def _phase(pod: Mapping[str, Any]) -> str:
-    """The kubelet's phase (it alone knows the pod ended), or Failed once the trainer failed
-    while another container keeps the pod Running: with restartPolicy Never it never runs
-    again, and a plain sidecar (a mesh's proxy) may never end. A trainer that succeeded waits
-    for the pod's other containers (an uploader may still be at work), as Kubernetes does. A
-    pod being deleted keeps its phase: its trainer ends because of the deletion."""
+def _phase(pod: Mapping[str, Any], trainer: Mapping[str, Any]) -> str:
+    """The kubelet's phase (it alone knows the pod ended), or Failed once the trainer (its status
+    `trainer`) failed while another container keeps the pod Running: with restartPolicy Never
+    it never runs again, and a plain sidecar (a mesh's proxy) may never end. A trainer that
+    succeeded waits for the pod's other containers (an uploader may still be at work), as
+    Kubernetes does. A pod being deleted keeps its phase: its trainer ends because of the
+    deletion."""
     status = pod.get("status") or {}
     phase = status.get("phase") or PENDING
     if phase != RUNNING or (pod.get("metadata") or {}).get("deletionTimestamp"):
         return phase
-    trainer = next((c for c in status.get("containerStatuses") or []
-                    if c.get("name") == trainer_name(pod)), {})
     return FAILED if (_ended(trainer) or {}).get("exitCode", 0) else phase
 
 
@@ -240,14 +245,15 @@ def read_pod_state(pod: Mapping[str, Any]) -> PodState:
     status = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions") or [])
-    exit_code, reason, message = _terminated(pod)
+    trainer = _trainer_status(pod)
+    exit_code, reason, message = _terminated(pod, trainer)
     disruption, reason, message = _disruption(status, reason, message)
     name = metadata.get("name", "")
     return PodState(
         name=name,
         index=int(labels.get(NODE_INDEX_LABEL, -1)),
         attempt=int(labels.get(ATTEMPT_LABEL, 0)),
-        phase=_phase(pod),
+        phase=_phase(pod, trainer),
         ready=ready,
         deleting=bool(metadata.get("deletionTimestamp")),
         exit_code=exit_code,

@@ -87,7 +87,6 @@ def build_topology_status(job: JobSpec) -> dict[str, Any]:
     }
 
 
-
 class StatusBuilder:
     """Accumulates the new status and the events its transitions deserve."""
 

@@ -154,9 +154,9 @@ def count_visible_gpus(dtype: str = "MULTI_GPU") -> int | None:
         import torch
     except ImportError:
         return None
-    backend = DEVICE_MODULES.get(dtype)
     if dtype == "XLA":
         return None
+    backend = DEVICE_MODULES.get(dtype)
     if backend is None:
         return torch.cuda.device_count()
     try:
