@@ -17,6 +17,7 @@ decide.py decides, from the completed Snapshot.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -24,14 +25,17 @@ from typing import Any
 
 from accelerate_trainer.contract import MAX_FIELD_CHARS, MAX_MESSAGE_CHARS, printable_text
 
+from .apierrors import server_message
 from .constants import PENDING
-from .kube import ConfigMapMissing, Kube
+from .kube import ApiException, ConfigMapMissing, Kube
 from .kueue import read_kueue
 from .naming import configmap_name
 from .not_started import NotStarted
 from .pod_state import NodeState, PodState, read_node_state
 from .snapshot import Snapshot
 from .timefmt import parse_time
+
+log = logging.getLogger("accelerate_operator.reads")
 
 # A container may take this long to be created (volumes mounted, the sandbox made) before the
 # pass asks the pod's events why it is not.
@@ -55,7 +59,14 @@ async def read_creating_warning(kube: Kube, seen: Snapshot) -> Snapshot:
     if seen.finished or not creating:
         return seen
     first, since = min(creating, key=lambda pair: pair[0].index)
-    warning = pod_warning(await kube.list_pod_warnings(seen.job.namespace, first.uid), since)
+    try:
+        events = await kube.list_pod_warnings(seen.job.namespace, first.uid)
+    except ApiException as error:
+        # Best effort, as the operator's own events: an install whose RBAC lacks list on
+        # events (not the chart's) still runs its passes; the job says ContainerCreating.
+        log.warning("could not read the events of pod %s: %s", first.name, server_message(error))
+        return seen
+    warning = pod_warning(events, since)
     if warning is None:
         return seen
     pods = tuple(replace(p, not_started=warning) if p is first else p for p in seen.pods)

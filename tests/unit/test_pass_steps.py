@@ -22,6 +22,7 @@ from accelerate_operator.group import (
     restart,
     stall,
 )
+from accelerate_operator.kube import ApiException
 from accelerate_operator.kueue.gate import queue_status, stop_group
 from accelerate_operator.kueue.reads import read_kueue
 from accelerate_operator.kueue.workload import KueueView, read_workload
@@ -403,6 +404,15 @@ def test_a_pod_long_in_container_creating_says_why_from_its_newest_warning():
                                  "lastTimestamp": "2026-01-01T11:58:59Z"}]
     pulling = snapshot(body, pods=(creating(0, 60),))
     assert asyncio.run(read_creating_warning(kube, pulling)) == pulling
+
+
+def test_events_the_operator_may_not_read_leave_the_pass_as_it_was():
+    """An install whose RBAC lacks list on events (not the chart's) still runs its passes."""
+    class Forbidden(FakeKube):
+        async def list_pod_warnings(self, namespace, uid):
+            raise ApiException(status=403, reason="Forbidden")
+    seen = snapshot(JobBuilder("j").nodes(2).build(), pods=(creating(0, 60),))
+    assert asyncio.run(read_creating_warning(Forbidden(), seen)) == seen
 
 
 def test_merge_patch_is_how_the_api_server_merges_a_status_write():
